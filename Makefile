@@ -1,0 +1,19 @@
+# earmark: PGXS build
+EXTENSION = earmark
+MODULE_big = earmark
+OBJS = src/earmark.o src/account.o src/gate.o src/worker.o
+DATA = src/earmark--0.1.0.sql
+PGFILEDESC = "earmark - usage limits that hold under concurrency"
+
+PG_CPPFLAGS = -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
+SHLIB_LINK =
+
+# pg_regress runs against the private cluster scripts/test.sh starts
+REGRESS = $(basename $(notdir $(wildcard sql/*.sql)))
+REGRESS_OPTS = --inputdir=. --load-extension=earmark
+ISOLATION = $(basename $(notdir $(wildcard test/isolation/specs/*.spec)))
+ISOLATION_OPTS = --inputdir=test/isolation --load-extension=earmark
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)

@@ -1,0 +1,348 @@
+/*-------------------------------------------------------------------------
+ *
+ * account.c
+ *	  Accounts, limits and billing cycles: earmark_set_limit,
+ *	  earmark_set_account, earmark_budget, and the cycle arithmetic the
+ *	  gate uses.
+ *
+ *	  Tables: earmark.account, earmark.account_limit (written here) and
+ *	  earmark.budget (read here, locked by earmark_set_account).
+ *
+ *	  Locks: earmark_set_account takes the account's exclusive advisory
+ *	  lock (EARMARK_ADVISORY_CLASS, hashtext(account)), then the account row
+ *	  and every budget row of the account FOR UPDATE, so that an anchor can
+ *	  only change while no reserve is creating or filling a budget.
+ *	  earmark_reserve takes the same advisory lock shared, and only when it
+ *	  creates a cycle's budget row.  earmark_set_limit writes the limit row;
+ *	  a reserve reads the limit while it holds the budget row lock, so a new
+ *	  limit applies from the next admission on.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "utils/builtins.h"
+#include "utils/datetime.h"
+
+#include "earmark.h"
+
+PG_FUNCTION_INFO_V1(earmark_set_limit);
+PG_FUNCTION_INFO_V1(earmark_set_account);
+PG_FUNCTION_INFO_V1(earmark_budget);
+
+/*
+ * A cycle is one month that starts at the anchor's day and time of day, in
+ * UTC; without an anchor, at 00:00 UTC on the 1st.  The anchor's day is
+ * 1-28 (checked when it is set), so every month has that day.
+ */
+void
+em_cycle_bounds(TimestampTz anchor, bool has_anchor, TimestampTz at,
+				TimestampTz *start, TimestampTz *end)
+{
+	struct pg_tm tm;
+	struct pg_tm atm;
+	fsec_t		fsec;
+	fsec_t		afsec = 0;
+	Timestamp	t;
+
+	memset(&atm, 0, sizeof(atm));
+	atm.tm_mday = 1;
+	if (has_anchor &&
+		timestamp2tm(anchor, NULL, &atm, &afsec, NULL, NULL) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+				 errmsg("cycle anchor out of range")));
+	if (timestamp2tm(at, NULL, &tm, &fsec, NULL, NULL) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+				 errmsg("timestamp out of range")));
+
+	tm.tm_mday = atm.tm_mday;
+	tm.tm_hour = atm.tm_hour;
+	tm.tm_min = atm.tm_min;
+	tm.tm_sec = atm.tm_sec;
+	if (tm2timestamp(&tm, afsec, NULL, &t) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+				 errmsg("timestamp out of range")));
+	if (t > at)
+	{
+		/* this month's start is still ahead: the cycle began last month */
+		if (--tm.tm_mon < 1)
+		{
+			tm.tm_mon = 12;
+			tm.tm_year--;
+		}
+		if (tm2timestamp(&tm, afsec, NULL, &t) != 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+					 errmsg("timestamp out of range")));
+	}
+	*start = t;
+	if (++tm.tm_mon > 12)
+	{
+		tm.tm_mon = 1;
+		tm.tm_year++;
+	}
+	if (tm2timestamp(&tm, afsec, NULL, &t) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+				 errmsg("timestamp out of range")));
+	*end = t;
+}
+
+static EmStatement upsert_account = {
+	"INSERT INTO earmark.account (account) VALUES ($1) "
+	"ON CONFLICT (account) DO NOTHING",
+	1, {TEXTOID}
+};
+
+static EmStatement upsert_limit = {
+	"INSERT INTO earmark.account_limit AS l (account, feature, lim, source, updated_at) "
+	"VALUES ($1, $2, $3, 'manual', pg_catalog.now()) "
+	"ON CONFLICT (account, feature) DO UPDATE "
+	"SET lim = excluded.lim, source = 'manual', updated_at = excluded.updated_at",
+	3, {TEXTOID, TEXTOID, INT8OID}
+};
+
+/*
+ * earmark_set_limit(account, lim, feature): a manual limit, NULL meaning
+ * unlimited.  Running holds are not touched.
+ */
+Datum
+earmark_set_limit(PG_FUNCTION_ARGS)
+{
+	text	   *account = em_arg_name(fcinfo, 0, "account");
+	text	   *feature = em_arg_name(fcinfo, 2, "feature");
+	Datum		values[3];
+	char		nulls[3] = {' ', ' ', ' '};
+
+	if (!PG_ARGISNULL(1) && PG_GETARG_INT64(1) < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("limit must not be negative"),
+				 errhint("Use NULL for an unlimited account and 0 to admit nothing.")));
+
+	SPI_connect();
+	values[0] = PointerGetDatum(account);
+	em_exec(&upsert_account, values, NULL, false, 0);
+
+	values[1] = PointerGetDatum(feature);
+	if (PG_ARGISNULL(1))
+	{
+		values[2] = (Datum) 0;
+		nulls[2] = 'n';
+	}
+	else
+		values[2] = Int64GetDatum(PG_GETARG_INT64(1));
+	em_exec(&upsert_limit, values, nulls, false, 0);
+	SPI_finish();
+
+	PG_RETURN_VOID();
+}
+
+static EmStatement lock_account_anchor = {
+	"SELECT pg_catalog.pg_advisory_xact_lock($2, pg_catalog.hashtext($1))",
+	2, {TEXTOID, INT4OID}
+};
+
+static EmStatement lock_account_row = {
+	"SELECT cycle_anchor FROM earmark.account WHERE account = $1 FOR UPDATE",
+	1, {TEXTOID}
+};
+
+static EmStatement lock_account_budgets = {
+	"SELECT budget_id FROM earmark.budget WHERE account = $1 FOR UPDATE",
+	1, {TEXTOID}
+};
+
+/* runs after the budget rows are locked, in a snapshot that sees their commits */
+static EmStatement account_in_use = {
+	"SELECT EXISTS (SELECT 1 FROM earmark.budget b "
+	"               WHERE b.account = $1 AND (b.used <> 0 OR b.held <> 0)) "
+	"    OR EXISTS (SELECT 1 FROM earmark.ledger l JOIN earmark.budget b USING (budget_id) "
+	"               WHERE b.account = $1)",
+	1, {TEXTOID}
+};
+
+static EmStatement update_account = {
+	"UPDATE earmark.account SET "
+	"  cycle_anchor = CASE WHEN $2 IS NULL THEN cycle_anchor ELSE $2 END, "
+	"  provider_customer = coalesce($3, provider_customer), "
+	"  provider_agreement = coalesce($4, provider_agreement), "
+	"  updated_at = pg_catalog.now() "
+	"WHERE account = $1",
+	4, {TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID}
+};
+
+/*
+ * earmark_set_account(account, cycle_anchor, provider_customer,
+ * provider_agreement).  A NULL argument leaves that field as it is.  The
+ * anchor may change only while the account has no usage and no holds:
+ * afterwards old usage would move to other cycles.
+ */
+Datum
+earmark_set_account(PG_FUNCTION_ARGS)
+{
+	text	   *account = em_arg_name(fcinfo, 0, "account");
+	bool		has_anchor = !PG_ARGISNULL(1);
+	TimestampTz anchor = has_anchor ? PG_GETARG_TIMESTAMPTZ(1) : 0;
+	Datum		values[4];
+	char		nulls[4] = {' ', ' ', ' ', ' '};
+	int			i;
+
+	if (has_anchor)
+	{
+		struct pg_tm tm;
+		fsec_t		fsec;
+
+		if (TIMESTAMP_NOT_FINITE(anchor) ||
+			timestamp2tm(anchor, NULL, &tm, &fsec, NULL, NULL) != 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("cycle anchor must be a finite timestamp")));
+		if (tm.tm_mday > 28)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("cycle anchor must fall on day 1 to 28 of a month (UTC)"),
+					 errdetail("The anchor falls on day %d, which some months do not have.",
+							   tm.tm_mday),
+					 errhint("Choose an agreement start between the 1st and the 28th.")));
+	}
+	for (i = 2; i <= 3; i++)
+	{
+		if (!PG_ARGISNULL(i))
+			(void) em_arg_name(fcinfo, i, i == 2 ? "provider_customer" : "provider_agreement");
+	}
+
+	SPI_connect();
+	values[0] = PointerGetDatum(account);
+	values[1] = Int32GetDatum(EARMARK_ADVISORY_CLASS);
+	em_exec(&lock_account_anchor, values, NULL, false, 0);
+	em_exec(&upsert_account, values, NULL, false, 0);
+	em_exec(&lock_account_row, values, NULL, false, 1);
+
+	if (has_anchor)
+	{
+		bool		isnull;
+		Datum		old = em_get(0, 1, &isnull);
+
+		if (isnull || DatumGetTimestampTz(old) != anchor)
+		{
+			em_exec(&lock_account_budgets, values, NULL, false, 0);
+			em_exec(&account_in_use, values, NULL, true, 1);
+			if (DatumGetBool(em_get(0, 1, &isnull)))
+				ereport(ERROR,
+						(errcode(ERRCODE_EARMARK_ANCHOR_LOCKED),
+						 errmsg("cycle anchor of account \"%s\" cannot change: the account has usage or holds",
+								text_to_cstring(account)),
+						 errdetail("Changing the anchor now would move recorded usage into other cycles."),
+						 errhint("Set the anchor when the account is created, before its first reserve or usage.")));
+		}
+	}
+
+	for (i = 1; i <= 3; i++)
+	{
+		nulls[i] = PG_ARGISNULL(i) ? 'n' : ' ';
+		values[i] = PG_ARGISNULL(i) ? (Datum) 0 : PG_GETARG_DATUM(i);
+	}
+	em_exec(&update_account, values, nulls, false, 0);
+	SPI_finish();
+
+	PG_RETURN_VOID();
+}
+
+static EmStatement read_account_limit = {
+	"SELECT a.cycle_anchor, l.lim, l.account IS NOT NULL, l.source "
+	"FROM earmark.account a "
+	"LEFT JOIN earmark.account_limit l ON l.account = a.account AND l.feature = $2 "
+	"WHERE a.account = $1",
+	2, {TEXTOID, TEXTOID}
+};
+
+static EmStatement read_budget = {
+	"SELECT used, held FROM earmark.budget "
+	"WHERE account = $1 AND feature = $2 AND cycle_start = $3",
+	3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
+};
+
+/*
+ * earmark_budget(account, feature, at): the numbers of the cycle that
+ * contains "at" (NULL: now).  An account the gate has never heard of reads
+ * as a calendar-month cycle with nothing used and an unknown limit.
+ */
+Datum
+earmark_budget(PG_FUNCTION_ARGS)
+{
+	text	   *account = em_arg_name(fcinfo, 0, "account");
+	text	   *feature = em_arg_name(fcinfo, 1, "feature");
+	TimestampTz at = PG_ARGISNULL(2) ? GetCurrentTimestamp() : PG_GETARG_TIMESTAMPTZ(2);
+	TimestampTz start;
+	TimestampTz end;
+	TimestampTz anchor = 0;
+	bool		has_anchor = false;
+	bool		known = false;
+	bool		unlimited = false;
+	int64		lim = 0;
+	int64		used = 0;
+	int64		held = 0;
+	char	   *state = "unknown";
+	Datum		values[7];
+	bool		nulls[7] = {false, false, false, false, false, false, false};
+	Datum		args[3];
+	bool		isnull;
+
+	SPI_connect();
+	args[0] = PointerGetDatum(account);
+	args[1] = PointerGetDatum(feature);
+	em_exec(&read_account_limit, args, NULL, true, 1);
+	if (SPI_processed == 1)
+	{
+		Datum		d = em_get(0, 1, &isnull);
+
+		has_anchor = !isnull;
+		if (has_anchor)
+			anchor = DatumGetTimestampTz(d);
+		known = DatumGetBool(em_get(0, 3, &isnull));
+		if (known)
+		{
+			d = em_get(0, 2, &isnull);
+			unlimited = isnull;
+			lim = isnull ? 0 : DatumGetInt64(d);
+			/* the source as a constant, so it outlives SPI's memory */
+			state = strcmp(TextDatumGetCString(em_get(0, 4, &isnull)),
+						   "provider") == 0 ? "provider" : "manual";
+		}
+	}
+	if (TIMESTAMP_NOT_FINITE(at))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("at must be a finite timestamp")));
+	em_cycle_bounds(anchor, has_anchor, at, &start, &end);
+
+	args[2] = TimestampTzGetDatum(start);
+	em_exec(&read_budget, args, NULL, true, 1);
+	if (SPI_processed == 1)
+	{
+		used = em_get_int64(0, 1, 0);
+		held = em_get_int64(0, 2, 0);
+	}
+	SPI_finish();
+
+	values[0] = TimestampTzGetDatum(start);
+	values[1] = TimestampTzGetDatum(end);
+	values[2] = Int64GetDatum(lim);
+	nulls[2] = !known || unlimited;
+	values[3] = Int64GetDatum(used);
+	values[4] = Int64GetDatum(held);
+	if (!known)
+		values[5] = Int64GetDatum(0);
+	else if (unlimited)
+		nulls[5] = true;
+	else
+		values[5] = Int64GetDatum(Max(0, lim - used - held));
+	values[6] = CStringGetTextDatum(state);
+	em_return_row(fcinfo, values, nulls);
+	return (Datum) 0;
+}

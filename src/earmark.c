@@ -1,0 +1,184 @@
+/*-------------------------------------------------------------------------
+ *
+ * earmark.c
+ *	  Module entry point: the GUCs, the background worker's registration,
+ *	  and the small helpers every other file uses (the SPI statement cache,
+ *	  argument checks, returning a row).
+ *
+ *	  Owns no shared state and takes no locks.  The GUCs are plain
+ *	  per-backend variables; earmark.database is fixed at server start
+ *	  because the worker connects to it once.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "funcapi.h"
+#include "mb/pg_wchar.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/tuplestore.h"
+
+#include "earmark.h"
+
+PG_MODULE_MAGIC;
+
+char	   *earmark_database = NULL;
+int			earmark_lease_s = 120;
+int			earmark_sweep_interval_ms = 1000;
+int			earmark_rate_limit = 120;
+
+void		_PG_init(void);
+
+void
+_PG_init(void)
+{
+	DefineCustomStringVariable("earmark.database",
+							   "Database the earmark background worker connects to.",
+							   "The extension must be created in this database for the worker to sweep it.",
+							   &earmark_database,
+							   "postgres",
+							   PGC_POSTMASTER,
+							   0,
+							   NULL, NULL, NULL);
+
+	DefineCustomIntVariable("earmark.lease",
+							"Default lease of a hold; a charge or heartbeat renews it.",
+							"A hold whose lease passes is dead: it charges nothing more and is settled as expired.",
+							&earmark_lease_s,
+							120, 1, 7 * 24 * 3600,
+							PGC_USERSET,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("earmark.sweep_interval",
+							"How often the background worker settles holds whose lease has passed.",
+							NULL,
+							&earmark_sweep_interval_ms,
+							1000, 10, 3600 * 1000,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("earmark.rate_limit",
+							"Most admissions a minute for one account and feature (0 turns the rate limit off).",
+							NULL,
+							&earmark_rate_limit,
+							120, 0, 1000000000,
+							PGC_SUSET,
+							0,
+							NULL, NULL, NULL);
+
+	MarkGUCPrefixReserved("earmark");
+
+	if (process_shared_preload_libraries_in_progress)
+		em_register_worker();
+}
+
+/*
+ * Run a cached statement.  Errors from SPI itself are internal errors; the
+ * SQL errors of the statement (constraint violations, serialization
+ * failures) propagate with their own SQLSTATE.
+ */
+int
+em_exec(EmStatement *stmt, Datum *values, const char *nulls,
+		bool read_only, long count)
+{
+	int			rc;
+
+	if (stmt->plan == NULL)
+	{
+		SPIPlanPtr	plan = SPI_prepare(stmt->sql, stmt->nargs, stmt->argtypes);
+
+		if (plan == NULL)
+			elog(ERROR, "earmark: could not prepare statement: %s",
+				 SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(plan) != 0)
+			elog(ERROR, "earmark: could not keep plan");
+		stmt->plan = plan;
+	}
+
+	rc = SPI_execute_plan(stmt->plan, values, nulls, read_only, count);
+	if (rc < 0)
+		elog(ERROR, "earmark: statement failed: %s", SPI_result_code_string(rc));
+	return rc;
+}
+
+Datum
+em_get(int row, int col, bool *isnull)
+{
+	Assert(row < (int) SPI_processed);
+	return SPI_getbinval(SPI_tuptable->vals[row], SPI_tuptable->tupdesc,
+						 col, isnull);
+}
+
+int64
+em_get_int64(int row, int col, int64 if_null)
+{
+	bool		isnull;
+	Datum		d = em_get(row, col, &isnull);
+
+	return isnull ? if_null : DatumGetInt64(d);
+}
+
+/*
+ * An account, feature or idempotency key: not NULL, not empty, at most
+ * EARMARK_MAX_NAME_LEN characters.
+ */
+static text *
+check_name(text *t, const char *what)
+{
+	int			len = pg_mbstrlen_with_len(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be empty", what)));
+	if (len > EARMARK_MAX_NAME_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("%s is too long", what),
+				 errdetail("It has %d characters; the most is %d.",
+						   len, EARMARK_MAX_NAME_LEN)));
+	return t;
+}
+
+text *
+em_arg_name(FunctionCallInfo fcinfo, int argno, const char *what)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be NULL", what)));
+	return check_name(PG_GETARG_TEXT_PP(argno), what);
+}
+
+/* a name whose NULL means its default (feature defaults to 'default') */
+text *
+em_arg_name_default(FunctionCallInfo fcinfo, int argno, const char *what,
+					const char *dflt)
+{
+	if (PG_ARGISNULL(argno))
+		return cstring_to_text(dflt);
+	return check_name(PG_GETARG_TEXT_PP(argno), what);
+}
+
+int64
+em_arg_int64(FunctionCallInfo fcinfo, int argno, const char *what)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be NULL", what)));
+	return PG_GETARG_INT64(argno);
+}
+
+void
+em_return_row(FunctionCallInfo fcinfo, Datum *values, bool *nulls)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+}

@@ -1,0 +1,79 @@
+/*-------------------------------------------------------------------------
+ *
+ * earmark.h
+ *	  Declarations shared by earmark's C files: GUCs, SQLSTATEs, the SPI
+ *	  statement cache, argument checks and the cycle arithmetic.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef EARMARK_H
+#define EARMARK_H
+
+#include "postgres.h"
+
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "utils/timestamp.h"
+
+/*
+ * earmark's own SQLSTATEs (class "EM").  Standard codes are used where one
+ * fits: 22004 for a NULL argument, 22023 for an invalid value, 22001 for a
+ * name or key that is too long, 22003 for an amount that would overflow.
+ */
+#define ERRCODE_EARMARK_IDEMPOTENCY_CONFLICT	MAKE_SQLSTATE('E','M','0','0','1')
+#define ERRCODE_EARMARK_ANCHOR_LOCKED			MAKE_SQLSTATE('E','M','0','0','2')
+#define ERRCODE_EARMARK_UNKNOWN_JOB				MAKE_SQLSTATE('E','M','0','0','3')
+
+/* the longest account, feature or idempotency key accepted, in characters */
+#define EARMARK_MAX_NAME_LEN	255
+
+/* first key of the advisory locks earmark takes ("earm") */
+#define EARMARK_ADVISORY_CLASS	0x6561726d
+
+/* GUCs (earmark.c) */
+extern char *earmark_database;
+extern int	earmark_lease_s;
+extern int	earmark_sweep_interval_ms;
+extern int	earmark_rate_limit;
+
+/*
+ * A SQL statement run through SPI whose plan is prepared once per backend
+ * and kept (SPI_keepplan).  The plan cache revalidates it after DDL, so a
+ * dropped and re-created extension is picked up.
+ */
+typedef struct EmStatement
+{
+	const char *sql;
+	int			nargs;
+	Oid			argtypes[8];
+	SPIPlanPtr	plan;
+} EmStatement;
+
+extern int	em_exec(EmStatement *stmt, Datum *values, const char *nulls,
+					bool read_only, long count);
+
+/* result access for the last em_exec */
+extern Datum em_get(int row, int col, bool *isnull);
+extern int64 em_get_int64(int row, int col, int64 if_null);
+
+/* argument checks: they raise the documented SQLSTATE or return the value */
+extern text *em_arg_name(FunctionCallInfo fcinfo, int argno, const char *what);
+extern text *em_arg_name_default(FunctionCallInfo fcinfo, int argno,
+								 const char *what, const char *dflt);
+extern int64 em_arg_int64(FunctionCallInfo fcinfo, int argno, const char *what);
+
+/* hand back one row of a RETURNS TABLE function */
+extern void em_return_row(FunctionCallInfo fcinfo, Datum *values, bool *nulls);
+
+/* cycles (account.c) */
+extern void em_cycle_bounds(TimestampTz anchor, bool has_anchor, TimestampTz at,
+							TimestampTz *start, TimestampTz *end);
+
+/* gate (gate.c) */
+extern int	em_sweep(int max_jobs);
+
+/* worker (worker.c) */
+extern void em_register_worker(void);
+PGDLLEXPORT void earmark_worker_main(Datum main_arg);
+
+#endif							/* EARMARK_H */

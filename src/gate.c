@@ -1,0 +1,867 @@
+/*-------------------------------------------------------------------------
+ *
+ * gate.c
+ *	  The gate: earmark_reserve, earmark_charge, earmark_heartbeat,
+ *	  earmark_settle and earmark_sweep.
+ *
+ *	  Tables: earmark.budget (held, used, rate state), earmark.job (the
+ *	  holds), earmark.ledger (a row per settled job that used something)
+ *	  and earmark.meter_mark (the cycle's "tell the meter" mark).
+ *
+ *	  Locks, and why they cannot deadlock among themselves:
+ *	  - reserve locks the budget row FOR UPDATE (check and hold in one
+ *	    transaction), then may expire that budget's dead holds, taking their
+ *	    job rows FOR UPDATE SKIP LOCKED: it never waits for a job row.
+ *	  - sweep locks a budget row (waiting only for the first budget of a
+ *	    call, with SKIP LOCKED for the rest), then its dead job rows with
+ *	    SKIP LOCKED.
+ *	  - charge and heartbeat lock one job row and nothing else.
+ *	  - settle locks the job row, then updates (and so locks) its budget.
+ *	  Only settle waits for a budget while holding a job, and nobody waits
+ *	  for a job while holding a budget, so no cycle can form.  A settle that
+ *	  waits on a job held by a long application transaction therefore holds
+ *	  no budget lock meanwhile, and admissions go on.
+ *
+ *	  Time is the wall clock (GetCurrentTimestamp), not the transaction
+ *	  start: a lease that passes inside a long transaction has passed.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "common/int.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+
+#include "earmark.h"
+
+PG_FUNCTION_INFO_V1(earmark_reserve);
+PG_FUNCTION_INFO_V1(earmark_charge);
+PG_FUNCTION_INFO_V1(earmark_heartbeat);
+PG_FUNCTION_INFO_V1(earmark_settle);
+PG_FUNCTION_INFO_V1(earmark_sweep);
+
+/* jobs expired at once by reserve's reclaim */
+#define RECLAIM_BATCH	1000
+
+/* ---------------------------------------------------------------------
+ * Statements
+ * ---------------------------------------------------------------------
+ */
+static EmStatement job_by_key = {
+	"SELECT job_id, amount, feature FROM earmark.job "
+	"WHERE account = $1 AND idempotency_key = $2",
+	2, {TEXTOID, TEXTOID}
+};
+
+static EmStatement account_anchor = {
+	"SELECT a.cycle_anchor, EXISTS (SELECT 1 FROM earmark.account_limit l "
+	"                               WHERE l.account = a.account AND l.feature = $2) "
+	"FROM earmark.account a WHERE a.account = $1",
+	2, {TEXTOID, TEXTOID}
+};
+
+static EmStatement account_anchor_share = {
+	"SELECT cycle_anchor FROM earmark.account WHERE account = $1 FOR SHARE",
+	1, {TEXTOID}
+};
+
+static EmStatement advisory_shared = {
+	"SELECT pg_catalog.pg_advisory_xact_lock_shared($2, pg_catalog.hashtext($1))",
+	2, {TEXTOID, INT4OID}
+};
+
+static EmStatement create_budget = {
+	"INSERT INTO earmark.budget (account, feature, cycle_start, cycle_end) "
+	"VALUES ($1, $2, $3, $4) ON CONFLICT (account, feature, cycle_start) DO NOTHING",
+	4, {TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+};
+
+static EmStatement lock_budget = {
+	"SELECT budget_id, used, held, rate_tat FROM earmark.budget "
+	"WHERE account = $1 AND feature = $2 AND cycle_start = $3 FOR UPDATE",
+	3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
+};
+
+/* read after the budget lock, in a new snapshot: a limit change committed
+ * before the lock was granted applies to this admission */
+static EmStatement read_limit = {
+	"SELECT lim FROM earmark.account_limit WHERE account = $1 AND feature = $2",
+	2, {TEXTOID, TEXTOID}
+};
+
+static EmStatement budget_numbers = {
+	"SELECT b.used, b.held, l.lim, l.account IS NOT NULL "
+	"FROM earmark.budget b LEFT JOIN earmark.account_limit l "
+	"  ON l.account = b.account AND l.feature = b.feature "
+	"WHERE b.budget_id = $1",
+	1, {INT8OID}
+};
+
+static EmStatement insert_job = {
+	"INSERT INTO earmark.job (budget_id, account, feature, idempotency_key, amount, lease, lease_until, created_at) "
+	"VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
+	"ON CONFLICT (account, idempotency_key) DO NOTHING RETURNING job_id",
+	8, {INT8OID, TEXTOID, TEXTOID, TEXTOID, INT8OID, INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+};
+
+static EmStatement write_budget = {
+	"UPDATE earmark.budget SET used = $2, held = $3, rate_tat = $4 WHERE budget_id = $1",
+	4, {INT8OID, INT8OID, INT8OID, TIMESTAMPTZOID}
+};
+
+static EmStatement release_budget = {
+	"UPDATE earmark.budget SET held = held - $2, used = used + $3 WHERE budget_id = $1",
+	3, {INT8OID, INT8OID, INT8OID}
+};
+
+/*
+ * Expire a locked budget's dead holds, at the use they recorded: the job
+ * rows, their ledger rows and the meter mark in one statement.  The caller
+ * holds the budget row lock and applies the returned sums to it.
+ */
+static EmStatement expire_jobs = {
+	"WITH j AS ("
+	"  UPDATE earmark.job AS t"
+	"     SET status = 'expired', settled_at = $2, charged = t.used, released = t.amount - t.used"
+	"   WHERE t.job_id IN (SELECT s.job_id FROM earmark.job s"
+	"                       WHERE s.budget_id = $1 AND s.status IN ('running', 'capped')"
+	"                         AND s.lease_until < $2"
+	"                       ORDER BY s.lease_until LIMIT $3 FOR UPDATE SKIP LOCKED)"
+	"  RETURNING t.job_id, t.amount, t.used),"
+	" l AS (INSERT INTO earmark.ledger (budget_id, units, job_id, occurred_at)"
+	"       SELECT $1, j.used, j.job_id, $2 FROM j WHERE j.used > 0 RETURNING 1),"
+	" m AS (INSERT INTO earmark.meter_mark (budget_id)"
+	"       SELECT $1 WHERE EXISTS (SELECT 1 FROM l) ON CONFLICT DO NOTHING)"
+	"SELECT pg_catalog.count(*), coalesce(pg_catalog.sum(j.amount), 0)::bigint,"
+	"       coalesce(pg_catalog.sum(j.used), 0)::bigint FROM j",
+	3, {INT8OID, TIMESTAMPTZOID, INT4OID}
+};
+
+static EmStatement lock_job = {
+	"SELECT budget_id, amount, used, status, lease_until, lease, last_step "
+	"FROM earmark.job WHERE job_id = $1 FOR UPDATE",
+	1, {INT8OID}
+};
+
+static EmStatement write_charge = {
+	"UPDATE earmark.job SET used = $2, last_step = coalesce($3, last_step), "
+	"status = $4, lease_until = $5 WHERE job_id = $1",
+	5, {INT8OID, INT8OID, INT8OID, TEXTOID, TIMESTAMPTZOID}
+};
+
+static EmStatement heartbeat_job = {
+	"UPDATE earmark.job SET lease_until = $2 + lease "
+	"WHERE job_id = $1 AND status IN ('running', 'capped') AND lease_until >= $2 "
+	"RETURNING lease_until",
+	2, {INT8OID, TIMESTAMPTZOID}
+};
+
+static EmStatement job_exists = {
+	"SELECT 1 FROM earmark.job WHERE job_id = $1",
+	1, {INT8OID}
+};
+
+static EmStatement settle_job = {
+	"WITH j AS (UPDATE earmark.job SET status = $2, settled_at = $3, charged = $4, "
+	"           released = $5 WHERE job_id = $1 RETURNING budget_id),"
+	" l AS (INSERT INTO earmark.ledger (budget_id, units, job_id, occurred_at)"
+	"       SELECT j.budget_id, $4, $1, $3 FROM j WHERE $4 > 0 RETURNING budget_id)"
+	"INSERT INTO earmark.meter_mark (budget_id) SELECT budget_id FROM l "
+	"ON CONFLICT DO NOTHING",
+	5, {INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID}
+};
+
+static EmStatement expired_budgets = {
+	"SELECT budget_id FROM earmark.job "
+	"WHERE status IN ('running', 'capped') AND lease_until < $1 "
+	"GROUP BY budget_id ORDER BY pg_catalog.min(lease_until) LIMIT $2",
+	2, {TIMESTAMPTZOID, INT4OID}
+};
+
+static EmStatement lock_budget_wait = {
+	"SELECT 1 FROM earmark.budget WHERE budget_id = $1 FOR UPDATE",
+	1, {INT8OID}
+};
+
+static EmStatement lock_budget_skip = {
+	"SELECT 1 FROM earmark.budget WHERE budget_id = $1 FOR UPDATE SKIP LOCKED",
+	1, {INT8OID}
+};
+
+/* ---------------------------------------------------------------------
+ * Helpers
+ * ---------------------------------------------------------------------
+ */
+
+/* limit - used - held, at least 0; unlimited reads as PG_INT64_MAX */
+static int64
+room_left(bool unlimited, int64 lim, int64 used, int64 held)
+{
+	int64		r;
+
+	if (unlimited)
+		return PG_INT64_MAX;
+	if (pg_sub_s64_overflow(lim, used, &r) || pg_sub_s64_overflow(r, held, &r))
+		return 0;
+	return Max(r, 0);
+}
+
+static bool
+is_open(const char *status)
+{
+	return strcmp(status, "running") == 0 || strcmp(status, "capped") == 0;
+}
+
+/*
+ * A job status as a string constant, so that it outlives SPI's memory and
+ * can be returned after SPI_finish.
+ */
+static const char *
+status_const(const char *s)
+{
+	static const char *const statuses[] = {
+		"running", "capped", "completed", "failed", "cancelled", "expired"
+	};
+	int			i;
+
+	for (i = 0; i < (int) lengthof(statuses); i++)
+	{
+		if (strcmp(s, statuses[i]) == 0)
+			return statuses[i];
+	}
+	elog(ERROR, "earmark: unknown job status \"%s\"", s);
+	return NULL;				/* keep compiler quiet */
+}
+
+static TimestampTz
+add_interval(TimestampTz t, Interval *i)
+{
+	return DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+												   TimestampTzGetDatum(t),
+												   IntervalPGetDatum(i)));
+}
+
+/* expire up to max dead holds of a locked budget; returns how many */
+static int64
+expire_budget_jobs(int64 budget_id, TimestampTz now, int max,
+				   int64 *released, int64 *charged)
+{
+	Datum		args[3];
+	int64		n;
+
+	args[0] = Int64GetDatum(budget_id);
+	args[1] = TimestampTzGetDatum(now);
+	args[2] = Int32GetDatum(max);
+	em_exec(&expire_jobs, args, NULL, false, 0);
+	n = em_get_int64(0, 1, 0);
+	*released = em_get_int64(0, 2, 0);
+	*charged = em_get_int64(0, 3, 0);
+	return n;
+}
+
+static void
+check_positive(int64 v, const char *what)
+{
+	if (v <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be greater than zero", what),
+				 errdetail("The value given was " INT64_FORMAT ".", v)));
+}
+
+/* ---------------------------------------------------------------------
+ * earmark_reserve(account, amount, idempotency_key, feature, lease)
+ *	  RETURNS TABLE (job_id, admitted, remaining, reason)
+ * ---------------------------------------------------------------------
+ */
+typedef struct Admission
+{
+	bool		admitted;
+	int64		job_id;
+	bool		unlimited;
+	int64		remaining;
+	const char *reason;			/* NULL, a constant, or reason_buf */
+	char		reason_buf[128];
+} Admission;
+
+/* the same key again: the same job, or an error if the parameters differ */
+static void
+existing_job(text *account, text *key, text *feature, int64 amount,
+			 Admission *result)
+{
+	int64		job_id = em_get_int64(0, 1, 0);
+	int64		old_amount = em_get_int64(0, 2, 0);
+	bool		isnull;
+	char	   *old_feature = TextDatumGetCString(em_get(0, 3, &isnull));
+	char	   *new_feature = text_to_cstring(feature);
+
+	if (old_amount != amount || strcmp(old_feature, new_feature) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_EARMARK_IDEMPOTENCY_CONFLICT),
+				 errmsg("idempotency key \"%s\" of account \"%s\" was used for a different job",
+						text_to_cstring(key), text_to_cstring(account)),
+				 errdetail("Job " INT64_FORMAT " holds " INT64_FORMAT " of feature \"%s\"; this call asks for " INT64_FORMAT " of feature \"%s\".",
+						   job_id, old_amount, old_feature, amount, new_feature),
+				 errhint("Use a new key for a new job, or repeat the first call's amount and feature.")));
+
+	result->admitted = true;
+	result->job_id = job_id;
+	result->reason = "already admitted";
+}
+
+static void
+fill_remaining_of_job_budget(int64 budget_id, Admission *result)
+{
+	Datum		arg = Int64GetDatum(budget_id);
+	bool		isnull;
+
+	em_exec(&budget_numbers, &arg, NULL, true, 1);
+	if (SPI_processed == 1)
+	{
+		int64		used = em_get_int64(0, 1, 0);
+		int64		held = em_get_int64(0, 2, 0);
+		Datum		lim = em_get(0, 3, &isnull);
+		bool		known = DatumGetBool(em_get(0, 4, &isnull));
+
+		result->unlimited = known && isnull;
+		result->remaining = known ? room_left(result->unlimited,
+											  DatumGetInt64(lim), used, held) : 0;
+	}
+}
+
+static EmStatement job_budget = {
+	"SELECT budget_id FROM earmark.job WHERE job_id = $1",
+	1, {INT8OID}
+};
+
+static void
+remaining_for_job(int64 job_id, Admission *result)
+{
+	Datum		arg = Int64GetDatum(job_id);
+
+	em_exec(&job_budget, &arg, NULL, true, 1);
+	if (SPI_processed == 1)
+		fill_remaining_of_job_budget(em_get_int64(0, 1, 0), result);
+}
+
+static void
+do_reserve(text *account, int64 amount, text *key, text *feature,
+		   Interval *lease, TimestampTz now, Admission *result)
+{
+	Datum		args[8];
+	char		nulls[8];
+	bool		isnull;
+	bool		has_anchor;
+	TimestampTz anchor = 0;
+	TimestampTz start;
+	TimestampTz end;
+	int64		budget_id;
+	int64		used;
+	int64		held;
+	int64		lim = 0;
+	bool		unlimited;
+	bool		rate_null;
+	TimestampTz rate_tat;
+	int64		remaining;
+	bool		changed = false;
+
+	memset(nulls, ' ', sizeof(nulls));
+
+	/* 1. the same key again returns the same job and holds nothing new */
+	args[0] = PointerGetDatum(account);
+	args[1] = PointerGetDatum(key);
+	em_exec(&job_by_key, args, NULL, true, 1);
+	if (SPI_processed == 1)
+	{
+		existing_job(account, key, feature, amount, result);
+		remaining_for_job(result->job_id, result);
+		return;
+	}
+
+	/* 2. an account without a known limit is refused: fail closed */
+	args[1] = PointerGetDatum(feature);
+	em_exec(&account_anchor, args, NULL, true, 1);
+	if (SPI_processed == 0 || !DatumGetBool(em_get(0, 2, &isnull)))
+	{
+		result->reason = "limit unknown";
+		result->remaining = 0;
+		return;
+	}
+	anchor = DatumGetTimestampTz(em_get(0, 1, &isnull));
+	has_anchor = !isnull;
+	em_cycle_bounds(anchor, has_anchor, now, &start, &end);
+
+	/* 3. lock the cycle's budget row, creating it on first use */
+	args[2] = TimestampTzGetDatum(start);
+	em_exec(&lock_budget, args, NULL, false, 1);
+	if (SPI_processed == 0)
+	{
+		/*
+		 * Creating a cycle's budget row: hold the account's advisory lock
+		 * shared so that earmark_set_account cannot change the anchor under
+		 * us, and read the anchor again under it.
+		 */
+		Datum		lockargs[2];
+
+		lockargs[0] = PointerGetDatum(account);
+		lockargs[1] = Int32GetDatum(EARMARK_ADVISORY_CLASS);
+		em_exec(&advisory_shared, lockargs, NULL, false, 0);
+		em_exec(&account_anchor_share, lockargs, NULL, false, 1);
+		if (SPI_processed == 1)
+		{
+			anchor = DatumGetTimestampTz(em_get(0, 1, &isnull));
+			has_anchor = !isnull;
+		}
+		em_cycle_bounds(anchor, has_anchor, now, &start, &end);
+		args[2] = TimestampTzGetDatum(start);
+		args[3] = TimestampTzGetDatum(end);
+		em_exec(&create_budget, args, NULL, false, 0);
+		em_exec(&lock_budget, args, NULL, false, 1);
+		if (SPI_processed == 0)
+			elog(ERROR, "earmark: budget row of account \"%s\" vanished",
+				 text_to_cstring(account));
+	}
+	budget_id = em_get_int64(0, 1, 0);
+	used = em_get_int64(0, 2, 0);
+	held = em_get_int64(0, 3, 0);
+	rate_tat = DatumGetTimestampTz(em_get(0, 4, &rate_null));
+	if (rate_null)
+		rate_tat = now;
+
+	/* 4. the limit as it is now that we hold the row */
+	em_exec(&read_limit, args, NULL, true, 1);
+	if (SPI_processed == 0)
+	{
+		result->reason = "limit unknown";
+		result->remaining = 0;
+		return;
+	}
+	lim = DatumGetInt64(em_get(0, 1, &unlimited));
+	result->unlimited = unlimited;
+	remaining = room_left(unlimited, lim, used, held);
+
+	/* 5. a hold whose lease has passed never causes a refusal */
+	if (amount > remaining)
+	{
+		int64		released;
+		int64		charged;
+
+		if (expire_budget_jobs(budget_id, now, RECLAIM_BATCH, &released, &charged) > 0)
+		{
+			held -= released;
+			used += charged;
+			changed = true;
+			remaining = room_left(unlimited, lim, used, held);
+		}
+	}
+
+	if (amount > remaining)
+	{
+		result->remaining = remaining;
+		snprintf(result->reason_buf, sizeof(result->reason_buf),
+				 "the job needs " INT64_FORMAT " and " INT64_FORMAT " is left",
+				 amount, remaining);
+		result->reason = result->reason_buf;
+	}
+	else
+	{
+		/* 6. the rate limit, as GCRA state on the budget row */
+		TimestampTz new_tat = rate_tat;
+		bool		limited = false;
+
+		if (earmark_rate_limit > 0)
+		{
+			int64		step = USECS_PER_MINUTE / earmark_rate_limit;
+			int64		tolerance = USECS_PER_MINUTE - step;
+			TimestampTz tat = Max(rate_tat, now);
+
+			if (tat - now > tolerance)
+				limited = true;
+			else
+				new_tat = tat + step;
+		}
+		if (limited)
+		{
+			result->remaining = remaining;
+			result->reason = "rate limited";
+		}
+		else
+		{
+			/* 7. the hold */
+			args[0] = Int64GetDatum(budget_id);
+			args[1] = PointerGetDatum(account);
+			args[2] = PointerGetDatum(feature);
+			args[3] = PointerGetDatum(key);
+			args[4] = Int64GetDatum(amount);
+			args[5] = IntervalPGetDatum(lease);
+			args[6] = TimestampTzGetDatum(add_interval(now, lease));
+			args[7] = TimestampTzGetDatum(now);
+			em_exec(&insert_job, args, NULL, false, 1);
+			if (SPI_processed == 0)
+			{
+				/*
+				 * A concurrent reserve with the same key committed after
+				 * step 1 (ON CONFLICT waited for it).
+				 */
+				args[0] = PointerGetDatum(account);
+				args[1] = PointerGetDatum(key);
+				em_exec(&job_by_key, args, NULL, true, 1);
+				if (SPI_processed != 1)
+					elog(ERROR, "earmark: job with key \"%s\" vanished",
+						 text_to_cstring(key));
+				existing_job(account, key, feature, amount, result);
+				remaining_for_job(result->job_id, result);
+			}
+			else
+			{
+				result->admitted = true;
+				result->job_id = em_get_int64(0, 1, 0);
+				if (pg_add_s64_overflow(held, amount, &held))
+					ereport(ERROR,
+							(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+							 errmsg("the account's holds would exceed the largest bigint")));
+				result->remaining = unlimited ? 0 : remaining - amount;
+				result->reason = NULL;
+				rate_tat = new_tat;
+				rate_null = false;
+				changed = true;
+			}
+		}
+	}
+
+	if (changed)
+	{
+		args[0] = Int64GetDatum(budget_id);
+		args[1] = Int64GetDatum(used);
+		args[2] = Int64GetDatum(held);
+		args[3] = TimestampTzGetDatum(rate_tat);
+		nulls[3] = rate_null ? 'n' : ' ';
+		em_exec(&write_budget, args, nulls, false, 0);
+	}
+}
+
+Datum
+earmark_reserve(PG_FUNCTION_ARGS)
+{
+	text	   *account = em_arg_name(fcinfo, 0, "account");
+	int64		amount = em_arg_int64(fcinfo, 1, "amount");
+	text	   *key = em_arg_name(fcinfo, 2, "idempotency_key");
+	text	   *feature = em_arg_name(fcinfo, 3, "feature");
+	TimestampTz now = GetCurrentTimestamp();
+	Interval   *lease;
+	Admission	result;
+	Datum		values[4];
+	bool		nulls[4] = {false, false, false, false};
+
+	check_positive(amount, "amount");
+	if (PG_ARGISNULL(4))
+	{
+		lease = palloc0(sizeof(Interval));
+		lease->time = (int64) earmark_lease_s * USECS_PER_SEC;
+	}
+	else
+	{
+		lease = PG_GETARG_INTERVAL_P(4);
+		if (add_interval(now, lease) <= now)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("lease must be longer than zero")));
+	}
+
+	memset(&result, 0, sizeof(result));
+	SPI_connect();
+	do_reserve(account, amount, key, feature, lease, now, &result);
+	SPI_finish();
+
+	values[0] = Int64GetDatum(result.job_id);
+	nulls[0] = !result.admitted;
+	values[1] = BoolGetDatum(result.admitted);
+	values[2] = Int64GetDatum(result.remaining);
+	nulls[2] = result.unlimited;
+	if (result.reason)
+		values[3] = CStringGetTextDatum(result.reason);
+	nulls[3] = result.reason == NULL;
+	em_return_row(fcinfo, values, nulls);
+	return (Datum) 0;
+}
+
+/* ---------------------------------------------------------------------
+ * earmark_charge(job_id, tokens, step)
+ *	  RETURNS TABLE (charged, capped, room, status)
+ * ---------------------------------------------------------------------
+ */
+static void
+unknown_job(int64 job_id)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_EARMARK_UNKNOWN_JOB),
+			 errmsg("earmark job " INT64_FORMAT " does not exist", job_id),
+			 errhint("Use the job_id that earmark_reserve returned.")));
+}
+
+Datum
+earmark_charge(PG_FUNCTION_ARGS)
+{
+	int64		job_id = em_arg_int64(fcinfo, 0, "job_id");
+	int64		tokens = em_arg_int64(fcinfo, 1, "tokens");
+	bool		has_step = !PG_ARGISNULL(2);
+	int64		step = has_step ? PG_GETARG_INT64(2) : 0;
+	TimestampTz now = GetCurrentTimestamp();
+	Datum		args[5];
+	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+	bool		isnull;
+	int64		amount;
+	int64		used;
+	int64		charged = 0;
+	bool		capped = false;
+	const char *status;
+	const char *cur;
+	TimestampTz lease_until;
+	Datum		values[4];
+	bool		rnulls[4] = {false, false, false, false};
+
+	if (tokens < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("tokens must not be negative"),
+				 errdetail("The value given was " INT64_FORMAT ".", tokens)));
+
+	SPI_connect();
+	args[0] = Int64GetDatum(job_id);
+	em_exec(&lock_job, args, NULL, false, 1);
+	if (SPI_processed == 0)
+		unknown_job(job_id);
+	amount = em_get_int64(0, 2, 0);
+	used = em_get_int64(0, 3, 0);
+	cur = status_const(TextDatumGetCString(em_get(0, 4, &isnull)));
+	lease_until = DatumGetTimestampTz(em_get(0, 5, &isnull));
+
+	if (!is_open(cur))
+		status = cur;
+	else if (lease_until < now)
+		status = "expired";		/* dead before the sweeper gets to it */
+	else if (strcmp(cur, "capped") == 0)
+		status = cur;			/* a capped job charges nothing more */
+	else
+	{
+		Interval   *lease = DatumGetIntervalP(em_get(0, 6, &isnull));
+		Datum		last = em_get(0, 7, &isnull);
+
+		status = "running";
+		if (!(has_step && !isnull && step <= DatumGetInt64(last)))
+		{
+			charged = Min(tokens, amount - used);
+			capped = charged < tokens;
+			used += charged;
+			if (capped)
+				status = "capped";
+			args[1] = Int64GetDatum(used);
+			args[2] = Int64GetDatum(step);
+			nulls[2] = has_step ? ' ' : 'n';
+			args[3] = CStringGetTextDatum(status);
+			args[4] = TimestampTzGetDatum(add_interval(now, lease));
+			em_exec(&write_charge, args, nulls, false, 0);
+		}
+	}
+	SPI_finish();
+
+	values[0] = Int64GetDatum(charged);
+	values[1] = BoolGetDatum(capped);
+	values[2] = Int64GetDatum(amount - used);
+	values[3] = CStringGetTextDatum(status);
+	em_return_row(fcinfo, values, rnulls);
+	return (Datum) 0;
+}
+
+/* ---------------------------------------------------------------------
+ * earmark_heartbeat(job_id) RETURNS timestamptz
+ *	  The new lease end, or NULL when the job is no longer running.
+ * ---------------------------------------------------------------------
+ */
+Datum
+earmark_heartbeat(PG_FUNCTION_ARGS)
+{
+	int64		job_id = em_arg_int64(fcinfo, 0, "job_id");
+	Datum		args[2];
+	TimestampTz result = 0;
+	bool		found;
+	bool		isnull;
+
+	SPI_connect();
+	args[0] = Int64GetDatum(job_id);
+	args[1] = TimestampTzGetDatum(GetCurrentTimestamp());
+	em_exec(&heartbeat_job, args, NULL, false, 1);
+	found = SPI_processed == 1;
+	if (found)
+		result = DatumGetTimestampTz(em_get(0, 1, &isnull));
+	else
+	{
+		em_exec(&job_exists, args, NULL, true, 1);
+		if (SPI_processed == 0)
+			unknown_job(job_id);
+	}
+	SPI_finish();
+
+	if (!found)
+		PG_RETURN_NULL();
+	PG_RETURN_TIMESTAMPTZ(result);
+}
+
+/* ---------------------------------------------------------------------
+ * earmark_settle(job_id, used, outcome)
+ *	  RETURNS TABLE (charged, released, status)
+ * ---------------------------------------------------------------------
+ */
+Datum
+earmark_settle(PG_FUNCTION_ARGS)
+{
+	int64		job_id = em_arg_int64(fcinfo, 0, "job_id");
+	bool		has_used = !PG_ARGISNULL(1);
+	int64		used_arg = has_used ? PG_GETARG_INT64(1) : 0;
+	char	   *outcome;
+	TimestampTz now = GetCurrentTimestamp();
+	Datum		args[5];
+	bool		isnull;
+	int64		charged = 0;
+	int64		released = 0;
+	const char *status;
+	Datum		values[3];
+	bool		rnulls[3] = {false, false, false};
+
+	if (PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("outcome must not be NULL")));
+	outcome = text_to_cstring(PG_GETARG_TEXT_PP(2));
+	if (strcmp(outcome, "completed") != 0 && strcmp(outcome, "failed") != 0 &&
+		strcmp(outcome, "cancelled") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("unknown outcome \"%s\"", outcome),
+				 errhint("Use 'completed', 'failed' or 'cancelled'.")));
+	if (has_used && used_arg < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("used must not be negative"),
+				 errdetail("The value given was " INT64_FORMAT ".", used_arg)));
+
+	SPI_connect();
+	args[0] = Int64GetDatum(job_id);
+	em_exec(&lock_job, args, NULL, false, 1);
+	if (SPI_processed == 0)
+		unknown_job(job_id);
+	status = status_const(TextDatumGetCString(em_get(0, 4, &isnull)));
+	if (is_open(status))
+	{
+		int64		budget_id = em_get_int64(0, 1, 0);
+		int64		amount = em_get_int64(0, 2, 0);
+		int64		recorded = em_get_int64(0, 3, 0);
+		TimestampTz lease_until = DatumGetTimestampTz(em_get(0, 5, &isnull));
+
+		if (lease_until < now)
+		{
+			/* too late: settled as the sweeper would, at the recorded use */
+			status = "expired";
+			charged = Min(recorded, amount);
+		}
+		else
+		{
+			status = status_const(outcome);
+			charged = Min(has_used ? used_arg : recorded, amount);
+		}
+		released = amount - charged;
+
+		args[1] = CStringGetTextDatum(status);
+		args[2] = TimestampTzGetDatum(now);
+		args[3] = Int64GetDatum(charged);
+		args[4] = Int64GetDatum(released);
+		em_exec(&settle_job, args, NULL, false, 0);
+
+		args[0] = Int64GetDatum(budget_id);
+		args[1] = Int64GetDatum(amount);
+		args[2] = Int64GetDatum(charged);
+		em_exec(&release_budget, args, NULL, false, 0);
+	}
+	SPI_finish();
+
+	values[0] = Int64GetDatum(charged);
+	values[1] = Int64GetDatum(released);
+	values[2] = CStringGetTextDatum(status);
+	em_return_row(fcinfo, values, rnulls);
+	return (Datum) 0;
+}
+
+/* ---------------------------------------------------------------------
+ * earmark_sweep(max_jobs) RETURNS int
+ * ---------------------------------------------------------------------
+ */
+
+/*
+ * Settle up to max_jobs holds whose lease has passed, as 'expired' at the
+ * use they recorded.  Runs inside the caller's SPI connection.  The first
+ * budget is waited for; the others are skipped when another session holds
+ * them, so a sweep never waits while it holds a budget lock.
+ */
+int
+em_sweep(int max_jobs)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	Datum		args[2];
+	int64	   *budgets;
+	int			nbudgets;
+	int			i;
+	int			done = 0;
+
+	args[0] = TimestampTzGetDatum(now);
+	args[1] = Int32GetDatum(max_jobs);
+	em_exec(&expired_budgets, args, NULL, true, 0);
+	nbudgets = (int) SPI_processed;
+	budgets = palloc(sizeof(int64) * Max(nbudgets, 1));
+	for (i = 0; i < nbudgets; i++)
+		budgets[i] = em_get_int64(i, 1, 0);
+
+	for (i = 0; i < nbudgets && done < max_jobs; i++)
+	{
+		int64		released;
+		int64		charged;
+		int64		n;
+
+		args[0] = Int64GetDatum(budgets[i]);
+		em_exec(i == 0 ? &lock_budget_wait : &lock_budget_skip, args, NULL, false, 1);
+		if (SPI_processed == 0)
+			continue;
+		n = expire_budget_jobs(budgets[i], now, max_jobs - done, &released, &charged);
+		if (n > 0)
+		{
+			Datum		upd[3];
+
+			upd[0] = Int64GetDatum(budgets[i]);
+			upd[1] = Int64GetDatum(released);
+			upd[2] = Int64GetDatum(charged);
+			em_exec(&release_budget, upd, NULL, false, 0);
+			done += (int) n;
+		}
+	}
+	return done;
+}
+
+Datum
+earmark_sweep(PG_FUNCTION_ARGS)
+{
+	int32		max_jobs;
+	int			n;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("max_jobs must not be NULL")));
+	max_jobs = PG_GETARG_INT32(0);
+	check_positive(max_jobs, "max_jobs");
+
+	SPI_connect();
+	n = em_sweep(max_jobs);
+	SPI_finish();
+	PG_RETURN_INT32(n);
+}
