@@ -643,7 +643,10 @@ earmark_charge(PG_FUNCTION_ARGS)
 	else if (lease_until < now)
 		status = "expired";		/* dead before the sweeper gets to it */
 	else if (strcmp(cur, "capped") == 0)
+	{
 		status = cur;			/* a capped job charges nothing more */
+		capped = tokens > 0;
+	}
 	else
 	{
 		Interval   *lease = DatumGetIntervalP(em_get(0, 6, &isnull));

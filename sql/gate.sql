@@ -1,0 +1,166 @@
+-- The gate: the four ways a limit breaks (DESIGN §1) and the rules of
+-- reserve, charge, heartbeat, settle and sweep.  The worker sweeps another
+-- database, so nothing here is settled unless a statement does it.
+SET client_min_messages = warning;
+\pset null '<null>'
+TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget,
+         earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
+
+-- 1. Many jobs pass the same check: with a hold, five jobs of 40,000 on a
+--    plan of 100,000 admit two and refuse three with the amount left.
+SELECT earmark_set_limit('five', 100000);
+SELECT n, r.admitted, r.remaining, r.reason
+FROM generate_series(1, 5) n, LATERAL earmark_reserve('five', 40000, 'job-' || n) r
+ORDER BY n;
+SELECT lim, used, held, remaining, limit_state FROM earmark_budget('five');
+
+-- 2. A job costs more than its estimate: it is capped at its hold.
+SELECT earmark_set_limit('overrun', 100000);
+SELECT job_id AS overrun FROM earmark_reserve('overrun', 10000, 'est-10k') \gset
+SELECT * FROM earmark_charge(:overrun, 6000);
+SELECT * FROM earmark_charge(:overrun, 9000);   -- would pass the hold: capped
+SELECT * FROM earmark_charge(:overrun, 1);      -- a capped job charges nothing more
+SELECT * FROM earmark_settle(:overrun, 15000);  -- settle charges at most the hold
+SELECT used, held FROM earmark_budget('overrun');
+
+-- 3. A job fails at 60%: charged 60%, the rest released.
+SELECT earmark_set_limit('halfway', 100000);
+SELECT job_id AS halfway FROM earmark_reserve('halfway', 40000, 'fails') \gset
+SELECT * FROM earmark_charge(:halfway, 24000);
+SELECT * FROM earmark_settle(:halfway, NULL, 'failed');  -- recorded use: 24000
+SELECT used, held FROM earmark_budget('halfway');
+
+-- 4. A worker disappears: the lease passes, the job is dead before the
+--    sweep, the sweep settles it at its recorded use, and the late settle
+--    is ignored.
+SELECT earmark_set_limit('vanish', 100000);
+SELECT job_id AS vanish FROM earmark_reserve('vanish', 40000, 'lost', lease => '50 milliseconds') \gset
+SELECT * FROM earmark_charge(:vanish, 7000);
+SELECT pg_sleep(0.1);
+SELECT * FROM earmark_charge(:vanish, 1000);    -- dead already: nothing charged
+SELECT earmark_heartbeat(:vanish);              -- cannot be revived
+SELECT earmark_sweep();
+SELECT status, charged, released FROM earmark.job WHERE job_id = :vanish;
+SELECT * FROM earmark_settle(:vanish, 40000);   -- late: ignored
+SELECT used, held FROM earmark_budget('vanish');
+
+-- A late settle that arrives before the sweep ends the job 'expired' at
+-- its recorded use too, exactly as the sweeper would.
+SELECT job_id AS late FROM earmark_reserve('vanish', 1000, 'late', lease => '50 milliseconds') \gset
+SELECT * FROM earmark_charge(:late, 300);
+SELECT pg_sleep(0.1);
+SELECT * FROM earmark_settle(:late, 900, 'completed');
+SELECT earmark_sweep();                         -- nothing left to sweep
+SELECT used, held FROM earmark_budget('vanish');
+
+-- Settle: charged = min(coalesce(used, recorded), held); settles once.
+SELECT earmark_set_limit('settle', 100000);
+SELECT job_id AS s1 FROM earmark_reserve('settle', 40000, 's1') \gset
+SELECT * FROM earmark_charge(:s1, 5000);
+SELECT * FROM earmark_settle(:s1, 31200);
+SELECT * FROM earmark_settle(:s1, 100);         -- second settle: nothing
+SELECT * FROM earmark_settle(:s1, NULL, 'cancelled');
+SELECT * FROM earmark_charge(:s1, 10);          -- a settled job charges nothing
+SELECT job_id AS s2 FROM earmark_reserve('settle', 1000, 's2') \gset
+SELECT * FROM earmark_settle(:s2, NULL, 'cancelled');   -- nothing used
+SELECT used, held, remaining FROM earmark_budget('settle');
+
+-- Step: a retried step is a no-op; a new step charges.
+SELECT earmark_set_limit('steps', 100000);
+SELECT job_id AS st FROM earmark_reserve('steps', 10000, 'st') \gset
+SELECT * FROM earmark_charge(:st, 1000, 1);
+SELECT * FROM earmark_charge(:st, 1000, 1);     -- retried
+SELECT * FROM earmark_charge(:st, 1000, 0);     -- older step
+SELECT * FROM earmark_charge(:st, 1000, 2);
+SELECT * FROM earmark_charge(:st, 500);         -- no step: always charges
+SELECT used, last_step FROM earmark.job WHERE job_id = :st;
+
+-- Every charge renews the lease; a heartbeat renews it without a charge.
+SELECT job_id AS hb FROM earmark_reserve('steps', 100, 'hb', lease => '300 milliseconds') \gset
+SELECT pg_sleep(0.2);
+SELECT charged, status FROM earmark_charge(:hb, 10);
+SELECT pg_sleep(0.2);
+SELECT earmark_heartbeat(:hb) > clock_timestamp() AS renewed;
+SELECT pg_sleep(0.2);
+SELECT charged, status FROM earmark_charge(:hb, 10);   -- still alive after 0.6 s
+SELECT * FROM earmark_settle(:hb);
+
+-- Idempotency: the same key returns the same job and holds nothing new.
+SELECT earmark_set_limit('idem', 50000);
+SELECT job_id AS k1 FROM earmark_reserve('idem', 20000, 'key-1') \gset
+SELECT job_id = :k1 AS same_job, admitted, remaining, reason
+FROM earmark_reserve('idem', 20000, 'key-1');
+SELECT held FROM earmark_budget('idem');
+-- ... also after it settled
+SELECT charged FROM earmark_settle(:k1, 100);
+SELECT job_id = :k1 AS same_job, admitted, reason FROM earmark_reserve('idem', 20000, 'key-1');
+SELECT used, held FROM earmark_budget('idem');
+-- the same key with another amount or feature is an error (EM001)
+\set VERBOSITY sqlstate
+SELECT * FROM earmark_reserve('idem', 20001, 'key-1');
+SELECT * FROM earmark_reserve('idem', 20000, 'key-1', 'images');
+\set VERBOSITY default
+SELECT * FROM earmark_reserve('idem', 20001, 'key-1');
+-- the same key on another account is another job
+SELECT earmark_set_limit('idem-2', 50000);
+SELECT job_id <> :k1 AS other_job, admitted FROM earmark_reserve('idem-2', 20000, 'key-1');
+-- a refused key may be tried again once there is room
+SELECT admitted, reason FROM earmark_reserve('idem', 60000, 'big');
+SELECT earmark_set_limit('idem', 200000);
+SELECT admitted, remaining FROM earmark_reserve('idem', 60000, 'big');
+
+-- A limit change applies to the next admission; running holds stay.
+SELECT earmark_set_limit('plan', 100000);
+SELECT admitted FROM earmark_reserve('plan', 70000, 'p1');
+SELECT earmark_set_limit('plan', 50000);
+SELECT lim, used, held, remaining FROM earmark_budget('plan');
+SELECT admitted, remaining, reason FROM earmark_reserve('plan', 1, 'p2');
+SELECT status FROM earmark.job WHERE idempotency_key = 'p1';
+
+-- NULL limit: unlimited.  No limit: refused, fail closed.
+SELECT earmark_set_limit('free', NULL);
+SELECT admitted, remaining, reason FROM earmark_reserve('free', 9000000000000000000, 'huge');
+SELECT lim, held, remaining, limit_state FROM earmark_budget('free');
+SELECT * FROM earmark_reserve('free', 9000000000000000000, 'huge-2');   -- held would overflow
+SELECT * FROM earmark_reserve('nobody', 1, 'k');
+SELECT lim, used, held, remaining, limit_state FROM earmark_budget('nobody');
+SELECT count(*) AS accounts_created FROM earmark.account WHERE account = 'nobody';
+SELECT earmark_set_account('unset');
+SELECT admitted, reason FROM earmark_reserve('unset', 1, 'k');
+
+-- Expired holds never cause a refusal: reserve reclaims them first.
+SELECT earmark_set_limit('reclaim', 10000);
+SELECT job_id AS r1 FROM earmark_reserve('reclaim', 8000, 'r1', lease => '50 milliseconds') \gset
+SELECT * FROM earmark_charge(:r1, 2500);
+SELECT pg_sleep(0.1);
+SELECT admitted, remaining FROM earmark_reserve('reclaim', 7500, 'r2');
+SELECT status, charged, released FROM earmark.job WHERE job_id = :r1;
+SELECT used, held FROM earmark_budget('reclaim');
+
+-- Rate limit: at most earmark.rate_limit admissions a minute (GCRA);
+-- refusals and repeats do not count.
+SET earmark.rate_limit = 3;
+SELECT earmark_set_limit('rated', 1000);
+SELECT n, r.admitted, r.reason
+FROM generate_series(1, 5) n, LATERAL earmark_reserve('rated', 1, 'rate-' || n) r ORDER BY n;
+SELECT admitted, reason FROM earmark_reserve('rated', 1, 'rate-1');   -- a repeat
+SELECT held FROM earmark_budget('rated');
+RESET earmark.rate_limit;
+
+-- The ledger: one row per settled job that used something, keyed by the
+-- job; each changed cycle marked for the meter once.
+SELECT b.account, l.units
+FROM earmark.ledger l JOIN earmark.budget b USING (budget_id)
+ORDER BY l.entry_id;
+SELECT b.account FROM earmark.meter_mark m JOIN earmark.budget b USING (budget_id) ORDER BY 1;
+-- invariants: used = ledger sum, held = sum of open holds, used + held <= lim
+-- (but for 'plan', whose limit was lowered under a running hold)
+SELECT b.account, b.used, coalesce(sum(l.units), 0) AS ledger
+FROM earmark.budget b LEFT JOIN earmark.ledger l USING (budget_id)
+GROUP BY b.budget_id HAVING b.used <> coalesce(sum(l.units), 0);
+SELECT b.account, b.held
+FROM earmark.budget b
+WHERE b.held <> (SELECT coalesce(sum(amount), 0) FROM earmark.job j
+                 WHERE j.budget_id = b.budget_id AND j.status IN ('running', 'capped'));
+SELECT b.account FROM earmark.budget b JOIN earmark.account_limit l USING (account, feature)
+WHERE b.used + b.held > l.lim;
