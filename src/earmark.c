@@ -34,12 +34,18 @@ void		_PG_init(void);
 void
 _PG_init(void)
 {
+	/*
+	 * The worker reads earmark.database once, at start.  A postmaster-only
+	 * variable may only be defined while preloading; loaded later (no
+	 * worker runs then) it is defined as reloadable so that loading the
+	 * library is not an error.
+	 */
 	DefineCustomStringVariable("earmark.database",
 							   "Database the earmark background worker connects to.",
 							   "The extension must be created in this database for the worker to sweep it.",
 							   &earmark_database,
 							   "postgres",
-							   PGC_POSTMASTER,
+							   process_shared_preload_libraries_in_progress ? PGC_POSTMASTER : PGC_SIGHUP,
 							   0,
 							   NULL, NULL, NULL);
 

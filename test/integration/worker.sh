@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The background worker: it sweeps expired holds on its own, follows
+# earmark.sweep_interval on SIGHUP, comes back after SIGTERM and after
+# kill -9 (with every committed hold, charge and settlement intact), and
+# logs what it swept at DEBUG1.  Without preload the functions still work.
+source "$(dirname "$0")/tap.sh"
+DB=postgres
+
+worker_pid() { q -d postgres -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'earmark worker'"; }
+server_up() {
+    local i
+    for i in $(seq 1 120); do
+        q -d postgres -c "SELECT 1" >/dev/null 2>&1 && return 0
+        sleep 0.5
+    done
+    return 1
+}
+
+q -d postgres -c "CREATE EXTENSION IF NOT EXISTS earmark" >/dev/null
+q -d postgres -c "TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE"
+q -d postgres -c "SELECT earmark_set_limit('w', 100000)" >/dev/null
+
+pid=$(wait_for 15 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND datname = 'postgres'" 1)
+is "$pid" 1 "one earmark worker runs, connected to earmark.database"
+
+# 1. the worker sweeps an expired hold without anybody calling earmark_sweep
+job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 40000, 'gone', lease => '300 milliseconds')")
+q -d postgres -c "SELECT charged FROM earmark_charge($job, 1234)" >/dev/null
+got=$(wait_for 10 "SELECT status || ' ' || charged || ' ' || released FROM earmark.job WHERE job_id = $job" "expired 1234 38766")
+is "$got" "expired 1234 38766" "the worker settled the dead hold as expired at its recorded use"
+is "$(q -d postgres -c "SELECT used || '/' || held FROM earmark_budget('w')")" "1234/0" "the budget shows the use and no hold"
+is "$(q -d postgres -c "SELECT status FROM earmark_settle($job, 40000)")" "expired" "the late settle is ignored"
+is "$(q -d postgres -c "SELECT sum(units) FROM earmark.ledger")" "1234" "one ledger row, at the recorded use"
+
+# 2. SIGHUP: a new sweep interval is read on reload
+q -d postgres -c "ALTER SYSTEM SET earmark.sweep_interval = '1h'" -c "SELECT pg_reload_conf()" >/dev/null
+sleep 1.5
+job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 10, 'slow', lease => '100 milliseconds')")
+sleep 3
+is "$(q -d postgres -c "SELECT status FROM earmark.job WHERE job_id = $job")" "running" \
+   "with sweep_interval = 1h the worker has not swept yet (the charge path still treats it as dead)"
+is "$(q -d postgres -c "SELECT status FROM earmark_charge($job, 1)")" "expired" "an unswept expired hold is dead for charge"
+q -d postgres -c "ALTER SYSTEM SET earmark.sweep_interval = '100ms'" -c "SELECT pg_reload_conf()" >/dev/null
+got=$(wait_for 10 "SELECT status FROM earmark.job WHERE job_id = $job" expired)
+is "$got" expired "after SIGHUP with 100ms the worker sweeps it"
+
+# 3. DEBUG1 log of what was swept
+q -d postgres -c "ALTER SYSTEM SET log_min_messages = 'debug1'" -c "SELECT pg_reload_conf()" >/dev/null
+sleep 1
+job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 10, 'logged', lease => '50 milliseconds')")
+wait_for 10 "SELECT status FROM earmark.job WHERE job_id = $job" expired >/dev/null
+sleep 0.5
+q -d postgres -c "ALTER SYSTEM RESET log_min_messages" -c "SELECT pg_reload_conf()" >/dev/null
+grep -q "earmark: swept 1 expired holds" "$EM_BASE/server.log"
+ok $? "the worker logs what it swept at DEBUG1"
+
+# 4. SIGTERM: the worker exits and the postmaster starts it again
+old=$(worker_pid)
+q -d postgres -c "SELECT pg_terminate_backend($old)" >/dev/null
+new=$(wait_for 20 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND pid <> $old" 1)
+is "$new" 1 "after SIGTERM the worker is restarted"
+
+# 5. kill -9: the postmaster resets the cluster and starts the worker again;
+#    nothing committed is lost and sweeping resumes
+q -d postgres -c "SELECT earmark_set_limit('crash', 100000)" >/dev/null
+for i in $(seq 1 20); do
+    j=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('crash', 1000, 'c$i')")
+    q -d postgres -c "SELECT charged FROM earmark_charge($j, $i)" >/dev/null
+    [ $((i % 2)) -eq 0 ] && q -d postgres -c "SELECT charged FROM earmark_settle($j)" >/dev/null
+done
+dead=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('crash', 5000, 'dies', lease => '2 seconds')")
+q -d postgres -c "SELECT charged FROM earmark_charge($dead, 77)" >/dev/null
+before=$(q -d postgres -c "SELECT used || '/' || held FROM earmark_budget('crash')")
+old=$(worker_pid)
+kill -9 "$old"
+sleep 1
+server_up
+ok $? "the server accepts connections again after the worker was killed with SIGKILL"
+new=$(wait_for 30 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND pid <> $old" 1)
+is "$new" 1 "the worker runs again after kill -9"
+is "$(q -d postgres -c "SELECT count(*) || ' ' || count(*) FILTER (WHERE status = 'completed') FROM earmark.job WHERE account = 'crash' AND idempotency_key LIKE 'c%'")" \
+   "20 10" "every committed reserve and settle survived the crash"
+is "$before" "110/15000" "before the crash: 10 settled jobs used 110, 15000 held"
+got=$(wait_for 20 "SELECT status || ' ' || charged FROM earmark.job WHERE job_id = $dead" "expired 77")
+is "$got" "expired 77" "the restarted worker sweeps a hold whose lease passed"
+is "$(q -d postgres -c "SELECT used || '/' || held FROM earmark_budget('crash')")" "187/10000" \
+   "after the sweep: used 110 + 77, held 15000 - 5000"
+
+q -d postgres -c "ALTER SYSTEM RESET earmark.sweep_interval" -c "SELECT pg_reload_conf()" >/dev/null
+
+# 6. without shared_preload_libraries the functions still work (no worker)
+NP=$(mktemp -d /tmp/earmark-nopreload.XXXXXX)
+chown postgres "$NP"; chmod 755 "$NP"
+runuser -u postgres -- "$EM_PGBIN/initdb" -D "$NP/data" -U postgres -A trust >/dev/null 2>&1
+printf "port = %s\nlisten_addresses = ''\nunix_socket_directories = '%s'\n" $((PGPORT + 1)) "$NP" >>"$NP/data/postgresql.conf"
+runuser -u postgres -- "$EM_PGBIN/pg_ctl" -D "$NP/data" -l "$NP/log" -w start >/dev/null
+np() { PGHOST=$NP PGPORT=$((PGPORT + 1)) q -d postgres "$@"; }
+np -c "CREATE EXTENSION earmark" >/dev/null
+is "$(np -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker'")" 0 "no worker without preload"
+np -c "SELECT earmark_set_limit('np', 100)" >/dev/null
+j=$(np -c "SELECT job_id FROM earmark_reserve('np', 60, 'a', lease => '100 milliseconds')")
+is "$(np -c "SELECT admitted || ' ' || reason FROM earmark_reserve('np', 60, 'b')")" "false the job needs 60 and 40 is left" "reserve works without preload"
+np -c "SELECT charged FROM earmark_charge($j, 25)" >/dev/null
+sleep 0.3
+is "$(np -c "SELECT earmark_sweep()")" 1 "earmark_sweep works by hand without the worker"
+is "$(np -c "SELECT used || '/' || held FROM earmark_budget('np')")" "25/0" "and the budget is right"
+runuser -u postgres -- "$EM_PGBIN/pg_ctl" -D "$NP/data" -m fast -w stop >/dev/null
+rm -rf "$NP"
+
+done_testing
