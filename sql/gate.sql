@@ -145,6 +145,12 @@ SELECT n, r.admitted, r.reason
 FROM generate_series(1, 5) n, LATERAL earmark_reserve('rated', 1, 'rate-' || n) r ORDER BY n;
 SELECT admitted, reason FROM earmark_reserve('rated', 1, 'rate-1');   -- a repeat
 SELECT held FROM earmark_budget('rated');
+-- the rate is the account's, over all its features
+SELECT earmark_set_limit('rated', 1000, 'images');
+SELECT admitted, reason FROM earmark_reserve('rated', 1, 'img-1', 'images');
+-- another account has its own
+SELECT earmark_set_limit('rated-2', 1000);
+SELECT admitted, reason FROM earmark_reserve('rated-2', 1, 'rate-1');
 RESET earmark.rate_limit;
 
 -- The ledger: one row per settled job that used something, keyed by the

@@ -9,9 +9,11 @@
  *	  earmark.budget (read here, locked by earmark_set_account).
  *
  *	  Locks: earmark_set_account takes the account's exclusive advisory
- *	  lock (EARMARK_ADVISORY_CLASS, hashtext(account)), then the account row
- *	  and every budget row of the account FOR UPDATE, so that an anchor can
- *	  only change while no reserve is creating or filling a budget.
+ *	  lock (EARMARK_ADVISORY_CLASS, hashtext(account)), then every budget
+ *	  row of the account and then the account row FOR UPDATE, so that an
+ *	  anchor can only change while no reserve is creating or filling a
+ *	  budget.  Budget rows before the account row is the order reserve
+ *	  keeps too (its rate limit updates the account row).
  *	  earmark_reserve takes the same advisory lock shared, and only when it
  *	  creates a cycle's budget row.  earmark_set_limit writes the limit row;
  *	  a reserve reads the limit while it holds the budget row lock, so a new
@@ -221,6 +223,8 @@ earmark_set_account(PG_FUNCTION_ARGS)
 	values[1] = Int32GetDatum(EARMARK_ADVISORY_CLASS);
 	em_exec(&lock_account_anchor, values, NULL, false, 0);
 	em_exec(&upsert_account, values, NULL, false, 0);
+	if (has_anchor)
+		em_exec(&lock_account_budgets, values, NULL, false, 0);
 	em_exec(&lock_account_row, values, NULL, false, 1);
 
 	if (has_anchor)
@@ -230,7 +234,6 @@ earmark_set_account(PG_FUNCTION_ARGS)
 
 		if (isnull || DatumGetTimestampTz(old) != anchor)
 		{
-			em_exec(&lock_account_budgets, values, NULL, false, 0);
 			em_exec(&account_in_use, values, NULL, true, 1);
 			if (DatumGetBool(em_get(0, 1, &isnull)))
 				ereport(ERROR,

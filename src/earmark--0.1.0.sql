@@ -28,6 +28,9 @@ CREATE TABLE earmark.account (
     cycle_anchor        timestamptz,
     provider_customer   text,
     provider_agreement  text,
+    -- GCRA state of the admission rate limit (theoretical arrival time):
+    -- one small value per account, never a count of job rows
+    rate_tat            timestamptz,
     created_at          timestamptz NOT NULL DEFAULT pg_catalog.now(),
     updated_at          timestamptz NOT NULL DEFAULT pg_catalog.now(),
     CONSTRAINT account_name_ok CHECK (account <> '' AND pg_catalog.length(account) <= 255)
@@ -47,9 +50,7 @@ CREATE TABLE earmark.account_limit (
 
 -- One row per account, feature and billing cycle: the serial point of the
 -- gate.  used is final usage (the sum of the cycle's ledger rows), held the
--- sum of the holds of running jobs.  rate_tat is the GCRA state of the
--- admission rate limit (theoretical arrival time), kept here so that an
--- admission writes one row, not two.
+-- sum of the holds of running jobs.
 CREATE TABLE earmark.budget (
     budget_id   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     account     text NOT NULL REFERENCES earmark.account ON DELETE CASCADE,
@@ -58,7 +59,6 @@ CREATE TABLE earmark.budget (
     cycle_end   timestamptz NOT NULL,
     used        bigint NOT NULL DEFAULT 0,
     held        bigint NOT NULL DEFAULT 0 CHECK (held >= 0),
-    rate_tat    timestamptz,
     UNIQUE (account, feature, cycle_start)
 );
 

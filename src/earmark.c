@@ -68,7 +68,7 @@ _PG_init(void)
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("earmark.rate_limit",
-							"Most admissions a minute for one account and feature (0 turns the rate limit off).",
+							"Most admissions a minute for one account, over all its features (0 turns the rate limit off).",
 							NULL,
 							&earmark_rate_limit,
 							120, 0, 1000000000,

@@ -11,11 +11,15 @@
  *	  Locks, and why they cannot deadlock among themselves:
  *	  - reserve locks the budget row FOR UPDATE (check and hold in one
  *	    transaction), then may expire that budget's dead holds, taking their
- *	    job rows FOR UPDATE SKIP LOCKED: it never waits for a job row.
+ *	    job rows FOR UPDATE SKIP LOCKED: it never waits for a job row.  The
+ *	    rate limit then updates the account row: budget before account, as
+ *	    in earmark_set_account.  Creating a cycle's budget row first takes
+ *	    the account's advisory lock shared (see account.c).
  *	  - sweep locks a budget row (waiting only for the first budget of a
  *	    call, with SKIP LOCKED for the rest), then its dead job rows with
  *	    SKIP LOCKED.
  *	  - charge and heartbeat lock one job row and nothing else.
+ *	  - earmark_set_account: advisory lock, budget rows, account row.
  *	  - settle locks the job row, then updates (and so locks) its budget.
  *	  Only settle waits for a budget while holding a job, and nobody waits
  *	  for a job while holding a budget, so no cycle can form.  A settle that
@@ -62,8 +66,10 @@ static EmStatement account_anchor = {
 	2, {TEXTOID, TEXTOID}
 };
 
-static EmStatement account_anchor_share = {
-	"SELECT cycle_anchor FROM earmark.account WHERE account = $1 FOR SHARE",
+/* no row lock: the advisory lock orders this with earmark_set_account, and
+ * a share lock here would deadlock with the rate limit's update below */
+static EmStatement account_anchor_again = {
+	"SELECT cycle_anchor FROM earmark.account WHERE account = $1",
 	1, {TEXTOID}
 };
 
@@ -79,7 +85,7 @@ static EmStatement create_budget = {
 };
 
 static EmStatement lock_budget = {
-	"SELECT budget_id, used, held, rate_tat FROM earmark.budget "
+	"SELECT budget_id, used, held FROM earmark.budget "
 	"WHERE account = $1 AND feature = $2 AND cycle_start = $3 FOR UPDATE",
 	3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
 };
@@ -107,8 +113,23 @@ static EmStatement insert_job = {
 };
 
 static EmStatement write_budget = {
-	"UPDATE earmark.budget SET used = $2, held = $3, rate_tat = $4 WHERE budget_id = $1",
-	4, {INT8OID, INT8OID, INT8OID, TIMESTAMPTZOID}
+	"UPDATE earmark.budget SET used = $2, held = $3 WHERE budget_id = $1",
+	3, {INT8OID, INT8OID, INT8OID}
+};
+
+/*
+ * The admission rate limit as GCRA on the account row: an admission at
+ * "now" conforms when the theoretical arrival time is at most "tolerance"
+ * ahead; it then moves on by one emission interval.  No row comes back
+ * when the account is over its rate, and then nothing was written.
+ */
+static EmStatement rate_admit = {
+	"UPDATE earmark.account "
+	"SET rate_tat = GREATEST(coalesce(rate_tat, $2), $2) + $3 * interval '1 microsecond' "
+	"WHERE account = $1 "
+	"  AND GREATEST(coalesce(rate_tat, $2), $2) <= $2 + $4 * interval '1 microsecond' "
+	"RETURNING 1",
+	4, {TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID}
 };
 
 static EmStatement release_budget = {
@@ -362,8 +383,6 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 	int64		held;
 	int64		lim = 0;
 	bool		unlimited;
-	bool		rate_null;
-	TimestampTz rate_tat;
 	int64		remaining;
 	bool		changed = false;
 
@@ -408,7 +427,7 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 		lockargs[0] = PointerGetDatum(account);
 		lockargs[1] = Int32GetDatum(EARMARK_ADVISORY_CLASS);
 		em_exec(&advisory_shared, lockargs, NULL, false, 0);
-		em_exec(&account_anchor_share, lockargs, NULL, false, 1);
+		em_exec(&account_anchor_again, lockargs, NULL, false, 1);
 		if (SPI_processed == 1)
 		{
 			anchor = DatumGetTimestampTz(em_get(0, 1, &isnull));
@@ -426,9 +445,6 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 	budget_id = em_get_int64(0, 1, 0);
 	used = em_get_int64(0, 2, 0);
 	held = em_get_int64(0, 3, 0);
-	rate_tat = DatumGetTimestampTz(em_get(0, 4, &rate_null));
-	if (rate_null)
-		rate_tat = now;
 
 	/* 4. the limit as it is now that we hold the row */
 	em_exec(&read_limit, args, NULL, true, 1);
@@ -467,20 +483,23 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 	}
 	else
 	{
-		/* 6. the rate limit, as GCRA state on the budget row */
-		TimestampTz new_tat = rate_tat;
+		/*
+		 * 6. the rate limit, per account (GCRA on the account row, locked
+		 * after the budget row, the order every earmark function keeps)
+		 */
 		bool		limited = false;
 
 		if (earmark_rate_limit > 0)
 		{
+			Datum		rargs[4];
 			int64		step = USECS_PER_MINUTE / earmark_rate_limit;
-			int64		tolerance = USECS_PER_MINUTE - step;
-			TimestampTz tat = Max(rate_tat, now);
 
-			if (tat - now > tolerance)
-				limited = true;
-			else
-				new_tat = tat + step;
+			rargs[0] = PointerGetDatum(account);
+			rargs[1] = TimestampTzGetDatum(now);
+			rargs[2] = Int64GetDatum(step);
+			rargs[3] = Int64GetDatum(USECS_PER_MINUTE - step);
+			em_exec(&rate_admit, rargs, NULL, false, 1);
+			limited = SPI_processed == 0;
 		}
 		if (limited)
 		{
@@ -524,8 +543,6 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 							 errmsg("the account's holds would exceed the largest bigint")));
 				result->remaining = unlimited ? 0 : remaining - amount;
 				result->reason = NULL;
-				rate_tat = new_tat;
-				rate_null = false;
 				changed = true;
 			}
 		}
@@ -536,9 +553,7 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 		args[0] = Int64GetDatum(budget_id);
 		args[1] = Int64GetDatum(used);
 		args[2] = Int64GetDatum(held);
-		args[3] = TimestampTzGetDatum(rate_tat);
-		nulls[3] = rate_null ? 'n' : ' ';
-		em_exec(&write_budget, args, nulls, false, 0);
+		em_exec(&write_budget, args, NULL, false, 0);
 	}
 }
 
