@@ -128,7 +128,7 @@ earmark_set_limit(PG_FUNCTION_ARGS)
 
 	SPI_connect();
 	values[0] = PointerGetDatum(account);
-	em_exec(&upsert_account, values, NULL, false, 0);
+	em_exec(&upsert_account, values, NULL, 0);
 
 	values[1] = PointerGetDatum(feature);
 	if (PG_ARGISNULL(1))
@@ -138,7 +138,7 @@ earmark_set_limit(PG_FUNCTION_ARGS)
 	}
 	else
 		values[2] = Int64GetDatum(PG_GETARG_INT64(1));
-	em_exec(&upsert_limit, values, nulls, false, 0);
+	em_exec(&upsert_limit, values, nulls, 0);
 	SPI_finish();
 
 	PG_RETURN_VOID();
@@ -221,11 +221,11 @@ earmark_set_account(PG_FUNCTION_ARGS)
 	SPI_connect();
 	values[0] = PointerGetDatum(account);
 	values[1] = Int32GetDatum(EARMARK_ADVISORY_CLASS);
-	em_exec(&lock_account_anchor, values, NULL, false, 0);
-	em_exec(&upsert_account, values, NULL, false, 0);
+	em_exec(&lock_account_anchor, values, NULL, 0);
+	em_exec(&upsert_account, values, NULL, 0);
 	if (has_anchor)
-		em_exec(&lock_account_budgets, values, NULL, false, 0);
-	em_exec(&lock_account_row, values, NULL, false, 1);
+		em_exec(&lock_account_budgets, values, NULL, 0);
+	em_exec(&lock_account_row, values, NULL, 1);
 
 	if (has_anchor)
 	{
@@ -234,7 +234,7 @@ earmark_set_account(PG_FUNCTION_ARGS)
 
 		if (isnull || DatumGetTimestampTz(old) != anchor)
 		{
-			em_exec(&account_in_use, values, NULL, true, 1);
+			em_exec(&account_in_use, values, NULL, 1);
 			if (DatumGetBool(em_get(0, 1, &isnull)))
 				ereport(ERROR,
 						(errcode(ERRCODE_EARMARK_ANCHOR_LOCKED),
@@ -250,7 +250,7 @@ earmark_set_account(PG_FUNCTION_ARGS)
 		nulls[i] = PG_ARGISNULL(i) ? 'n' : ' ';
 		values[i] = PG_ARGISNULL(i) ? (Datum) 0 : PG_GETARG_DATUM(i);
 	}
-	em_exec(&update_account, values, nulls, false, 0);
+	em_exec(&update_account, values, nulls, 0);
 	SPI_finish();
 
 	PG_RETURN_VOID();
@@ -299,7 +299,7 @@ earmark_budget(PG_FUNCTION_ARGS)
 	SPI_connect();
 	args[0] = PointerGetDatum(account);
 	args[1] = PointerGetDatum(feature);
-	em_exec(&read_account_limit, args, NULL, true, 1);
+	em_exec(&read_account_limit, args, NULL, 1);
 	if (SPI_processed == 1)
 	{
 		Datum		d = em_get(0, 1, &isnull);
@@ -325,7 +325,7 @@ earmark_budget(PG_FUNCTION_ARGS)
 	em_cycle_bounds(anchor, has_anchor, at, &start, &end);
 
 	args[2] = TimestampTzGetDatum(start);
-	em_exec(&read_budget, args, NULL, true, 1);
+	em_exec(&read_budget, args, NULL, 1);
 	if (SPI_processed == 1)
 	{
 		used = em_get_int64(0, 1, 0);

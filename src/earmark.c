@@ -28,6 +28,7 @@ char	   *earmark_database = NULL;
 int			earmark_lease_s = 120;
 int			earmark_sweep_interval_ms = 1000;
 int			earmark_rate_limit = 120;
+int			earmark_inbox_lease_s = 30;
 
 void		_PG_init(void);
 
@@ -76,6 +77,15 @@ _PG_init(void)
 							0,
 							NULL, NULL, NULL);
 
+	DefineCustomIntVariable("earmark.inbox_lease",
+							"How long the worker holds an inbox event it applies before another claim may take it.",
+							"An event whose worker died is claimed again once its lease passes.",
+							&earmark_inbox_lease_s,
+							30, 1, 24 * 3600,
+							PGC_SIGHUP,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
 	MarkGUCPrefixReserved("earmark");
 
 	if (process_shared_preload_libraries_in_progress)
@@ -86,10 +96,13 @@ _PG_init(void)
  * Run a cached statement.  Errors from SPI itself are internal errors; the
  * SQL errors of the statement (constraint violations, serialization
  * failures) propagate with their own SQLSTATE.
+ *
+ * Always with read_only = false: only then does SPI take a new snapshot for
+ * each statement (under READ COMMITTED), and the gate depends on that: a
+ * read after a row lock must see what the lock waited for.
  */
 int
-em_exec(EmStatement *stmt, Datum *values, const char *nulls,
-		bool read_only, long count)
+em_exec(EmStatement *stmt, Datum *values, const char *nulls, long count)
 {
 	int			rc;
 
@@ -105,7 +118,7 @@ em_exec(EmStatement *stmt, Datum *values, const char *nulls,
 		stmt->plan = plan;
 	}
 
-	rc = SPI_execute_plan(stmt->plan, values, nulls, read_only, count);
+	rc = SPI_execute_plan(stmt->plan, values, nulls, false, count);
 	if (rc < 0)
 		elog(ERROR, "earmark: statement failed: %s", SPI_result_code_string(rc));
 	return rc;

@@ -13,6 +13,7 @@
 
 #include "executor/spi.h"
 #include "fmgr.h"
+#include "utils/jsonb.h"
 #include "utils/timestamp.h"
 
 /*
@@ -23,6 +24,9 @@
 #define ERRCODE_EARMARK_IDEMPOTENCY_CONFLICT	MAKE_SQLSTATE('E','M','0','0','1')
 #define ERRCODE_EARMARK_ANCHOR_LOCKED			MAKE_SQLSTATE('E','M','0','0','2')
 #define ERRCODE_EARMARK_UNKNOWN_JOB				MAKE_SQLSTATE('E','M','0','0','3')
+#define ERRCODE_EARMARK_UNKNOWN_EVENT			MAKE_SQLSTATE('E','M','0','0','4')
+#define ERRCODE_EARMARK_EVENT_STATE				MAKE_SQLSTATE('E','M','0','0','5')
+#define ERRCODE_EARMARK_NOT_YOUR_EVENT			MAKE_SQLSTATE('E','M','0','0','6')
 
 /* the longest account, feature or idempotency key accepted, in characters */
 #define EARMARK_MAX_NAME_LEN	255
@@ -35,6 +39,7 @@ extern char *earmark_database;
 extern int	earmark_lease_s;
 extern int	earmark_sweep_interval_ms;
 extern int	earmark_rate_limit;
+extern int	earmark_inbox_lease_s;
 
 /*
  * A SQL statement run through SPI whose plan is prepared once per backend
@@ -50,7 +55,7 @@ typedef struct EmStatement
 } EmStatement;
 
 extern int	em_exec(EmStatement *stmt, Datum *values, const char *nulls,
-					bool read_only, long count);
+					long count);
 
 /* result access for the last em_exec */
 extern Datum em_get(int row, int col, bool *isnull);
@@ -71,6 +76,17 @@ extern void em_cycle_bounds(TimestampTz anchor, bool has_anchor, TimestampTz at,
 
 /* gate (gate.c) */
 extern int	em_sweep(int max_jobs);
+
+/* inbox (inbox.c) */
+extern TimestampTz em_parse_event_time(const char *s);
+extern void em_inbox_store(text *source, text *dedupe_key, text *event_type,
+						   Jsonb *payload, bool has_occurred_at,
+						   TimestampTz occurred_at, text *account,
+						   int64 *event_id, bool *inserted);
+extern void em_return_event_id(FunctionCallInfo fcinfo, int64 event_id, bool inserted);
+extern uint64 em_inbox_claim(int max_events, Interval *lease, bool with_handler);
+extern const char *em_inbox_fail(int64 event_id, const char *error);
+extern const char *em_inbox_apply(int64 event_id, int attempts);
 
 /* worker (worker.c) */
 extern void em_register_worker(void);

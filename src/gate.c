@@ -90,10 +90,12 @@ static EmStatement lock_budget = {
 	3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
 };
 
-/* read after the budget lock, in a new snapshot: a limit change committed
- * before the lock was granted applies to this admission */
+/* read after the budget lock, in a new snapshot: a limit or anchor change
+ * committed before the lock was granted applies to this admission */
 static EmStatement read_limit = {
-	"SELECT lim FROM earmark.account_limit WHERE account = $1 AND feature = $2",
+	"SELECT l.lim, l.account IS NOT NULL, a.cycle_anchor FROM earmark.account a "
+	"LEFT JOIN earmark.account_limit l ON l.account = a.account AND l.feature = $2 "
+	"WHERE a.account = $1",
 	2, {TEXTOID, TEXTOID}
 };
 
@@ -275,7 +277,7 @@ expire_budget_jobs(int64 budget_id, TimestampTz now, int max,
 	args[0] = Int64GetDatum(budget_id);
 	args[1] = TimestampTzGetDatum(now);
 	args[2] = Int32GetDatum(max);
-	em_exec(&expire_jobs, args, NULL, false, 0);
+	em_exec(&expire_jobs, args, NULL, 0);
 	n = em_get_int64(0, 1, 0);
 	*released = em_get_int64(0, 2, 0);
 	*charged = em_get_int64(0, 3, 0);
@@ -338,7 +340,7 @@ fill_remaining_of_job_budget(int64 budget_id, Admission *result)
 	Datum		arg = Int64GetDatum(budget_id);
 	bool		isnull;
 
-	em_exec(&budget_numbers, &arg, NULL, true, 1);
+	em_exec(&budget_numbers, &arg, NULL, 1);
 	if (SPI_processed == 1)
 	{
 		int64		used = em_get_int64(0, 1, 0);
@@ -362,7 +364,7 @@ remaining_for_job(int64 job_id, Admission *result)
 {
 	Datum		arg = Int64GetDatum(job_id);
 
-	em_exec(&job_budget, &arg, NULL, true, 1);
+	em_exec(&job_budget, &arg, NULL, 1);
 	if (SPI_processed == 1)
 		fill_remaining_of_job_budget(em_get_int64(0, 1, 0), result);
 }
@@ -385,13 +387,14 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 	bool		unlimited;
 	int64		remaining;
 	bool		changed = false;
+	int			attempt;
 
 	memset(nulls, ' ', sizeof(nulls));
 
 	/* 1. the same key again returns the same job and holds nothing new */
 	args[0] = PointerGetDatum(account);
 	args[1] = PointerGetDatum(key);
-	em_exec(&job_by_key, args, NULL, true, 1);
+	em_exec(&job_by_key, args, NULL, 1);
 	if (SPI_processed == 1)
 	{
 		existing_job(account, key, feature, amount, result);
@@ -401,7 +404,7 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 
 	/* 2. an account without a known limit is refused: fail closed */
 	args[1] = PointerGetDatum(feature);
-	em_exec(&account_anchor, args, NULL, true, 1);
+	em_exec(&account_anchor, args, NULL, 1);
 	if (SPI_processed == 0 || !DatumGetBool(em_get(0, 2, &isnull)))
 	{
 		result->reason = "limit unknown";
@@ -410,49 +413,72 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 	}
 	anchor = DatumGetTimestampTz(em_get(0, 1, &isnull));
 	has_anchor = !isnull;
-	em_cycle_bounds(anchor, has_anchor, now, &start, &end);
 
-	/* 3. lock the cycle's budget row, creating it on first use */
-	args[2] = TimestampTzGetDatum(start);
-	em_exec(&lock_budget, args, NULL, false, 1);
-	if (SPI_processed == 0)
+	for (attempt = 0;; attempt++)
 	{
-		/*
-		 * Creating a cycle's budget row: hold the account's advisory lock
-		 * shared so that earmark_set_account cannot change the anchor under
-		 * us, and read the anchor again under it.
-		 */
-		Datum		lockargs[2];
+		TimestampTz locked_start;
 
-		lockargs[0] = PointerGetDatum(account);
-		lockargs[1] = Int32GetDatum(EARMARK_ADVISORY_CLASS);
-		em_exec(&advisory_shared, lockargs, NULL, false, 0);
-		em_exec(&account_anchor_again, lockargs, NULL, false, 1);
-		if (SPI_processed == 1)
-		{
-			anchor = DatumGetTimestampTz(em_get(0, 1, &isnull));
-			has_anchor = !isnull;
-		}
 		em_cycle_bounds(anchor, has_anchor, now, &start, &end);
-		args[2] = TimestampTzGetDatum(start);
-		args[3] = TimestampTzGetDatum(end);
-		em_exec(&create_budget, args, NULL, false, 0);
-		em_exec(&lock_budget, args, NULL, false, 1);
-		if (SPI_processed == 0)
-			elog(ERROR, "earmark: budget row of account \"%s\" vanished",
-				 text_to_cstring(account));
-	}
-	budget_id = em_get_int64(0, 1, 0);
-	used = em_get_int64(0, 2, 0);
-	held = em_get_int64(0, 3, 0);
 
-	/* 4. the limit as it is now that we hold the row */
-	em_exec(&read_limit, args, NULL, true, 1);
-	if (SPI_processed == 0)
-	{
-		result->reason = "limit unknown";
-		result->remaining = 0;
-		return;
+		/* 3. lock the cycle's budget row, creating it on first use */
+		args[2] = TimestampTzGetDatum(start);
+		em_exec(&lock_budget, args, NULL, 1);
+		if (SPI_processed == 0)
+		{
+			/*
+			 * Creating a cycle's budget row: hold the account's advisory
+			 * lock shared so that earmark_set_account cannot change the
+			 * anchor under us, and read the anchor again under it.
+			 */
+			Datum		lockargs[2];
+
+			lockargs[0] = PointerGetDatum(account);
+			lockargs[1] = Int32GetDatum(EARMARK_ADVISORY_CLASS);
+			em_exec(&advisory_shared, lockargs, NULL, 0);
+			em_exec(&account_anchor_again, lockargs, NULL, 1);
+			if (SPI_processed == 1)
+			{
+				anchor = DatumGetTimestampTz(em_get(0, 1, &isnull));
+				has_anchor = !isnull;
+			}
+			em_cycle_bounds(anchor, has_anchor, now, &start, &end);
+			args[2] = TimestampTzGetDatum(start);
+			args[3] = TimestampTzGetDatum(end);
+			em_exec(&create_budget, args, NULL, 0);
+			em_exec(&lock_budget, args, NULL, 1);
+			if (SPI_processed == 0)
+				elog(ERROR, "earmark: budget row of account \"%s\" vanished",
+					 text_to_cstring(account));
+		}
+		budget_id = em_get_int64(0, 1, 0);
+		used = em_get_int64(0, 2, 0);
+		held = em_get_int64(0, 3, 0);
+		locked_start = start;
+
+		/*
+		 * 4. the limit, and the anchor, as they are now that we hold the
+		 * row (a new snapshot: whatever the lock waited for is visible).
+		 * earmark_set_account may have moved the anchor while we waited for
+		 * an existing budget row: then this row is of the old cycles and
+		 * the hold belongs in the new anchor's cycle.
+		 */
+		em_exec(&read_limit, args, NULL, 1);
+		if (SPI_processed == 0 || !DatumGetBool(em_get(0, 2, &isnull)))
+		{
+			result->reason = "limit unknown";
+			result->remaining = 0;
+			return;
+		}
+		anchor = DatumGetTimestampTz(em_get(0, 3, &isnull));
+		has_anchor = !isnull;
+		em_cycle_bounds(anchor, has_anchor, now, &start, &end);
+		if (start == locked_start)
+			break;
+		if (attempt >= 3)
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("cycle anchor of account \"%s\" keeps changing", text_to_cstring(account)),
+					 errhint("Retry the transaction.")));
 	}
 	lim = DatumGetInt64(em_get(0, 1, &unlimited));
 	result->unlimited = unlimited;
@@ -498,7 +524,7 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 			rargs[1] = TimestampTzGetDatum(now);
 			rargs[2] = Int64GetDatum(step);
 			rargs[3] = Int64GetDatum(USECS_PER_MINUTE - step);
-			em_exec(&rate_admit, rargs, NULL, false, 1);
+			em_exec(&rate_admit, rargs, NULL, 1);
 			limited = SPI_processed == 0;
 		}
 		if (limited)
@@ -517,7 +543,7 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 			args[5] = IntervalPGetDatum(lease);
 			args[6] = TimestampTzGetDatum(add_interval(now, lease));
 			args[7] = TimestampTzGetDatum(now);
-			em_exec(&insert_job, args, NULL, false, 1);
+			em_exec(&insert_job, args, NULL, 1);
 			if (SPI_processed == 0)
 			{
 				/*
@@ -526,7 +552,7 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 				 */
 				args[0] = PointerGetDatum(account);
 				args[1] = PointerGetDatum(key);
-				em_exec(&job_by_key, args, NULL, true, 1);
+				em_exec(&job_by_key, args, NULL, 1);
 				if (SPI_processed != 1)
 					elog(ERROR, "earmark: job with key \"%s\" vanished",
 						 text_to_cstring(key));
@@ -553,7 +579,7 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 		args[0] = Int64GetDatum(budget_id);
 		args[1] = Int64GetDatum(used);
 		args[2] = Int64GetDatum(held);
-		em_exec(&write_budget, args, NULL, false, 0);
+		em_exec(&write_budget, args, NULL, 0);
 	}
 }
 
@@ -645,7 +671,7 @@ earmark_charge(PG_FUNCTION_ARGS)
 
 	SPI_connect();
 	args[0] = Int64GetDatum(job_id);
-	em_exec(&lock_job, args, NULL, false, 1);
+	em_exec(&lock_job, args, NULL, 1);
 	if (SPI_processed == 0)
 		unknown_job(job_id);
 	amount = em_get_int64(0, 2, 0);
@@ -680,7 +706,7 @@ earmark_charge(PG_FUNCTION_ARGS)
 			nulls[2] = has_step ? ' ' : 'n';
 			args[3] = CStringGetTextDatum(status);
 			args[4] = TimestampTzGetDatum(add_interval(now, lease));
-			em_exec(&write_charge, args, nulls, false, 0);
+			em_exec(&write_charge, args, nulls, 0);
 		}
 	}
 	SPI_finish();
@@ -710,13 +736,13 @@ earmark_heartbeat(PG_FUNCTION_ARGS)
 	SPI_connect();
 	args[0] = Int64GetDatum(job_id);
 	args[1] = TimestampTzGetDatum(GetCurrentTimestamp());
-	em_exec(&heartbeat_job, args, NULL, false, 1);
+	em_exec(&heartbeat_job, args, NULL, 1);
 	found = SPI_processed == 1;
 	if (found)
 		result = DatumGetTimestampTz(em_get(0, 1, &isnull));
 	else
 	{
-		em_exec(&job_exists, args, NULL, true, 1);
+		em_exec(&job_exists, args, NULL, 1);
 		if (SPI_processed == 0)
 			unknown_job(job_id);
 	}
@@ -767,7 +793,7 @@ earmark_settle(PG_FUNCTION_ARGS)
 
 	SPI_connect();
 	args[0] = Int64GetDatum(job_id);
-	em_exec(&lock_job, args, NULL, false, 1);
+	em_exec(&lock_job, args, NULL, 1);
 	if (SPI_processed == 0)
 		unknown_job(job_id);
 	status = status_const(TextDatumGetCString(em_get(0, 4, &isnull)));
@@ -795,12 +821,12 @@ earmark_settle(PG_FUNCTION_ARGS)
 		args[2] = TimestampTzGetDatum(now);
 		args[3] = Int64GetDatum(charged);
 		args[4] = Int64GetDatum(released);
-		em_exec(&settle_job, args, NULL, false, 0);
+		em_exec(&settle_job, args, NULL, 0);
 
 		args[0] = Int64GetDatum(budget_id);
 		args[1] = Int64GetDatum(amount);
 		args[2] = Int64GetDatum(charged);
-		em_exec(&release_budget, args, NULL, false, 0);
+		em_exec(&release_budget, args, NULL, 0);
 	}
 	SPI_finish();
 
@@ -834,7 +860,7 @@ em_sweep(int max_jobs)
 
 	args[0] = TimestampTzGetDatum(now);
 	args[1] = Int32GetDatum(max_jobs);
-	em_exec(&expired_budgets, args, NULL, true, 0);
+	em_exec(&expired_budgets, args, NULL, 0);
 	nbudgets = (int) SPI_processed;
 	budgets = palloc(sizeof(int64) * Max(nbudgets, 1));
 	for (i = 0; i < nbudgets; i++)
@@ -847,7 +873,7 @@ em_sweep(int max_jobs)
 		int64		n;
 
 		args[0] = Int64GetDatum(budgets[i]);
-		em_exec(i == 0 ? &lock_budget_wait : &lock_budget_skip, args, NULL, false, 1);
+		em_exec(i == 0 ? &lock_budget_wait : &lock_budget_skip, args, NULL, 1);
 		if (SPI_processed == 0)
 			continue;
 		n = expire_budget_jobs(budgets[i], now, max_jobs - done, &released, &charged);
@@ -858,7 +884,7 @@ em_sweep(int max_jobs)
 			upd[0] = Int64GetDatum(budgets[i]);
 			upd[1] = Int64GetDatum(released);
 			upd[2] = Int64GetDatum(charged);
-			em_exec(&release_budget, upd, NULL, false, 0);
+			em_exec(&release_budget, upd, NULL, 0);
 			done += (int) n;
 		}
 	}
