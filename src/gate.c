@@ -20,7 +20,8 @@
  *	    SKIP LOCKED.
  *	  - charge and heartbeat lock one job row and nothing else.
  *	  - earmark_set_account: advisory lock, budget rows, account row.
- *	  - settle locks the job row, then updates (and so locks) its budget.
+ *	  - settle locks the job row, then updates (and so locks) its budget,
+ *	    before it writes any row whose foreign key points at the budget.
  *	  Only settle waits for a budget while holding a job, and nobody waits
  *	  for a job while holding a budget, so no cycle can form.  A settle that
  *	  waits on a job held by a long application transaction therefore holds
@@ -817,16 +818,26 @@ earmark_settle(PG_FUNCTION_ARGS)
 		}
 		released = amount - charged;
 
+		/*
+		 * The budget row first: the ledger and mark rows below reference
+		 * it, and their foreign-key checks would take a key-share lock on
+		 * it that this update would then have to upgrade, a deadlock with
+		 * any reserve already waiting for the row.
+		 */
+		{
+			Datum		bargs[3];
+
+			bargs[0] = Int64GetDatum(budget_id);
+			bargs[1] = Int64GetDatum(amount);
+			bargs[2] = Int64GetDatum(charged);
+			em_exec(&release_budget, bargs, NULL, 0);
+		}
+
 		args[1] = CStringGetTextDatum(status);
 		args[2] = TimestampTzGetDatum(now);
 		args[3] = Int64GetDatum(charged);
 		args[4] = Int64GetDatum(released);
 		em_exec(&settle_job, args, NULL, 0);
-
-		args[0] = Int64GetDatum(budget_id);
-		args[1] = Int64GetDatum(amount);
-		args[2] = Int64GetDatum(charged);
-		em_exec(&release_budget, args, NULL, 0);
 	}
 	SPI_finish();
 
