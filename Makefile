@@ -1,12 +1,12 @@
 # earmark: PGXS build
 EXTENSION = earmark
 MODULE_big = earmark
-OBJS = src/earmark.o src/account.o src/gate.o src/worker.o
+OBJS = src/earmark.o src/account.o src/gate.o src/inbox.o src/worker.o src/sigverify.o src/http.o src/intake.o
 DATA = src/earmark--0.1.0.sql
 PGFILEDESC = "earmark - usage limits that hold under concurrency"
 
 PG_CPPFLAGS = -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
-SHLIB_LINK =
+SHLIB_LINK = -lcrypto -lcurl
 
 # pg_regress runs against the private cluster scripts/test.sh starts
 REGRESS = $(basename $(notdir $(wildcard sql/*.sql)))

@@ -31,6 +31,10 @@ CREATE TABLE earmark.account (
     -- GCRA state of the admission rate limit (theoretical arrival time):
     -- one small value per account, never a count of job rows
     rate_tat            timestamptz,
+    -- the plan as the provider's plan-change events last set it, and the
+    -- event time of that change: an older change never overwrites it
+    plan                text,
+    plan_changed_at     timestamptz,
     created_at          timestamptz NOT NULL DEFAULT pg_catalog.now(),
     updated_at          timestamptz NOT NULL DEFAULT pg_catalog.now(),
     CONSTRAINT account_name_ok CHECK (account <> '' AND pg_catalog.length(account) <= 255)
@@ -113,6 +117,71 @@ CREATE TABLE earmark.meter_mark (
     marked_at   timestamptz NOT NULL DEFAULT pg_catalog.now()
 );
 
+------------------------------------------------------------------------------
+-- Webhook inbox
+------------------------------------------------------------------------------
+
+-- One row per event, keyed by (source, dedupe_key): a copy of a delivery
+-- adds one to seen_count and nothing else.  occurred_at is the event's own
+-- time, not the arrival.  status: received -> processing -> applied |
+-- ignored | failed (waits next_attempt_at) -> dead after 6 attempts.
+CREATE TABLE earmark.inbox_event (
+    event_id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    source          text NOT NULL,
+    dedupe_key      text NOT NULL,
+    event_type      text NOT NULL,
+    payload         jsonb NOT NULL,
+    occurred_at     timestamptz NOT NULL,
+    account         text,
+    status          text NOT NULL DEFAULT 'received'
+                    CHECK (status IN ('received', 'processing', 'applied', 'ignored', 'failed', 'dead')),
+    attempts        int NOT NULL DEFAULT 0,
+    seen_count      int NOT NULL DEFAULT 1,
+    next_attempt_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    locked_until    timestamptz,
+    result          text,
+    last_error      text,
+    received_at     timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    updated_at      timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    UNIQUE (source, dedupe_key)
+);
+-- claims read due events in (occurred_at, event_id) order
+CREATE INDEX inbox_event_due ON earmark.inbox_event (occurred_at, event_id)
+    WHERE status IN ('received', 'failed', 'processing');
+CREATE INDEX inbox_event_account ON earmark.inbox_event (account);
+
+-- Every delivery, copies included.
+CREATE TABLE earmark.inbox_receipt (
+    receipt_id  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id    bigint NOT NULL REFERENCES earmark.inbox_event ON DELETE CASCADE,
+    inserted    boolean NOT NULL,
+    received_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp()
+);
+CREATE INDEX inbox_receipt_event ON earmark.inbox_receipt (event_id);
+
+-- Event types the worker applies, and the function that applies them:
+-- handler(earmark.inbox_event) RETURNS text.
+CREATE TABLE earmark.inbox_handler (
+    event_type  text PRIMARY KEY,
+    handler     regprocedure NOT NULL
+);
+
+-- Standard Webhooks secrets ("whsec_..."), per source; several rows for a
+-- rotation.  Readable by superusers only.
+CREATE TABLE earmark.webhook_secret (
+    source      text NOT NULL,
+    secret      text NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (source, secret)
+);
+
+-- The provider's JSON Web Key Set, as last fetched.
+CREATE TABLE earmark.jwks (
+    url         text PRIMARY KEY,
+    keys        jsonb NOT NULL,
+    fetched_at  timestamptz NOT NULL
+);
+
 REVOKE ALL ON ALL TABLES IN SCHEMA earmark FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA earmark FROM PUBLIC;
 
@@ -173,6 +242,135 @@ AS 'MODULE_PATHNAME', 'earmark_sweep'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 
+-- Inbox
+
+CREATE FUNCTION earmark_inbox_receive(source text, dedupe_key text, event_type text, payload jsonb,
+                                      occurred_at timestamptz DEFAULT NULL, account text DEFAULT NULL)
+RETURNS TABLE (event_id bigint, inserted boolean)
+AS 'MODULE_PATHNAME', 'earmark_inbox_receive'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION earmark_inbox_claim(max_events int DEFAULT 25, lease interval DEFAULT '30 seconds')
+RETURNS SETOF earmark.inbox_event
+AS 'MODULE_PATHNAME', 'earmark_inbox_claim'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 25
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION earmark_inbox_complete(event_id bigint, result text DEFAULT 'applied')
+RETURNS text
+AS 'MODULE_PATHNAME', 'earmark_inbox_complete'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION earmark_inbox_ignore(event_id bigint, reason text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'earmark_inbox_ignore'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION earmark_inbox_fail(event_id bigint, error text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'earmark_inbox_fail'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION earmark_inbox_replay(event_id bigint, account text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'earmark_inbox_replay'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION earmark_inbox_set_handler(event_type text, handler regprocedure)
+RETURNS void
+AS 'MODULE_PATHNAME', 'earmark_inbox_set_handler'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+-- The local provider's plans: the limits an account gets when a plan-change
+-- event moves it to that plan.
+CREATE TABLE earmark.plan_limit (
+    plan        text NOT NULL,
+    feature     text NOT NULL DEFAULT 'default',
+    lim         bigint CHECK (lim >= 0),
+    PRIMARY KEY (plan, feature)
+);
+REVOKE ALL ON earmark.plan_limit FROM PUBLIC;
+
+CREATE FUNCTION earmark_set_plan_limit(plan text, lim bigint, feature text DEFAULT 'default')
+RETURNS void
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO earmark.plan_limit AS p (plan, feature, lim) VALUES ($1, $3, $2)
+    ON CONFLICT (plan, feature) DO UPDATE SET lim = excluded.lim
+$$;
+
+-- The built-in handler of the provider's plan change
+-- (customer.plan_changed): it records the plan only when the event is newer
+-- than the stored change (a tie is ignored), and gives the account the
+-- plan's limits, so that the next admission uses the new plan.
+CREATE FUNCTION earmark.apply_plan_change(e earmark.inbox_event)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    new_plan text := e.payload #>> '{data,plan,key}';
+    n int;
+BEGIN
+    IF e.account IS NULL THEN
+        PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'the event names no known account');
+        RETURN 'ignored';
+    END IF;
+    IF new_plan IS NULL THEN
+        RAISE EXCEPTION 'plan change event % has no data.plan.key', e.event_id
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE earmark.account
+       SET plan = new_plan, plan_changed_at = e.occurred_at, updated_at = now()
+     WHERE account = e.account
+       AND (plan_changed_at IS NULL OR plan_changed_at < e.occurred_at);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n = 0 THEN
+        PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'a newer plan change is already stored');
+        RETURN 'ignored';
+    END IF;
+    INSERT INTO earmark.account_limit AS l (account, feature, lim, source, updated_at)
+    SELECT e.account, p.feature, p.lim, 'manual', now()
+      FROM earmark.plan_limit p WHERE p.plan = new_plan
+    ON CONFLICT (account, feature) DO UPDATE SET lim = excluded.lim, updated_at = excluded.updated_at;
+    RETURN 'plan set to ' || new_plan;
+END
+$$;
+REVOKE ALL ON FUNCTION earmark.apply_plan_change(earmark.inbox_event) FROM PUBLIC;
+INSERT INTO earmark.inbox_handler VALUES ('customer.plan_changed', 'earmark.apply_plan_change(earmark.inbox_event)');
+
+REVOKE ALL ON FUNCTION
+    earmark_inbox_receive(text, text, text, jsonb, timestamptz, text),
+    earmark_inbox_claim(int, interval),
+    earmark_inbox_complete(bigint, text),
+    earmark_inbox_ignore(bigint, text),
+    earmark_inbox_fail(bigint, text),
+    earmark_inbox_replay(bigint, text),
+    earmark_inbox_set_handler(text, regprocedure),
+    earmark_set_plan_limit(text, bigint, text)
+FROM PUBLIC;
+-- intake and the application's own consumers run as earmark_user; replay
+-- and handlers are the admin's
+GRANT EXECUTE ON FUNCTION
+    earmark_inbox_receive(text, text, text, jsonb, timestamptz, text),
+    earmark_inbox_claim(int, interval),
+    earmark_inbox_complete(bigint, text),
+    earmark_inbox_ignore(bigint, text),
+    earmark_inbox_fail(bigint, text)
+TO earmark_user;
+GRANT EXECUTE ON FUNCTION
+    earmark_inbox_replay(bigint, text),
+    earmark_inbox_set_handler(text, regprocedure),
+    earmark_set_plan_limit(text, bigint, text)
+TO earmark_admin;
+
 REVOKE ALL ON FUNCTION
     earmark_set_limit(text, bigint, text),
     earmark_set_account(text, timestamptz, text, text),
@@ -199,6 +397,72 @@ GRANT EXECUTE ON FUNCTION
     earmark_set_account(text, timestamptz, text, text),
     earmark_sweep(int)
 TO earmark_admin;
+------------------------------------------------------------------------------
+-- Signed webhook intake (src/intake.c)
+------------------------------------------------------------------------------
+
+CREATE FUNCTION earmark_inbox_receive_signed(source text, webhook_id text, webhook_timestamp text,
+                                             webhook_signature text, body text)
+RETURNS TABLE (event_id bigint, inserted boolean)
+AS 'MODULE_PATHNAME', 'earmark_inbox_receive_signed'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION earmark_webhook_signature_valid(secret text, webhook_id text, webhook_timestamp text,
+                                                webhook_signature text, body text,
+                                                at timestamptz DEFAULT pg_catalog.now())
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'earmark_webhook_signature_valid'
+LANGUAGE C CALLED ON NULL INPUT STABLE PARALLEL SAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION earmark_inbox_set_secret(source text, secret text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'earmark_inbox_set_secret'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION earmark_inbox_drop_secret(source text, secret text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'earmark_inbox_drop_secret'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION earmark_inbox_receive_kinde(webhook_id text, token text)
+RETURNS TABLE (event_id bigint, inserted boolean)
+AS 'MODULE_PATHNAME', 'earmark_inbox_receive_kinde'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION earmark_refresh_jwks()
+RETURNS int
+AS 'MODULE_PATHNAME', 'earmark_refresh_jwks'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+REVOKE ALL ON FUNCTION
+    earmark_inbox_receive_signed(text, text, text, text, text),
+    earmark_webhook_signature_valid(text, text, text, text, text, timestamptz),
+    earmark_inbox_set_secret(text, text),
+    earmark_inbox_drop_secret(text, text),
+    earmark_inbox_receive_kinde(text, text),
+    earmark_refresh_jwks()
+FROM PUBLIC;
+
+-- earmark_user receives and verifies; earmark_admin manages the secrets
+-- and may refresh the key set by hand.
+GRANT EXECUTE ON FUNCTION
+    earmark_inbox_receive_signed(text, text, text, text, text),
+    earmark_webhook_signature_valid(text, text, text, text, text, timestamptz),
+    earmark_inbox_receive_kinde(text, text)
+TO earmark_user;
+
+GRANT EXECUTE ON FUNCTION
+    earmark_inbox_set_secret(text, text),
+    earmark_inbox_drop_secret(text, text),
+    earmark_refresh_jwks()
+TO earmark_admin;
+
 DO $$
 BEGIN
     IF NOT pg_catalog.pg_has_role('earmark_admin', 'earmark_user', 'MEMBER') THEN

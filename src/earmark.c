@@ -21,6 +21,7 @@
 #include "utils/tuplestore.h"
 
 #include "earmark.h"
+#include "sigverify.h"
 
 PG_MODULE_MAGIC;
 
@@ -29,6 +30,12 @@ int			earmark_lease_s = 120;
 int			earmark_sweep_interval_ms = 1000;
 int			earmark_rate_limit = 120;
 int			earmark_inbox_lease_s = 30;
+
+int			earmark_webhook_tolerance_s = 300;
+char	   *earmark_kinde_domain = NULL;
+char	   *earmark_jwks_path = NULL;
+int			earmark_jwks_refetch_cooldown_s = 30;
+int			earmark_http_timeout_ms = 5000;
 
 void		_PG_init(void);
 
@@ -84,6 +91,51 @@ _PG_init(void)
 							30, 1, 24 * 3600,
 							PGC_SIGHUP,
 							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("earmark.webhook_tolerance",
+							"How far a Standard Webhooks webhook-timestamp may be from now, in either direction.",
+							"A delivery signed longer ago (a replay) or further ahead is refused.",
+							&earmark_webhook_tolerance_s,
+							300, 1, 24 * 3600,
+							PGC_SUSET,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomStringVariable("earmark.kinde_domain",
+							   "Kinde business domain whose JSON Web Key Set verifies Kinde webhooks, e.g. https://acme.kinde.com.",
+							   "Whoever sets it decides which tokens are genuine, so only superusers may.",
+							   &earmark_kinde_domain,
+							   "",
+							   PGC_SUSET,
+							   0,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("earmark.jwks_path",
+							   "Path of the JSON Web Key Set under earmark.kinde_domain.",
+							   "Some tenants serve it at /.well-known/jwks.json.",
+							   &earmark_jwks_path,
+							   "/.well-known/jwks",
+							   PGC_SUSET,
+							   0,
+							   NULL, NULL, NULL);
+
+	DefineCustomIntVariable("earmark.jwks_refetch_cooldown",
+							"Shortest time between two fetches of the key set caused by an unknown key id (0: no limit).",
+							"Keeps tokens with made-up key ids from making every delivery call the provider.",
+							&earmark_jwks_refetch_cooldown_s,
+							30, 0, 3600,
+							PGC_SUSET,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("earmark.http_timeout",
+							"Longest a request to the provider may take (the key set fetch).",
+							NULL,
+							&earmark_http_timeout_ms,
+							5000, 100, 60000,
+							PGC_SUSET,
+							GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("earmark");

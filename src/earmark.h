@@ -88,6 +88,9 @@ extern uint64 em_inbox_claim(int max_events, Interval *lease, bool with_handler)
 extern const char *em_inbox_fail(int64 event_id, const char *error);
 extern const char *em_inbox_apply(int64 event_id, int attempts);
 
+/* webhook intake (intake.c): refresh the cached JWKS, in SPI */
+extern int	em_jwks_refresh(void);
+
 /* worker (worker.c) */
 extern void em_register_worker(void);
 PGDLLEXPORT void earmark_worker_main(Datum main_arg);

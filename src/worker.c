@@ -5,11 +5,14 @@
  *	  earmark.database, started when earmark is in shared_preload_libraries
  *	  and restarted by the postmaster if it dies.
  *
- *	  It wakes every earmark.sweep_interval and settles the holds whose
- *	  lease has passed (em_sweep), in short transactions of at most
- *	  SWEEP_BATCH jobs, so that no lock is held for long.  The locks are
- *	  em_sweep's (see gate.c): it never waits for a job row and waits for at
- *	  most one budget row per transaction.
+ *	  It wakes every earmark.sweep_interval, settles the holds whose lease
+ *	  has passed (em_sweep), in short transactions of at most SWEEP_BATCH
+ *	  jobs so that no lock is held for long, then applies the inbox events
+ *	  that have a handler (em_inbox_claim, em_inbox_apply: one transaction
+ *	  to claim, one per event to apply it with its mark).  The locks are
+ *	  those of gate.c and inbox.c: the sweep never waits for a job row and
+ *	  waits for at most one budget row per transaction; claims skip locked
+ *	  events.
  *
  *	  Signals: SIGHUP rereads the configuration, SIGTERM ends the worker at
  *	  the next CHECK_FOR_INTERRUPTS.  An error in a pass is logged, its
@@ -56,12 +59,16 @@ em_register_worker(void)
 	RegisterBackgroundWorker(&worker);
 }
 
+typedef int (*PassFn) (void *arg);
+
 /*
- * One transaction of sweeping.  Returns the number of holds settled, or -1
- * when the extension is not installed in this database (or the pass failed).
+ * Run fn in a transaction of its own, with the earmark extension present.
+ * Returns fn's result, or -1 when the extension is not installed in this
+ * database or the pass failed: the error is logged and rolled back, and
+ * the worker carries on at the next pass instead of exiting.
  */
 static int
-sweep_pass(void)
+run_pass(const char *activity, PassFn fn, void *arg)
 {
 	MemoryContext oldcxt = CurrentMemoryContext;
 	volatile int n = -1;
@@ -69,14 +76,14 @@ sweep_pass(void)
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	PushActiveSnapshot(GetTransactionSnapshot());
-	pgstat_report_activity(STATE_RUNNING, "earmark: sweeping expired holds");
+	pgstat_report_activity(STATE_RUNNING, activity);
 
 	PG_TRY();
 	{
 		if (OidIsValid(get_extension_oid("earmark", true)))
 		{
 			SPI_connect();
-			n = em_sweep(SWEEP_BATCH);
+			n = fn(arg);
 			SPI_finish();
 		}
 		PopActiveSnapshot();
@@ -95,6 +102,95 @@ sweep_pass(void)
 	pgstat_report_stat(false);
 	pgstat_report_activity(STATE_IDLE, NULL);
 	return n;
+}
+
+static int
+sweep_fn(void *arg)
+{
+	return em_sweep(SWEEP_BATCH);
+}
+
+/* events claimed for the handlers in one pass */
+#define INBOX_BATCH		10
+
+typedef struct ClaimedEvents
+{
+	int			n;
+	int64		event_id[INBOX_BATCH];
+	int			attempts[INBOX_BATCH];
+} ClaimedEvents;
+
+/*
+ * Claim due events whose type has a handler, and commit the claim before
+ * applying them: an event whose handler kills the process has used up an
+ * attempt, and is dead after the last one instead of looping for ever.
+ */
+static int
+claim_fn(void *arg)
+{
+	ClaimedEvents *claimed = (ClaimedEvents *) arg;
+	Interval	lease;
+	uint64		i;
+	uint64		n;
+
+	memset(&lease, 0, sizeof(lease));
+	lease.time = (int64) earmark_inbox_lease_s * USECS_PER_SEC;
+	n = em_inbox_claim(INBOX_BATCH, &lease, true);
+	claimed->n = 0;
+	for (i = 0; i < n && i < INBOX_BATCH; i++)
+	{
+		bool		isnull;
+
+		claimed->event_id[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+														   SPI_tuptable->tupdesc,
+														   SPI_fnumber(SPI_tuptable->tupdesc, "event_id"),
+														   &isnull));
+		claimed->attempts[i] = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i],
+														   SPI_tuptable->tupdesc,
+														   SPI_fnumber(SPI_tuptable->tupdesc, "attempts"),
+														   &isnull));
+		claimed->n++;
+	}
+	return claimed->n;
+}
+
+typedef struct ApplyArg
+{
+	int64		event_id;
+	int			attempts;
+} ApplyArg;
+
+static int
+apply_fn(void *arg)
+{
+	ApplyArg   *a = (ApplyArg *) arg;
+	const char *status = em_inbox_apply(a->event_id, a->attempts);
+
+	if (status != NULL)
+		elog(DEBUG1, "earmark: inbox event " INT64_FORMAT " %s", a->event_id, status);
+	return status != NULL;
+}
+
+/* apply the events with handlers; returns how many were claimed */
+static int
+inbox_pass(void)
+{
+	ClaimedEvents claimed;
+	int			i;
+
+	memset(&claimed, 0, sizeof(claimed));
+	if (run_pass("earmark: claiming inbox events", claim_fn, &claimed) <= 0)
+		return 0;
+	for (i = 0; i < claimed.n; i++)
+	{
+		ApplyArg	a;
+
+		a.event_id = claimed.event_id[i];
+		a.attempts = claimed.attempts[i];
+		(void) run_pass("earmark: applying an inbox event", apply_fn, &a);
+		CHECK_FOR_INTERRUPTS();
+	}
+	return claimed.n;
 }
 
 void
@@ -136,10 +232,13 @@ earmark_worker_main(Datum main_arg)
 		/* a full batch means there may be more: go on without sleeping */
 		do
 		{
-			n = sweep_pass();
+			n = run_pass("earmark: sweeping expired holds", sweep_fn, NULL);
 			if (n > 0)
 				elog(DEBUG1, "earmark: swept %d expired holds", n);
 			CHECK_FOR_INTERRUPTS();
 		} while (n == SWEEP_BATCH);
+
+		while (inbox_pass() == INBOX_BATCH)
+			CHECK_FOR_INTERRUPTS();
 	}
 }

@@ -1,0 +1,751 @@
+/*-------------------------------------------------------------------------
+ *
+ * inbox.c
+ *	  The webhook inbox: store then answer, claim with SKIP LOCKED and a
+ *	  lease, complete / ignore / fail with backoff, replay, handlers.
+ *
+ *	  Tables: earmark.inbox_event, earmark.inbox_receipt,
+ *	  earmark.inbox_handler.
+ *
+ *	  Locks: receiving takes the event row through INSERT ... ON CONFLICT
+ *	  (a copy waits for a concurrent first delivery of the same key, then
+ *	  only counts itself).  Claims lock due rows FOR UPDATE SKIP LOCKED, so
+ *	  two consumers never wait for each other and never get the same event.
+ *	  complete, ignore, fail and replay update one event row.  No inbox
+ *	  function touches a gate table, so the inbox and the gate cannot
+ *	  deadlock with each other; handlers may call the gate, in their own
+ *	  transaction.
+ *
+ *	  The worker applies events that have a handler (em_inbox_apply): it
+ *	  claims one event in a short transaction of its own (so that a handler
+ *	  that crashes the process still uses up an attempt), then runs the
+ *	  handler and the event's mark in a second transaction: both happen or
+ *	  neither.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_proc.h"
+#include "catalog/pg_type.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/regproc.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+#include "utils/tuplestore.h"
+
+#include "earmark.h"
+
+PG_FUNCTION_INFO_V1(earmark_inbox_receive);
+PG_FUNCTION_INFO_V1(earmark_inbox_claim);
+PG_FUNCTION_INFO_V1(earmark_inbox_complete);
+PG_FUNCTION_INFO_V1(earmark_inbox_ignore);
+PG_FUNCTION_INFO_V1(earmark_inbox_fail);
+PG_FUNCTION_INFO_V1(earmark_inbox_replay);
+PG_FUNCTION_INFO_V1(earmark_inbox_set_handler);
+
+/* attempts before an event is dead, and the waits after each failure */
+#define INBOX_MAX_ATTEMPTS	6
+static const int64 inbox_backoff_s[] = {5, 30, 120, 600, 3600};
+
+/* ---------------------------------------------------------------------
+ * Event time
+ * ---------------------------------------------------------------------
+ */
+
+/*
+ * Parse an event's timestamp.  Providers send up to nine fractional
+ * digits (2026-10-21T02:29:24.481368869+11:00); timestamptz_in would round
+ * them to the microsecond, possibly into the next one.  Truncate to six
+ * instead, so that an event time never moves later than the provider
+ * said: the plan-change guard compares these times.  Offsets like +11
+ * parse as they are.
+ */
+TimestampTz
+em_parse_event_time(const char *s)
+{
+	StringInfoData buf;
+	const char *p = s;
+
+	initStringInfo(&buf);
+	while (*p)
+	{
+		appendStringInfoChar(&buf, *p);
+		if (*p == '.' && p > s && isdigit((unsigned char) p[-1]))
+		{
+			int			n = 0;
+
+			p++;
+			while (isdigit((unsigned char) *p))
+			{
+				if (n++ < 6)
+					appendStringInfoChar(&buf, *p);
+				p++;
+			}
+			continue;
+		}
+		p++;
+	}
+	return DatumGetTimestampTz(DirectFunctionCall3(timestamptz_in,
+												   CStringGetDatum(buf.data),
+												   ObjectIdGetDatum(InvalidOid),
+												   Int32GetDatum(-1)));
+}
+
+/* a top-level string field of a jsonb object, or NULL */
+static char *
+jsonb_string_field(Jsonb *jb, const char *key)
+{
+	JsonbValue *v;
+
+	if (!JB_ROOT_IS_OBJECT(jb))
+		return NULL;
+	v = getKeyJsonValueFromContainer(&jb->root, key, strlen(key), NULL);
+	if (v == NULL || v->type != jbvString)
+		return NULL;
+	return pnstrdup(v->val.string.val, v->val.string.len);
+}
+
+/* the event's own time: event_timestamp, else timestamp, else occurred_at */
+static bool
+payload_event_time(Jsonb *payload, TimestampTz *result)
+{
+	static const char *const keys[] = {"event_timestamp", "timestamp", "occurred_at"};
+	int			i;
+
+	for (i = 0; i < (int) lengthof(keys); i++)
+	{
+		char	   *s = jsonb_string_field(payload, keys[i]);
+
+		if (s != NULL)
+		{
+			*result = em_parse_event_time(s);
+			return true;
+		}
+	}
+	return false;
+}
+
+/* ---------------------------------------------------------------------
+ * Receive
+ * ---------------------------------------------------------------------
+ */
+static EmStatement store_event = {
+	"INSERT INTO earmark.inbox_event AS e "
+	"  (source, dedupe_key, event_type, payload, occurred_at, account) "
+	"VALUES ($1, $2, $3, $4, $5, $6) "
+	"ON CONFLICT (source, dedupe_key) DO UPDATE SET seen_count = e.seen_count + 1 "
+	"RETURNING e.event_id, (e.xmax = 0)",
+	6, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID, TEXTOID}
+};
+
+static EmStatement store_receipt = {
+	"INSERT INTO earmark.inbox_receipt (event_id, inserted) VALUES ($1, $2)",
+	2, {INT8OID, BOOLOID}
+};
+
+/*
+ * Store a delivery: the event once per (source, dedupe_key), a copy only
+ * counted, and a receipt for every delivery.  Runs in the caller's SPI
+ * connection.
+ */
+void
+em_inbox_store(text *source, text *dedupe_key, text *event_type, Jsonb *payload,
+			   bool has_occurred_at, TimestampTz occurred_at, text *account,
+			   int64 *event_id, bool *inserted)
+{
+	Datum		args[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+	bool		isnull;
+
+	if (!has_occurred_at && !payload_event_time(payload, &occurred_at))
+		occurred_at = GetCurrentTimestamp();
+	if (TIMESTAMP_NOT_FINITE(occurred_at))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("occurred_at must be a finite timestamp")));
+
+	args[0] = PointerGetDatum(source);
+	args[1] = PointerGetDatum(dedupe_key);
+	args[2] = PointerGetDatum(event_type);
+	args[3] = JsonbPGetDatum(payload);
+	args[4] = TimestampTzGetDatum(occurred_at);
+	args[5] = PointerGetDatum(account);
+	if (account == NULL)
+		nulls[5] = 'n';
+	em_exec(&store_event, args, nulls, 1);
+	*event_id = em_get_int64(0, 1, 0);
+	*inserted = DatumGetBool(em_get(0, 2, &isnull));
+
+	args[0] = Int64GetDatum(*event_id);
+	args[1] = BoolGetDatum(*inserted);
+	em_exec(&store_receipt, args, NULL, 0);
+}
+
+void
+em_return_event_id(FunctionCallInfo fcinfo, int64 event_id, bool inserted)
+{
+	Datum		values[2];
+	bool		nulls[2] = {false, false};
+
+	values[0] = Int64GetDatum(event_id);
+	values[1] = BoolGetDatum(inserted);
+	em_return_row(fcinfo, values, nulls);
+}
+
+/*
+ * earmark_inbox_receive(source, dedupe_key, event_type, payload,
+ * occurred_at, account) RETURNS TABLE (event_id, inserted)
+ */
+Datum
+earmark_inbox_receive(PG_FUNCTION_ARGS)
+{
+	text	   *source = em_arg_name(fcinfo, 0, "source");
+	text	   *dedupe_key = em_arg_name(fcinfo, 1, "dedupe_key");
+	text	   *event_type = em_arg_name(fcinfo, 2, "event_type");
+	Jsonb	   *payload;
+	text	   *account = NULL;
+	int64		event_id;
+	bool		inserted;
+
+	if (PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("payload must not be NULL")));
+	payload = PG_GETARG_JSONB_P(3);
+	if (!PG_ARGISNULL(5))
+		account = em_arg_name(fcinfo, 5, "account");
+
+	SPI_connect();
+	em_inbox_store(source, dedupe_key, event_type, payload,
+				   !PG_ARGISNULL(4), PG_ARGISNULL(4) ? 0 : PG_GETARG_TIMESTAMPTZ(4),
+				   account, &event_id, &inserted);
+	SPI_finish();
+
+	em_return_event_id(fcinfo, event_id, inserted);
+	return (Datum) 0;
+}
+
+/* ---------------------------------------------------------------------
+ * Claim
+ * ---------------------------------------------------------------------
+ */
+
+/* an event whose lease passed INBOX_MAX_ATTEMPTS times is dead */
+static EmStatement bury_abandoned = {
+	"UPDATE earmark.inbox_event SET status = 'dead', locked_until = NULL, updated_at = $1, "
+	"  last_error = coalesce(last_error, 'its lease passed on every attempt') "
+	"WHERE status = 'processing' AND locked_until < $1 AND attempts >= $2",
+	2, {TIMESTAMPTZOID, INT4OID}
+};
+
+/*
+ * $4: true to claim events whose type has a handler (the worker), false
+ * for the others (applications).  An application's claim never takes an
+ * event that the worker is meant to apply.
+ */
+static EmStatement claim_events = {
+	"WITH c AS ("
+	"  UPDATE earmark.inbox_event AS e"
+	"     SET status = 'processing', attempts = e.attempts + 1,"
+	"         locked_until = $3 + $2, updated_at = $3"
+	"   WHERE e.event_id IN ("
+	"     SELECT d.event_id FROM earmark.inbox_event d"
+	"      WHERE ((d.status IN ('received', 'failed') AND d.next_attempt_at <= $3)"
+	"             OR (d.status = 'processing' AND d.locked_until < $3))"
+	"        AND d.attempts < $5"
+	"        AND EXISTS (SELECT 1 FROM earmark.inbox_handler h"
+	"                     WHERE h.event_type = d.event_type) = $4"
+	"      ORDER BY d.occurred_at, d.event_id"
+	"      LIMIT $1 FOR UPDATE SKIP LOCKED)"
+	"  RETURNING e.*)"
+	"SELECT * FROM c ORDER BY occurred_at, event_id",
+	5, {INT4OID, INTERVALOID, TIMESTAMPTZOID, BOOLOID, INT4OID}
+};
+
+/* claim into the caller's SPI connection; returns the number claimed */
+uint64
+em_inbox_claim(int max_events, Interval *lease, bool with_handler)
+{
+	Datum		args[5];
+	TimestampTz now = GetCurrentTimestamp();
+
+	args[0] = TimestampTzGetDatum(now);
+	args[1] = Int32GetDatum(INBOX_MAX_ATTEMPTS);
+	em_exec(&bury_abandoned, args, NULL, 0);
+
+	args[0] = Int32GetDatum(max_events);
+	args[1] = IntervalPGetDatum(lease);
+	args[2] = TimestampTzGetDatum(now);
+	args[3] = BoolGetDatum(with_handler);
+	args[4] = Int32GetDatum(INBOX_MAX_ATTEMPTS);
+	em_exec(&claim_events, args, NULL, 0);
+	return SPI_processed;
+}
+
+/*
+ * earmark_inbox_claim(max_events, lease) RETURNS SETOF earmark.inbox_event
+ * Due events of types without a handler, oldest event time first.
+ */
+Datum
+earmark_inbox_claim(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	int32		max_events;
+	Interval   *lease;
+	TimestampTz now = GetCurrentTimestamp();
+	uint64		i;
+	uint64		n;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("max_events and lease must not be NULL")));
+	max_events = PG_GETARG_INT32(0);
+	lease = PG_GETARG_INTERVAL_P(1);
+	if (max_events <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_events must be greater than zero")));
+	if (DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+												TimestampTzGetDatum(now),
+												IntervalPGetDatum(lease))) <= now)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be longer than zero")));
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	SPI_connect();
+	n = em_inbox_claim(max_events, lease, false);
+	for (i = 0; i < n; i++)
+		tuplestore_puttuple(rsinfo->setResult, SPI_tuptable->vals[i]);
+	SPI_finish();
+	return (Datum) 0;
+}
+
+/* ---------------------------------------------------------------------
+ * complete, ignore, fail, replay
+ * ---------------------------------------------------------------------
+ */
+static EmStatement lock_event = {
+	"SELECT status, attempts, account FROM earmark.inbox_event WHERE event_id = $1 FOR UPDATE",
+	1, {INT8OID}
+};
+
+static EmStatement finish_event = {
+	"UPDATE earmark.inbox_event SET status = $2, result = $3, last_error = coalesce($4, last_error), "
+	"  next_attempt_at = coalesce($5, next_attempt_at), locked_until = NULL, updated_at = $6 "
+	"WHERE event_id = $1",
+	6, {INT8OID, TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+};
+
+static EmStatement requeue_event = {
+	"UPDATE earmark.inbox_event SET status = 'received', attempts = 0, next_attempt_at = $2, "
+	"  locked_until = NULL, result = NULL, updated_at = $2 WHERE event_id = $1",
+	2, {INT8OID, TIMESTAMPTZOID}
+};
+
+/* lock the event; returns its status (a constant) and attempts */
+static const char *
+lock_event_row(int64 event_id, int *attempts, char **account)
+{
+	static const char *const statuses[] = {
+		"received", "processing", "applied", "ignored", "failed", "dead"
+	};
+	Datum		arg = Int64GetDatum(event_id);
+	bool		isnull;
+	char	   *s;
+	Datum		acc;
+	int			i;
+
+	em_exec(&lock_event, &arg, NULL, 1);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_EARMARK_UNKNOWN_EVENT),
+				 errmsg("inbox event " INT64_FORMAT " does not exist", event_id)));
+	s = TextDatumGetCString(em_get(0, 1, &isnull));
+	*attempts = DatumGetInt32(em_get(0, 2, &isnull));
+	if (account)
+	{
+		acc = em_get(0, 3, &isnull);
+		*account = isnull ? NULL : TextDatumGetCString(acc);
+	}
+	for (i = 0; i < (int) lengthof(statuses); i++)
+		if (strcmp(s, statuses[i]) == 0)
+			return statuses[i];
+	elog(ERROR, "earmark: unknown inbox status \"%s\"", s);
+	return NULL;
+}
+
+static void
+wrong_state(int64 event_id, const char *status, const char *action)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_EARMARK_EVENT_STATE),
+			 errmsg("inbox event " INT64_FORMAT " cannot be %s: it is %s",
+					event_id, action, status),
+			 errhint("Only a claimed event (status processing) is completed or failed; replay an event to run it again.")));
+}
+
+/* set an event's outcome; a failure waits retry_after_us from now */
+static void
+set_event_status(int64 event_id, const char *status, const char *result,
+				 const char *error, bool has_next, int64 retry_after_us)
+{
+	Datum		args[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+	TimestampTz now = GetCurrentTimestamp();
+
+	args[0] = Int64GetDatum(event_id);
+	args[1] = CStringGetTextDatum(status);
+	args[2] = result ? CStringGetTextDatum(result) : (Datum) 0;
+	nulls[2] = result ? ' ' : 'n';
+	args[3] = error ? CStringGetTextDatum(error) : (Datum) 0;
+	nulls[3] = error ? ' ' : 'n';
+	args[4] = TimestampTzGetDatum(now + retry_after_us);
+	nulls[4] = has_next ? ' ' : 'n';
+	args[5] = TimestampTzGetDatum(now);
+	em_exec(&finish_event, args, nulls, 0);
+}
+
+static int64
+arg_event_id(FunctionCallInfo fcinfo)
+{
+	return em_arg_int64(fcinfo, 0, "event_id");
+}
+
+static char *
+arg_text(FunctionCallInfo fcinfo, int argno, const char *what)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be NULL", what)));
+	return text_to_cstring(PG_GETARG_TEXT_PP(argno));
+}
+
+/* earmark_inbox_complete(event_id, result) RETURNS text: 'applied' */
+Datum
+earmark_inbox_complete(PG_FUNCTION_ARGS)
+{
+	int64		event_id = arg_event_id(fcinfo);
+	char	   *result = arg_text(fcinfo, 1, "result");
+	int			attempts;
+	const char *status;
+
+	SPI_connect();
+	status = lock_event_row(event_id, &attempts, NULL);
+	if (strcmp(status, "processing") != 0)
+		wrong_state(event_id, status, "completed");
+	set_event_status(event_id, "applied", result, NULL, false, 0);
+	SPI_finish();
+	PG_RETURN_TEXT_P(cstring_to_text("applied"));
+}
+
+/*
+ * earmark_inbox_ignore(event_id, reason) RETURNS text: 'ignored', with the
+ * reason kept in result.  Any event not yet applied may be ignored.
+ */
+Datum
+earmark_inbox_ignore(PG_FUNCTION_ARGS)
+{
+	int64		event_id = arg_event_id(fcinfo);
+	char	   *reason = arg_text(fcinfo, 1, "reason");
+	int			attempts;
+	const char *status;
+
+	if (reason[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("reason must not be empty"),
+				 errhint("Say why the event changes nothing: it is kept for whoever reads the inbox.")));
+	SPI_connect();
+	status = lock_event_row(event_id, &attempts, NULL);
+	if (strcmp(status, "applied") == 0 || strcmp(status, "ignored") == 0)
+		wrong_state(event_id, status, "ignored");
+	set_event_status(event_id, "ignored", reason, NULL, false, 0);
+	SPI_finish();
+	PG_RETURN_TEXT_P(cstring_to_text("ignored"));
+}
+
+/*
+ * Mark a claimed event failed: it waits 5 s, 30 s, 2 min, 10 min, 1 h
+ * after its 1st to 5th attempt, and is dead after the 6th.  Runs in the
+ * caller's SPI connection; returns 'failed' or 'dead'.
+ */
+const char *
+em_inbox_fail(int64 event_id, const char *error)
+{
+	int			attempts;
+	const char *status = lock_event_row(event_id, &attempts, NULL);
+
+	if (strcmp(status, "processing") != 0)
+		wrong_state(event_id, status, "failed");
+	if (attempts >= INBOX_MAX_ATTEMPTS)
+	{
+		set_event_status(event_id, "dead", NULL, error, false, 0);
+		return "dead";
+	}
+	set_event_status(event_id, "failed", NULL, error, true,
+					 inbox_backoff_s[Max(attempts, 1) - 1] * USECS_PER_SEC);
+	return "failed";
+}
+
+/* earmark_inbox_fail(event_id, error) RETURNS text: 'failed' or 'dead' */
+Datum
+earmark_inbox_fail(PG_FUNCTION_ARGS)
+{
+	int64		event_id = arg_event_id(fcinfo);
+	char	   *error = arg_text(fcinfo, 1, "error");
+	const char *status;
+
+	SPI_connect();
+	status = em_inbox_fail(event_id, error);
+	SPI_finish();
+	PG_RETURN_TEXT_P(cstring_to_text(status));
+}
+
+/*
+ * earmark_inbox_replay(event_id, account) RETURNS text: 'received'.  Puts
+ * a stored event back in the queue with fresh attempts, but only for the
+ * account it belongs to, so one customer cannot requeue another's events.
+ */
+Datum
+earmark_inbox_replay(PG_FUNCTION_ARGS)
+{
+	int64		event_id = arg_event_id(fcinfo);
+	text	   *account = em_arg_name(fcinfo, 1, "account");
+	char	   *owner;
+	int			attempts;
+	Datum		args[2];
+
+	SPI_connect();
+	(void) lock_event_row(event_id, &attempts, &owner);
+	if (owner == NULL || strcmp(owner, text_to_cstring(account)) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_EARMARK_NOT_YOUR_EVENT),
+				 errmsg("inbox event " INT64_FORMAT " does not belong to account \"%s\"",
+						event_id, text_to_cstring(account)),
+				 errhint("Replay only the events of the account that asks for it.")));
+	args[0] = Int64GetDatum(event_id);
+	args[1] = TimestampTzGetDatum(GetCurrentTimestamp());
+	em_exec(&requeue_event, args, NULL, 0);
+	SPI_finish();
+	PG_RETURN_TEXT_P(cstring_to_text("received"));
+}
+
+/* ---------------------------------------------------------------------
+ * Handlers
+ * ---------------------------------------------------------------------
+ */
+static EmStatement put_handler = {
+	"INSERT INTO earmark.inbox_handler (event_type, handler) VALUES ($1, $2) "
+	"ON CONFLICT (event_type) DO UPDATE SET handler = excluded.handler",
+	2, {TEXTOID, REGPROCEDUREOID}
+};
+
+static EmStatement drop_handler = {
+	"DELETE FROM earmark.inbox_handler WHERE event_type = $1",
+	1, {TEXTOID}
+};
+
+/*
+ * earmark_inbox_set_handler(event_type, handler) RETURNS void.  The
+ * handler takes an earmark.inbox_event and returns text (the result kept on
+ * the event); NULL removes the handler.  The worker runs it as the role
+ * that owns it, so the caller must own it (or be a superuser): registering
+ * a handler never lends anybody the worker's rights.
+ */
+Datum
+earmark_inbox_set_handler(PG_FUNCTION_ARGS)
+{
+	text	   *event_type = em_arg_name(fcinfo, 0, "event_type");
+	Datum		args[2];
+
+	SPI_connect();
+	args[0] = PointerGetDatum(event_type);
+	if (PG_ARGISNULL(1))
+		em_exec(&drop_handler, args, NULL, 0);
+	else
+	{
+		Oid			fn = PG_GETARG_OID(1);
+		HeapTuple	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn));
+		Form_pg_proc proc;
+		Oid			rowtype = get_rel_type_id(get_relname_relid("inbox_event",
+																 get_namespace_oid("earmark", false)));
+
+		if (!HeapTupleIsValid(tup))
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_FUNCTION),
+					 errmsg("function %u does not exist", fn)));
+		proc = (Form_pg_proc) GETSTRUCT(tup);
+		if (proc->pronargs != 1 || proc->proargtypes.values[0] != rowtype ||
+			proc->prorettype != TEXTOID || proc->proretset)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_FUNCTION_DEFINITION),
+					 errmsg("inbox handler %s must take one earmark.inbox_event and return text",
+							format_procedure(fn))));
+		if (!superuser_arg(GetOuterUserId()) &&
+			!has_privs_of_role(GetOuterUserId(), proc->proowner))
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("must own function %s to make it an inbox handler",
+							format_procedure(fn)),
+					 errdetail("The worker runs a handler as the role that owns it.")));
+		ReleaseSysCache(tup);
+		args[1] = ObjectIdGetDatum(fn);
+		em_exec(&put_handler, args, NULL, 0);
+	}
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/* ---------------------------------------------------------------------
+ * The worker's part: apply one event with its handler
+ * ---------------------------------------------------------------------
+ */
+static EmStatement event_for_handler = {
+	"SELECT e, h.handler, e.status, e.attempts FROM earmark.inbox_event e "
+	"JOIN earmark.inbox_handler h USING (event_type) "
+	"WHERE e.event_id = $1 FOR UPDATE OF e",
+	1, {INT8OID}
+};
+
+static EmStatement event_status = {
+	"SELECT status FROM earmark.inbox_event WHERE event_id = $1",
+	1, {INT8OID}
+};
+
+static Oid
+handler_owner(Oid fn)
+{
+	HeapTuple	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn));
+	Oid			owner;
+
+	if (!HeapTupleIsValid(tup))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_FUNCTION),
+				 errmsg("inbox handler function %u no longer exists", fn)));
+	owner = ((Form_pg_proc) GETSTRUCT(tup))->proowner;
+	ReleaseSysCache(tup);
+	return owner;
+}
+
+/*
+ * Apply a claimed event in the current transaction (the caller commits):
+ * run its handler as the handler's owner in a subtransaction; on success
+ * mark it applied with the handler's result (unless the handler ignored
+ * it itself), on error roll the handler back and mark the event failed.
+ * "attempts" is the attempt number the claim gave it: if the event moved
+ * on since (its lease passed and someone else claimed it), leave it.
+ * Returns the event's new status, or NULL when it was not ours.
+ */
+const char *
+em_inbox_apply(int64 event_id, int attempts)
+{
+	Datum		arg = Int64GetDatum(event_id);
+	bool		isnull;
+	Datum		row;
+	Oid			handler;
+	Oid			owner;
+	Oid			save_userid;
+	int			save_sec;
+	int			guc_level;
+	MemoryContext oldcxt = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	const char *volatile status = NULL;
+	char	   *volatile result = NULL;
+	char	   *volatile error = NULL;
+	char	   *st;
+
+	em_exec(&event_for_handler, &arg, NULL, 1);
+	if (SPI_processed == 0)
+		return NULL;
+	st = TextDatumGetCString(em_get(0, 3, &isnull));
+	if (strcmp(st, "processing") != 0 ||
+		DatumGetInt32(em_get(0, 4, &isnull)) != attempts)
+		return NULL;
+	row = SPI_datumTransfer(em_get(0, 1, &isnull), false, -1);
+	handler = DatumGetObjectId(em_get(0, 2, &isnull));
+	owner = handler_owner(handler);
+
+	GetUserIdAndSecContext(&save_userid, &save_sec);
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcxt);
+	PG_TRY();
+	{
+		Datum		d;
+		LOCAL_FCINFO(hfcinfo, 1);
+		FmgrInfo	flinfo;
+
+		/*
+		 * The worker pins its own search_path; a handler gets the
+		 * ordinary one, as if its owner had called it, unless it pins its
+		 * own with SET (which fmgr applies).
+		 */
+		guc_level = NewGUCNestLevel();
+		(void) set_config_option("search_path", "\"$user\", public",
+								 PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_SAVE, true, 0, false);
+		SetUserIdAndSecContext(owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+		fmgr_info(handler, &flinfo);
+		InitFunctionCallInfoData(*hfcinfo, &flinfo, 1, InvalidOid, NULL, NULL);
+		hfcinfo->args[0].value = row;
+		hfcinfo->args[0].isnull = false;
+		d = FunctionCallInvoke(hfcinfo);
+		if (!hfcinfo->isnull)
+			result = MemoryContextStrdup(oldcxt, TextDatumGetCString(d));
+		SetUserIdAndSecContext(save_userid, save_sec);
+		AtEOXact_GUC(true, guc_level);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		SetUserIdAndSecContext(save_userid, save_sec);
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+		error = edata->message ? pstrdup(edata->message) : pstrdup("handler failed");
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+
+	/*
+	 * SPI's connection survives the subtransaction; the handler may have
+	 * used SPI itself, which pushed and popped its own.
+	 */
+	if (error != NULL)
+	{
+		ereport(LOG,
+				(errmsg("earmark: inbox handler failed for event " INT64_FORMAT ": %s",
+						event_id, error)));
+		return em_inbox_fail(event_id, error);
+	}
+
+	em_exec(&event_status, &arg, NULL, 1);
+	st = TextDatumGetCString(em_get(0, 1, &isnull));
+	if (strcmp(st, "processing") == 0)
+	{
+		set_event_status(event_id, "applied", result ? result : "applied", NULL, false, 0);
+		status = "applied";
+	}
+	else
+		status = strcmp(st, "ignored") == 0 ? "ignored" : "applied";
+	return status;
+}

@@ -1,0 +1,237 @@
+#!/usr/bin/env bash
+# Kinde webhooks: earmark_inbox_receive_kinde verifies a JWT signed with
+# RS256 against the JSON Web Key Set that test/fake_jwks.py serves on
+# loopback.  Keys are made with openssl, tokens are signed here with
+# `openssl dgst -sha256 -sign`.  Checks: a valid token is stored (type,
+# dedupe key = event_id, occurred_at = event_timestamp, the customer's
+# account) and its copy only counted; a wrong key, a tampered payload,
+# alg none / HS256, an expired exp and malformed tokens are refused with
+# their SQLSTATE and store nothing; an unknown kid causes one refetch (not
+# within the cooldown), and after the server rotates its keys the new key
+# is accepted; earmark.jwks_path reaches /.well-known/jwks.json; an
+# unreachable, slow or unset key set is "unavailable".
+source "$(dirname "$0")/tap.sh"
+export PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning"
+DB=postgres
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+WORK=$(mktemp -d /tmp/earmark-jwt.XXXXXX)
+SERVER_PIDS=()
+
+cleanup() {
+    local p
+    for p in "${SERVER_PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+    q -d postgres -c "ALTER SYSTEM RESET earmark.kinde_domain" -c "ALTER SYSTEM RESET earmark.jwks_path" \
+      -c "SELECT pg_reload_conf()" >/dev/null 2>&1
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# --- helpers -------------------------------------------------------------
+b64url() { basenc --base64url -w0 | tr -d '='; }
+
+# jwk PEM KID: the public key as a JWK (n and e base64url, big-endian)
+jwk() {
+    local mod exp
+    mod=$(openssl rsa -in "$1" -noout -modulus 2>/dev/null | sed 's/^Modulus=//')
+    exp=$(openssl rsa -in "$1" -noout -text 2>/dev/null | sed -n 's/^publicExponent: \([0-9]*\).*/\1/p')
+    python3 - "$mod" "$exp" "$2" <<'EOF'
+import base64, json, sys
+mod, exp, kid = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+n = bytes.fromhex(mod)
+e = exp.to_bytes((exp.bit_length() + 7) // 8, "big")
+print(json.dumps({"kty": "RSA", "kid": kid, "use": "sig", "alg": "RS256", "n": b64(n), "e": b64(e)}))
+EOF
+}
+
+# serve_jwks FILE PATH [DELAY]: start fake_jwks.py; sets PORT and HITS
+serve_jwks() {
+    local name=$WORK/srv$RANDOM i
+    python3 "$ROOT/test/fake_jwks.py" --file "$1" --path "$2" --port-file "$name.port" \
+        --log "$name.log" --delay "${3:-0}" &
+    SERVER_PIDS+=($!)
+    for i in $(seq 1 50); do [ -s "$name.port" ] && break; sleep 0.1; done
+    PORT=$(cat "$name.port")
+    HITS=$name.log
+    touch "$HITS"
+}
+hits() { wc -l <"$1" | tr -d ' '; }
+
+# jwt KEY KID PAYLOAD [ALG]: a compact JWS of PAYLOAD signed with KEY
+jwt() {
+    local h p s
+    h=$(printf '{"alg":"%s","kid":"%s","typ":"JWT"}' "${4:-RS256}" "$2" | b64url)
+    p=$(printf '%s' "$3" | b64url)
+    s=$(printf '%s.%s' "$h" "$p" | openssl dgst -sha256 -sign "$1" -binary | b64url)
+    echo "$h.$p.$s"
+}
+
+# sqlstate SQL...: "ok", or the SQLSTATE of the error the statements raise
+sqlstate() {
+    local args=() s out
+    for s in "$@"; do args+=(-c "$s"); done
+    if out=$("$EM_PGBIN/psql" -X -A -t -q -v ON_ERROR_STOP=1 -v VERBOSITY=verbose -d "$DB" "${args[@]}" 2>&1 >/dev/null); then
+        echo ok
+    else
+        echo "$out" | sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\):.*/\1/p' | head -1
+        echo "$out" | sed 's/^/# /' >&2
+    fi
+}
+
+receive() { echo "SELECT event_id || ' ' || inserted FROM earmark_inbox_receive_kinde('$1', '$2')"; }
+kinde_events() { q -d "$DB" -c "SELECT count(*) || '/' || coalesce(sum(seen_count), 0) FROM earmark.inbox_event WHERE source = 'kinde'"; }
+
+set_domain() {
+    q -d postgres -c "ALTER SYSTEM SET earmark.kinde_domain = '$1'" -c "SELECT pg_reload_conf()" >/dev/null
+    wait_for 10 "SHOW earmark.kinde_domain" "$1" >/dev/null
+}
+
+# --- set-up ----------------------------------------------------------------
+q -d "$DB" -c "CREATE EXTENSION IF NOT EXISTS earmark" >/dev/null
+q -d "$DB" -c "TRUNCATE earmark.jwks" \
+  -c "DELETE FROM earmark.inbox_event WHERE source = 'kinde'" \
+  -c "SELECT earmark_set_account('acct_kinde', provider_customer => 'customer_0198abc')" >/dev/null
+
+for k in k1 k2 k3; do
+    openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$WORK/$k.pem" 2>/dev/null
+done
+echo "{\"keys\": [$(jwk "$WORK/k1.pem" k1)]}" >"$WORK/jwks.json"
+
+serve_jwks "$WORK/jwks.json" /.well-known/jwks
+A_PORT=$PORT
+A_HITS=$HITS
+set_domain "http://127.0.0.1:$A_PORT"
+diag "JWKS on 127.0.0.1:$A_PORT"
+
+now=$(date +%s)
+EVENT='{"type":"customer.plan_changed","event_id":"event_01a1","timestamp":"2026-10-21T02:29:24.481368869+11:00","event_timestamp":"2026-10-21T02:29:23.403633+11:00","source":"admin","data":{"user_id":"kp_4940","customer_id":"customer_0198abc","plan":{"key":"customer_pro_plan"}},"exp":'$((now + 600))'}'
+GOOD=$(jwt "$WORK/k1.pem" k1 "$EVENT")
+
+# 1. a valid token: fetched key set, stored event
+got=$(q -d "$DB" -c "$(receive wh_1 "$GOOD")")
+is "${got#* }" true "a valid token is stored (inserted = true)"
+is "${got% *}" "$(q -d "$DB" -c "SELECT event_id FROM earmark.inbox_event WHERE source = 'kinde' AND dedupe_key = 'event_01a1'")" \
+   "... and the event_id returned is the stored event's"
+is "$(hits "$A_HITS")" 1 "the key set was fetched once, on demand"
+is "$(q -d "$DB" -c "SET TIME ZONE 'UTC'" -c "SELECT dedupe_key || '|' || event_type || '|' || occurred_at || '|' || account || '|' || (payload->'data'->'plan'->>'key') FROM earmark.inbox_event WHERE source = 'kinde'")" \
+   "event_01a1|customer.plan_changed|2026-10-20 15:29:23.403633+00|acct_kinde|customer_pro_plan" \
+   "dedupe key = event_id, type, occurred_at = event_timestamp, the customer's account, the claims as payload"
+is "$(q -d "$DB" -c "SELECT jsonb_array_length(keys) || ' ' || (keys->0->>'kid') FROM earmark.jwks WHERE url = 'http://127.0.0.1:$A_PORT/.well-known/jwks'")" "1 k1" \
+   "the key set is cached in earmark.jwks under its URL"
+
+# 2. the same delivery again (another webhook-id): counted, not stored twice
+is "$(q -d "$DB" -c "$(receive wh_1_retry "$GOOD")" | cut -d' ' -f2)" false "a copy is not inserted"
+is "$(kinde_events)" "1/2" "one event, seen twice"
+is "$(hits "$A_HITS")" 1 "a known kid is verified from the cache"
+
+# 3. without event_id the webhook-id is the key; without event_timestamp,
+#    timestamp is the time; an unknown customer has no account
+EV2='{"type":"user.created","timestamp":"2026-10-21T02:29:24+11","data":{"customer_id":"customer_unknown"}}'
+q -d "$DB" -c "$(receive wh_noevent "$(jwt "$WORK/k1.pem" k1 "$EV2")")" >/dev/null
+is "$(q -d "$DB" -c "SET TIME ZONE 'UTC'" -c "SELECT event_type || '|' || occurred_at || '|' || coalesce(account, '<null>') FROM earmark.inbox_event WHERE source = 'kinde' AND dedupe_key = 'wh_noevent'")" \
+   "user.created|2026-10-20 15:29:24+00|<null>" "no event_id: keyed by webhook-id; timestamp used; unknown customer has no account"
+
+# 4. refused tokens: each error has its SQLSTATE and stores nothing
+before=$(kinde_events)
+H=$(echo "$GOOD" | cut -d. -f1)
+P=$(echo "$GOOD" | cut -d. -f2)
+S=$(echo "$GOOD" | cut -d. -f3)
+TAMPERED="$H.$(printf '%s' "${EVENT/customer_pro_plan/customer_free_plan}" | b64url).$S"
+NONE="$(printf '{"alg":"none","kid":"k1"}' | b64url).$P."
+HS="$(printf '{"alg":"HS256","kid":"k1"}' | b64url).$P.$(printf '%s' "$(printf '{"alg":"HS256","kid":"k1"}' | b64url).$P" | openssl dgst -sha256 -hmac "$(jwk "$WORK/k1.pem" k1)" -binary | b64url)"
+EXPIRED=$(jwt "$WORK/k1.pem" k1 "${EVENT/\"exp\":$((now + 600))/\"exp\":$((now - 10))}")
+NOKID="$(printf '{"alg":"RS256"}' | b64url).$P.$S"
+NOTYPE=$(jwt "$WORK/k1.pem" k1 '{"event_id":"e_notype"}')
+NOTJSON=$(jwt "$WORK/k1.pem" k1 'type=user.created')
+BADTIME=$(jwt "$WORK/k1.pem" k1 '{"type":"a","event_id":"e_badtime","event_timestamp":"2026-02-30T00:00:00Z"}')
+is "$(sqlstate "$(receive wh_x "$(jwt "$WORK/k3.pem" k1 "$EVENT")")")" EM101 "signed by another key under kid k1: EM101"
+is "$(sqlstate "$(receive wh_x "$TAMPERED")")" EM101 "tampered payload: EM101"
+is "$(sqlstate "$(receive wh_x "$NONE")")" EM101 "alg none: EM101"
+is "$(sqlstate "$(receive wh_x "$HS")")" EM101 "HS256 keyed with the public key: EM101"
+is "$(sqlstate "$(receive wh_x "$EXPIRED")")" EM106 "exp in the past: EM106"
+is "$(sqlstate "$(receive wh_x "$H.$P.${S:0:20}")")" EM101 "truncated signature: EM101"
+is "$(sqlstate "$(receive wh_x "$H.$P.$S!")")" EM103 "signature not base64url: EM103"
+is "$(sqlstate "$(receive wh_x "$H.$P")")" EM103 "two parts: EM103"
+is "$(sqlstate "$(receive wh_x "$H.$P.$S.$S")")" EM103 "four parts: EM103"
+is "$(sqlstate "$(receive wh_x "$(printf 'not json' | b64url).$P.$S")")" EM103 "header not JSON: EM103"
+is "$(sqlstate "$(receive wh_x "$NOKID")")" EM103 "header without kid: EM103"
+is "$(sqlstate "$(receive wh_x "$NOTYPE")")" EM103 "signed payload without type: EM103"
+is "$(sqlstate "$(receive wh_x "$NOTJSON")")" EM103 "signed payload not JSON: EM103"
+is "$(sqlstate "$(receive wh_x "$BADTIME")")" EM103 "signed payload with an impossible date: EM103"
+is "$(sqlstate "$(receive wh_x '')")" 22023 "empty token: 22023"
+is "$(sqlstate "SELECT earmark_inbox_receive_kinde(NULL, '$GOOD')")" 22004 "NULL webhook_id: 22004"
+is "$(sqlstate "SELECT earmark_inbox_receive_kinde('w', repeat('a', 1048577))")" 22001 "token over 1 MB: 22001"
+is "$(kinde_events)" "$before" "no refused token stored anything"
+is "$(hits "$A_HITS")" 1 "no refused token fetched the key set"
+FUTURE=$(jwt "$WORK/k1.pem" k1 '{"type":"a","event_id":"e_exp_ok","exp":'$((now + 300))'}')
+is "$(sqlstate "$(receive wh_y "$FUTURE")")" ok "exp in the future is accepted"
+
+# 5. an unknown kid: within the cooldown no fetch; with none, one refetch
+#    that still does not have it
+K2_EVENT='{"type":"customer.plan_changed","event_id":"event_k2","event_timestamp":"2026-10-22T00:00:00Z"}'
+K2=$(jwt "$WORK/k2.pem" k2 "$K2_EVENT")
+is "$(sqlstate "$(receive wh_k2 "$K2")")" EM104 "unknown kid within the refetch cooldown: EM104"
+is "$(hits "$A_HITS")" 1 "... and the key set was not fetched again"
+is "$(sqlstate "SET earmark.jwks_refetch_cooldown = 0" "$(receive wh_k2 "$K2")")" EM104 "unknown kid, refetched, still unknown: EM104"
+is "$(hits "$A_HITS")" 2 "... after exactly one refetch"
+
+# 6. the server rotates its keys: the new kid is fetched once and accepted.
+#    The first k2 delivery of the session is tampered: it fetches the new
+#    set and fails, which rolls the stored set back; the backend keeps its
+#    copy, so the genuine delivery after it needs no second fetch.
+echo "{\"keys\": [$(jwk "$WORK/k1.pem" k1), $(jwk "$WORK/k2.pem" k2)]}" >"$WORK/jwks.json"
+K2_TAMPERED="$(echo "$K2" | cut -d. -f1).$(printf '%s' "${K2_EVENT/event_k2/event_k2x}" | b64url).$(echo "$K2" | cut -d. -f3)"
+out=$("$EM_PGBIN/psql" -X -A -t -q -d "$DB" -c "SET earmark.jwks_refetch_cooldown = 0" \
+      -c "$(receive wh_k2 "$K2_TAMPERED")" -c "$(receive wh_k2 "$K2")" 2>&1)
+diag "$out"
+is "$(echo "$out" | grep -c 'JWT signature does not match')" 1 "after the rotation a tampered k2 token is refused"
+is "$(echo "$out" | grep -c ' true$')" 1 "... and the genuine one after it, in the same session, is accepted"
+is "$(hits "$A_HITS")" 3 "... after one refetch between them"
+is "$(q -d "$DB" -c "SELECT dedupe_key FROM earmark.inbox_event WHERE source = 'kinde' AND dedupe_key = 'event_k2'")" event_k2 "the k2 event is stored"
+K2B=$(jwt "$WORK/k2.pem" k2 '{"type":"a","event_id":"event_k2b"}')
+is "$(sqlstate "$(receive wh_k2b "$K2B")")" ok "the next k2 token is verified from the cache"
+is "$(hits "$A_HITS")" 3 "... without a fetch"
+
+# 7. earmark_refresh_jwks fetches now and counts the keys
+is "$(q -d "$DB" -c "SELECT earmark_refresh_jwks()")" 2 "earmark_refresh_jwks() returns the number of keys"
+is "$(hits "$A_HITS")" 4 "... after one fetch"
+
+# 8. /.well-known/jwks.json through earmark.jwks_path
+serve_jwks "$WORK/jwks.json" /.well-known/jwks.json
+B_PORT=$PORT
+B_HITS=$HITS
+is "$(sqlstate "SET earmark.kinde_domain = 'http://127.0.0.1:$B_PORT/'" "$(receive wh_b "$(jwt "$WORK/k1.pem" k1 '{"type":"a","event_id":"event_b"}')")")" EM105 \
+   "the default path on a server that serves jwks.json: EM105 (404)"
+is "$(sqlstate "SET earmark.kinde_domain = 'http://127.0.0.1:$B_PORT/'" "SET earmark.jwks_path = '/.well-known/jwks.json'" \
+                "$(receive wh_b "$(jwt "$WORK/k1.pem" k1 '{"type":"a","event_id":"event_b"}')")")" ok \
+   "earmark.jwks_path = '/.well-known/jwks.json' works"
+is "$(sed -n 2p "$B_HITS")" "GET /.well-known/jwks.json 200" "... fetched from /.well-known/jwks.json"
+
+# 9. unavailable key sets
+FREE=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+before=$(kinde_events)
+T3=$(jwt "$WORK/k1.pem" k1 '{"type":"a","event_id":"event_down"}')
+is "$(sqlstate "SET earmark.kinde_domain = 'http://127.0.0.1:$FREE'" "$(receive wh_down "$T3")")" EM105 "nothing listening: EM105"
+echo '{"no keys": true}' >"$WORK/notjwks.json"
+serve_jwks "$WORK/notjwks.json" /.well-known/jwks
+is "$(sqlstate "SET earmark.kinde_domain = 'http://127.0.0.1:$PORT'" "$(receive wh_down "$T3")")" EM105 "a document without keys: EM105"
+serve_jwks "$WORK/jwks.json" /.well-known/jwks 5
+start=$(date +%s%N)
+is "$(sqlstate "SET earmark.kinde_domain = 'http://127.0.0.1:$PORT'" "SET earmark.http_timeout = '500ms'" "$(receive wh_down "$T3")")" EM105 \
+   "a server slower than earmark.http_timeout: EM105"
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+ok "$(( ms < 3000 ? 0 : 1 ))" "... within the timeout (${ms} ms)"
+is "$(sqlstate "SET earmark.kinde_domain = ''" "$(receive wh_down "$T3")")" EM105 "earmark.kinde_domain not set: EM105"
+is "$(sqlstate "SET earmark.kinde_domain = 'file:///etc'" "SET earmark.jwks_path = 'passwd'" "$(receive wh_down "$T3")")" EM105 \
+   "a file: URL is not fetched: EM105"
+is "$(kinde_events)" "$before" "an unavailable key set stores nothing"
+
+# 10. privileges: earmark_user receives; only superusers choose the domain
+q -d "$DB" -c "DROP ROLE IF EXISTS em_jwt_user" -c "CREATE ROLE em_jwt_user IN ROLE earmark_user" >/dev/null
+T4=$(jwt "$WORK/k1.pem" k1 '{"type":"a","event_id":"event_role"}')
+is "$(sqlstate "SET ROLE em_jwt_user" "$(receive wh_role "$T4")")" ok "a role with earmark_user receives a Kinde webhook"
+is "$(sqlstate "SET ROLE em_jwt_user" "SET earmark.kinde_domain = 'http://127.0.0.1:1'")" 42501 "it cannot point earmark.kinde_domain elsewhere"
+is "$(sqlstate "SET ROLE em_jwt_user" "SELECT earmark_refresh_jwks()")" 42501 "nor call earmark_refresh_jwks"
+q -d "$DB" -c "DROP ROLE em_jwt_user" >/dev/null
+
+done_testing
