@@ -17,3 +17,6 @@ ISOLATION_OPTS = --inputdir=test/isolation --load-extension=earmark
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# every object depends on the shared headers
+$(OBJS): src/earmark.h src/sigverify.h

@@ -50,7 +50,7 @@ typedef struct EmStatement
 {
 	const char *sql;
 	int			nargs;
-	Oid			argtypes[8];
+	Oid			argtypes[12];
 	SPIPlanPtr	plan;
 } EmStatement;
 

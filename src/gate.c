@@ -20,8 +20,10 @@
  *	    SKIP LOCKED.
  *	  - charge and heartbeat lock one job row and nothing else.
  *	  - earmark_set_account: advisory lock, budget rows, account row.
- *	  - settle locks the job row, then updates (and so locks) its budget,
- *	    before it writes any row whose foreign key points at the budget.
+ *	  - settle locks the job row, then updates (and so locks) its budget.
+ *	    (The hot tables have no foreign keys: a key-share lock taken by an
+ *	    FK check before the budget update would have to be upgraded, a
+ *	    deadlock with any reserve waiting for the row.)
  *	  Only settle waits for a budget while holding a job, and nobody waits
  *	  for a job while holding a budget, so no cycle can form.  A settle that
  *	  waits on a job held by a long application transaction therefore holds
@@ -60,11 +62,16 @@ static EmStatement job_by_key = {
 	2, {TEXTOID, TEXTOID}
 };
 
-static EmStatement account_anchor = {
-	"SELECT a.cycle_anchor, EXISTS (SELECT 1 FROM earmark.account_limit l "
-	"                               WHERE l.account = a.account AND l.feature = $2) "
-	"FROM earmark.account a WHERE a.account = $1",
-	2, {TEXTOID, TEXTOID}
+/* the same key's job if there is one, and the account's anchor and
+ * whether its limit is known: one statement before any lock */
+static EmStatement reserve_start = {
+	"SELECT j.job_id, j.amount, j.feature, a.cycle_anchor, "
+	"       EXISTS (SELECT 1 FROM earmark.account_limit l "
+	"                WHERE l.account = $1 AND l.feature = $3), a.account IS NOT NULL "
+	"FROM (SELECT 1) AS one "
+	"LEFT JOIN earmark.job j ON j.account = $1 AND j.idempotency_key = $2 "
+	"LEFT JOIN earmark.account a ON a.account = $1",
+	3, {TEXTOID, TEXTOID, TEXTOID}
 };
 
 /* no row lock: the advisory lock orders this with earmark_set_account, and
@@ -108,11 +115,19 @@ static EmStatement budget_numbers = {
 	1, {INT8OID}
 };
 
-static EmStatement insert_job = {
-	"INSERT INTO earmark.job (budget_id, account, feature, idempotency_key, amount, lease, lease_until, created_at) "
-	"VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
-	"ON CONFLICT (account, idempotency_key) DO NOTHING RETURNING job_id",
-	8, {INT8OID, TEXTOID, TEXTOID, TEXTOID, INT8OID, INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+/* the hold: the job row and the budget's new numbers in one statement;
+ * neither happens when the key is already taken ($9 used, $10 the held
+ * before this hold) */
+static EmStatement admit_job = {
+	"WITH j AS ("
+	"  INSERT INTO earmark.job (budget_id, account, feature, idempotency_key, amount, lease, lease_until, created_at) "
+	"  VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
+	"  ON CONFLICT (account, idempotency_key) DO NOTHING RETURNING job_id),"
+	" b AS (UPDATE earmark.budget SET used = $9, held = $10 + $5 "
+	"       WHERE budget_id = $1 AND EXISTS (SELECT 1 FROM j)) "
+	"SELECT job_id FROM j",
+	10, {INT8OID, TEXTOID, TEXTOID, TEXTOID, INT8OID, INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+	INT8OID, INT8OID}
 };
 
 static EmStatement write_budget = {
@@ -152,7 +167,7 @@ static EmStatement expire_jobs = {
 	"   WHERE t.job_id IN (SELECT s.job_id FROM earmark.job s"
 	"                       WHERE s.budget_id = $1 AND s.status IN ('running', 'capped')"
 	"                         AND s.lease_until < $2"
-	"                       ORDER BY s.lease_until LIMIT $3 FOR UPDATE SKIP LOCKED)"
+	"                       LIMIT $3 FOR UPDATE SKIP LOCKED)"
 	"  RETURNING t.job_id, t.amount, t.used),"
 	" l AS (INSERT INTO earmark.ledger (budget_id, units, job_id, occurred_at)"
 	"       SELECT $1, j.used, j.job_id, $2 FROM j WHERE j.used > 0 RETURNING 1),"
@@ -187,14 +202,17 @@ static EmStatement job_exists = {
 	1, {INT8OID}
 };
 
+/* a settlement: the budget, the job, its ledger row and the cycle's meter
+ * mark in one statement ($6 the hold, $7 the budget) */
 static EmStatement settle_job = {
-	"WITH j AS (UPDATE earmark.job SET status = $2, settled_at = $3, charged = $4, "
-	"           released = $5 WHERE job_id = $1 RETURNING budget_id),"
+	"WITH b AS (UPDATE earmark.budget SET held = held - $6, used = used + $4 WHERE budget_id = $7),"
+	" j AS (UPDATE earmark.job SET status = $2, settled_at = $3, charged = $4, "
+	"       released = $5 WHERE job_id = $1),"
 	" l AS (INSERT INTO earmark.ledger (budget_id, units, job_id, occurred_at)"
-	"       SELECT j.budget_id, $4, $1, $3 FROM j WHERE $4 > 0 RETURNING budget_id)"
-	"INSERT INTO earmark.meter_mark (budget_id) SELECT budget_id FROM l "
+	"       SELECT $7, $4, $1, $3 WHERE $4 > 0 RETURNING 1)"
+	"INSERT INTO earmark.meter_mark (budget_id) SELECT $7 WHERE EXISTS (SELECT 1 FROM l) "
 	"ON CONFLICT DO NOTHING",
-	5, {INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID}
+	7, {INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID, INT8OID, INT8OID}
 };
 
 static EmStatement expired_budgets = {
@@ -310,7 +328,10 @@ typedef struct Admission
 	char		reason_buf[128];
 } Admission;
 
-/* the same key again: the same job, or an error if the parameters differ */
+/*
+ * The same key again: the same job, or an error if the parameters differ.
+ * The job's id, amount and feature are columns 1-3 of the last result.
+ */
 static void
 existing_job(text *account, text *key, text *feature, int64 amount,
 			 Admission *result)
@@ -370,6 +391,28 @@ remaining_for_job(int64 job_id, Admission *result)
 		fill_remaining_of_job_budget(em_get_int64(0, 1, 0), result);
 }
 
+/*
+ * Before a refusal: did a concurrent reserve with the same key commit while
+ * we waited for the budget row?  Then the answer is that job, not a
+ * refusal.  (Only refusals pay for this look-up; an admission finds the
+ * key through its insert.)
+ */
+static bool
+key_taken_meanwhile(text *account, text *key, text *feature, int64 amount,
+					Admission *result)
+{
+	Datum		args[2];
+
+	args[0] = PointerGetDatum(account);
+	args[1] = PointerGetDatum(key);
+	em_exec(&job_by_key, args, NULL, 1);
+	if (SPI_processed == 0)
+		return false;
+	existing_job(account, key, feature, amount, result);
+	remaining_for_job(result->job_id, result);
+	return true;
+}
+
 static void
 do_reserve(text *account, int64 amount, text *key, text *feature,
 		   Interval *lease, TimestampTz now, Admission *result)
@@ -392,28 +435,30 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 
 	memset(nulls, ' ', sizeof(nulls));
 
-	/* 1. the same key again returns the same job and holds nothing new */
+	/*
+	 * 1. the same key again returns the same job and holds nothing new; 2.
+	 * an account without a known limit is refused: fail closed
+	 */
 	args[0] = PointerGetDatum(account);
 	args[1] = PointerGetDatum(key);
-	em_exec(&job_by_key, args, NULL, 1);
-	if (SPI_processed == 1)
+	args[2] = PointerGetDatum(feature);
+	em_exec(&reserve_start, args, NULL, 1);
+	(void) em_get(0, 1, &isnull);
+	if (!isnull)
 	{
 		existing_job(account, key, feature, amount, result);
 		remaining_for_job(result->job_id, result);
 		return;
 	}
-
-	/* 2. an account without a known limit is refused: fail closed */
-	args[1] = PointerGetDatum(feature);
-	em_exec(&account_anchor, args, NULL, 1);
-	if (SPI_processed == 0 || !DatumGetBool(em_get(0, 2, &isnull)))
+	if (!DatumGetBool(em_get(0, 5, &isnull)) || !DatumGetBool(em_get(0, 6, &isnull)))
 	{
 		result->reason = "limit unknown";
 		result->remaining = 0;
 		return;
 	}
-	anchor = DatumGetTimestampTz(em_get(0, 1, &isnull));
+	anchor = DatumGetTimestampTz(em_get(0, 4, &isnull));
 	has_anchor = !isnull;
+	args[1] = PointerGetDatum(feature);
 
 	for (attempt = 0;; attempt++)
 	{
@@ -500,7 +545,9 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 		}
 	}
 
-	if (amount > remaining)
+	if (amount > remaining && key_taken_meanwhile(account, key, feature, amount, result))
+		;						/* the same key was admitted while we waited */
+	else if (amount > remaining)
 	{
 		result->remaining = remaining;
 		snprintf(result->reason_buf, sizeof(result->reason_buf),
@@ -528,7 +575,9 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 			em_exec(&rate_admit, rargs, NULL, 1);
 			limited = SPI_processed == 0;
 		}
-		if (limited)
+		if (limited && key_taken_meanwhile(account, key, feature, amount, result))
+			;					/* the same key was admitted while we waited */
+		else if (limited)
 		{
 			result->remaining = remaining;
 			result->reason = "rate limited";
@@ -536,15 +585,24 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 		else
 		{
 			/* 7. the hold */
-			args[0] = Int64GetDatum(budget_id);
-			args[1] = PointerGetDatum(account);
-			args[2] = PointerGetDatum(feature);
-			args[3] = PointerGetDatum(key);
-			args[4] = Int64GetDatum(amount);
-			args[5] = IntervalPGetDatum(lease);
-			args[6] = TimestampTzGetDatum(add_interval(now, lease));
-			args[7] = TimestampTzGetDatum(now);
-			em_exec(&insert_job, args, NULL, 1);
+			int64		new_held;
+			Datum		hargs[10];
+
+			if (pg_add_s64_overflow(held, amount, &new_held))
+				ereport(ERROR,
+						(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+						 errmsg("the account's holds would exceed the largest bigint")));
+			hargs[0] = Int64GetDatum(budget_id);
+			hargs[1] = PointerGetDatum(account);
+			hargs[2] = PointerGetDatum(feature);
+			hargs[3] = PointerGetDatum(key);
+			hargs[4] = Int64GetDatum(amount);
+			hargs[5] = IntervalPGetDatum(lease);
+			hargs[6] = TimestampTzGetDatum(add_interval(now, lease));
+			hargs[7] = TimestampTzGetDatum(now);
+			hargs[8] = Int64GetDatum(used);
+			hargs[9] = Int64GetDatum(held);
+			em_exec(&admit_job, hargs, NULL, 1);
 			if (SPI_processed == 0)
 			{
 				/*
@@ -562,15 +620,12 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 			}
 			else
 			{
+				/* admit_job wrote the budget row too */
 				result->admitted = true;
 				result->job_id = em_get_int64(0, 1, 0);
-				if (pg_add_s64_overflow(held, amount, &held))
-					ereport(ERROR,
-							(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
-							 errmsg("the account's holds would exceed the largest bigint")));
 				result->remaining = unlimited ? 0 : remaining - amount;
 				result->reason = NULL;
-				changed = true;
+				changed = false;
 			}
 		}
 	}
@@ -767,7 +822,7 @@ earmark_settle(PG_FUNCTION_ARGS)
 	int64		used_arg = has_used ? PG_GETARG_INT64(1) : 0;
 	char	   *outcome;
 	TimestampTz now = GetCurrentTimestamp();
-	Datum		args[5];
+	Datum		args[7];
 	bool		isnull;
 	int64		charged = 0;
 	int64		released = 0;
@@ -818,25 +873,12 @@ earmark_settle(PG_FUNCTION_ARGS)
 		}
 		released = amount - charged;
 
-		/*
-		 * The budget row first: the ledger and mark rows below reference
-		 * it, and their foreign-key checks would take a key-share lock on
-		 * it that this update would then have to upgrade, a deadlock with
-		 * any reserve already waiting for the row.
-		 */
-		{
-			Datum		bargs[3];
-
-			bargs[0] = Int64GetDatum(budget_id);
-			bargs[1] = Int64GetDatum(amount);
-			bargs[2] = Int64GetDatum(charged);
-			em_exec(&release_budget, bargs, NULL, 0);
-		}
-
 		args[1] = CStringGetTextDatum(status);
 		args[2] = TimestampTzGetDatum(now);
 		args[3] = Int64GetDatum(charged);
 		args[4] = Int64GetDatum(released);
+		args[5] = Int64GetDatum(amount);
+		args[6] = Int64GetDatum(budget_id);
 		em_exec(&settle_job, args, NULL, 0);
 	}
 	SPI_finish();
