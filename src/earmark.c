@@ -30,6 +30,7 @@ int			earmark_lease_s = 120;
 int			earmark_sweep_interval_ms = 1000;
 int			earmark_rate_limit = 120;
 int			earmark_inbox_lease_s = 30;
+int			earmark_jwks_refresh_s = 3600;
 
 int			earmark_webhook_tolerance_s = 300;
 char	   *earmark_kinde_domain = NULL;
@@ -136,6 +137,15 @@ _PG_init(void)
 							5000, 100, 60000,
 							PGC_SUSET,
 							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("earmark.jwks_refresh",
+							"Age at which the worker fetches the provider's JSON Web Key Set again.",
+							"The first fetch happens when a webhook needs a key; 0 turns the worker's refresh off.",
+							&earmark_jwks_refresh_s,
+							3600, 0, 7 * 24 * 3600,
+							PGC_SIGHUP,
+							GUC_UNIT_S,
 							NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("earmark");

@@ -40,6 +40,7 @@ extern int	earmark_lease_s;
 extern int	earmark_sweep_interval_ms;
 extern int	earmark_rate_limit;
 extern int	earmark_inbox_lease_s;
+extern int	earmark_jwks_refresh_s;
 
 /*
  * A SQL statement run through SPI whose plan is prepared once per backend

@@ -12,7 +12,9 @@
  *	  to claim, one per event to apply it with its mark).  The locks are
  *	  those of gate.c and inbox.c: the sweep never waits for a job row and
  *	  waits for at most one budget row per transaction; claims skip locked
- *	  events.
+ *	  events.  Once a minute it checks whether the cached JWKS is older than
+ *	  earmark.jwks_refresh and fetches it again (the HTTP call holds no
+ *	  earmark row lock).
  *
  *	  Signals: SIGHUP rereads the configuration, SIGTERM ends the worker at
  *	  the next CHECK_FOR_INTERRUPTS.  An error in a pass is logged, its
@@ -34,7 +36,9 @@
 #include "tcop/utility.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
+#include "catalog/pg_type.h"
 #include "utils/snapmgr.h"
+#include "utils/timestamp.h"
 
 #include "earmark.h"
 
@@ -171,6 +175,29 @@ apply_fn(void *arg)
 	return status != NULL;
 }
 
+static EmStatement jwks_stale = {
+	"SELECT 1 FROM earmark.jwks WHERE fetched_at < $1 LIMIT 1",
+	1, {TIMESTAMPTZOID}
+};
+
+/*
+ * Keep the cached key set fresh: fetch it again once it is older than
+ * earmark.jwks_refresh, so that a key the provider rotated in is usually
+ * known before the first webhook signed with it arrives.  A failed fetch
+ * keeps the old set (the intake still refetches on an unknown kid).
+ */
+static int
+jwks_fn(void *arg)
+{
+	Datum		cutoff = TimestampTzGetDatum(GetCurrentTimestamp() -
+											 (int64) earmark_jwks_refresh_s * USECS_PER_SEC);
+
+	em_exec(&jwks_stale, &cutoff, NULL, 1);
+	if (SPI_processed == 0)
+		return 0;
+	return em_jwks_refresh();
+}
+
 /* apply the events with handlers; returns how many were claimed */
 static int
 inbox_pass(void)
@@ -196,6 +223,8 @@ inbox_pass(void)
 void
 earmark_worker_main(Datum main_arg)
 {
+	TimestampTz last_jwks_check;
+
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
@@ -211,6 +240,7 @@ earmark_worker_main(Datum main_arg)
 
 	ereport(LOG,
 			(errmsg("earmark worker started in database \"%s\"", earmark_database)));
+	last_jwks_check = GetCurrentTimestamp();
 
 	for (;;)
 	{
@@ -240,5 +270,13 @@ earmark_worker_main(Datum main_arg)
 
 		while (inbox_pass() == INBOX_BATCH)
 			CHECK_FOR_INTERRUPTS();
+
+		if (earmark_jwks_refresh_s > 0 &&
+			TimestampDifferenceExceeds(last_jwks_check, GetCurrentTimestamp(),
+									   Min(60, earmark_jwks_refresh_s) * 1000))
+		{
+			last_jwks_check = GetCurrentTimestamp();
+			(void) run_pass("earmark: refreshing the JWKS", jwks_fn, NULL);
+		}
 	}
 }

@@ -234,4 +234,14 @@ is "$(sqlstate "SET ROLE em_jwt_user" "SET earmark.kinde_domain = 'http://127.0.
 is "$(sqlstate "SET ROLE em_jwt_user" "SELECT earmark_refresh_jwks()")" 42501 "nor call earmark_refresh_jwks"
 q -d "$DB" -c "DROP ROLE em_jwt_user" >/dev/null
 
+# 11. the worker keeps the cached key set fresh (earmark.jwks_refresh)
+serve_jwks "$WORK/jwks.json" /.well-known/jwks
+W_HITS=$HITS
+q -d postgres -c "ALTER SYSTEM SET earmark.kinde_domain = 'http://127.0.0.1:$PORT'" \
+  -c "ALTER SYSTEM SET earmark.jwks_refresh = '1s'" -c "SELECT pg_reload_conf()" >/dev/null
+for i in $(seq 1 50); do [ "$(hits "$W_HITS")" -ge 2 ] && break; sleep 0.2; done
+ok "$(( $(hits "$W_HITS") >= 2 ? 0 : 1 ))" "the worker fetched the key set again once the cached one was older than earmark.jwks_refresh"
+q -d postgres -c "ALTER SYSTEM RESET earmark.kinde_domain" -c "ALTER SYSTEM RESET earmark.jwks_refresh" \
+  -c "SELECT pg_reload_conf()" >/dev/null
+
 done_testing
