@@ -163,6 +163,8 @@ static EmStatement lock_account_budgets = {
 static EmStatement account_in_use = {
 	"SELECT EXISTS (SELECT 1 FROM earmark.budget b "
 	"               WHERE b.account = $1 AND (b.used <> 0 OR b.held <> 0)) "
+	"    OR EXISTS (SELECT 1 FROM earmark.budget_slot s JOIN earmark.budget b USING (budget_id) "
+	"               WHERE b.account = $1 AND (s.used <> 0 OR s.held <> 0)) "
 	"    OR EXISTS (SELECT 1 FROM earmark.ledger l JOIN earmark.budget b USING (budget_id) "
 	"               WHERE b.account = $1)",
 	1, {TEXTOID}
@@ -264,9 +266,13 @@ static EmStatement read_account_limit = {
 	2, {TEXTOID, TEXTOID}
 };
 
+/* the cycle's totals, escrow slots included */
 static EmStatement read_budget = {
-	"SELECT used, held FROM earmark.budget "
-	"WHERE account = $1 AND feature = $2 AND cycle_start = $3",
+	"SELECT b.used + coalesce(pg_catalog.sum(s.used), 0)::bigint, "
+	"       b.held + coalesce(pg_catalog.sum(s.held), 0)::bigint "
+	"FROM earmark.budget b LEFT JOIN earmark.budget_slot s USING (budget_id) "
+	"WHERE b.account = $1 AND b.feature = $2 AND b.cycle_start = $3 "
+	"GROUP BY b.budget_id",
 	3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
 };
 

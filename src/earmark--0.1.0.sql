@@ -35,6 +35,8 @@ CREATE TABLE earmark.account (
     -- event time of that change: an older change never overwrites it
     plan                text,
     plan_changed_at     timestamptz,
+    -- escrow slots for this account's budgets (NULL: earmark.escrow_slots)
+    escrow_slots        int CHECK (escrow_slots BETWEEN 0 AND 256),
     created_at          timestamptz NOT NULL DEFAULT pg_catalog.now(),
     updated_at          timestamptz NOT NULL DEFAULT pg_catalog.now(),
     CONSTRAINT account_name_ok CHECK (account <> '' AND pg_catalog.length(account) <= 255)
@@ -69,7 +71,32 @@ CREATE TABLE earmark.budget (
     cycle_end   timestamptz NOT NULL,
     used        bigint NOT NULL DEFAULT 0,
     held        bigint NOT NULL DEFAULT 0 CHECK (held >= 0),
+    -- escrow (DESIGN §5): slots > 0 splits the budget's free room into
+    -- that many earmark.budget_slot rows.  used and held above then count
+    -- only what passed outside the slots; slot_lim and slot_gen are the
+    -- limit and generation of the last rebalance.
+    slots       int NOT NULL DEFAULT 0,
+    slot_lim    bigint,
+    slot_gen    bigint NOT NULL DEFAULT 0,
     UNIQUE (account, feature, cycle_start)
+) WITH (fillfactor = 50);
+
+-- An escrow slot: part of a hot budget's room that admissions take without
+-- locking the budget row.  room + held + used is the slot's allocation; an
+-- admission moves room to held, a settlement held to used and back to
+-- room, so only a rebalance (under the budget row's lock) changes it.  A
+-- slot whose gen is not the budget's slot_gen admits nothing.
+CREATE TABLE earmark.budget_slot (
+    -- the only foreign key of a hot table: slots are created once, under the
+    -- budget's lock, and the hot path never changes budget_id, so no check
+    -- runs there
+    budget_id   bigint NOT NULL REFERENCES earmark.budget ON DELETE CASCADE,
+    slot        int NOT NULL,
+    gen         bigint NOT NULL DEFAULT 0,
+    room        bigint NOT NULL DEFAULT 0,
+    held        bigint NOT NULL DEFAULT 0,
+    used        bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (budget_id, slot)
 ) WITH (fillfactor = 50);
 
 -- A job is a hold taken by earmark_reserve.  status is 'running' or
@@ -85,6 +112,7 @@ CREATE TABLE earmark.job (
     used            bigint NOT NULL DEFAULT 0,          -- 0 .. amount, what charges recorded
     last_step       bigint,
     status          text NOT NULL DEFAULT 'running',
+    slot            int,                                -- the escrow slot that holds it, if any
     lease           interval NOT NULL,
     lease_until     timestamptz NOT NULL,
     created_at      timestamptz NOT NULL DEFAULT pg_catalog.now(),
@@ -240,6 +268,12 @@ AS 'MODULE_PATHNAME', 'earmark_settle'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 
+CREATE FUNCTION earmark_set_escrow(account text, slots int)
+RETURNS void
+AS 'MODULE_PATHNAME', 'earmark_set_escrow'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
 CREATE FUNCTION earmark_sweep(max_jobs int DEFAULT 1000)
 RETURNS int
 AS 'MODULE_PATHNAME', 'earmark_sweep'
@@ -383,6 +417,7 @@ REVOKE ALL ON FUNCTION
     earmark_charge(bigint, bigint, bigint),
     earmark_heartbeat(bigint),
     earmark_settle(bigint, bigint, text),
+    earmark_set_escrow(text, int),
     earmark_sweep(int)
 FROM PUBLIC;
 
@@ -399,6 +434,7 @@ TO earmark_user;
 GRANT EXECUTE ON FUNCTION
     earmark_set_limit(text, bigint, text),
     earmark_set_account(text, timestamptz, text, text),
+    earmark_set_escrow(text, int),
     earmark_sweep(int)
 TO earmark_admin;
 ------------------------------------------------------------------------------

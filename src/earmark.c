@@ -31,6 +31,7 @@ int			earmark_sweep_interval_ms = 1000;
 int			earmark_rate_limit = 120;
 int			earmark_inbox_lease_s = 30;
 int			earmark_jwks_refresh_s = 3600;
+int			earmark_escrow_slots = 0;
 
 int			earmark_webhook_tolerance_s = 300;
 char	   *earmark_kinde_domain = NULL;
@@ -146,6 +147,15 @@ _PG_init(void)
 							3600, 0, 7 * 24 * 3600,
 							PGC_SIGHUP,
 							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("earmark.escrow_slots",
+							"Escrow slots of the budgets of accounts without their own setting (0: no escrow).",
+							"Slots let admissions on one hot account run in parallel; see earmark_set_escrow.",
+							&earmark_escrow_slots,
+							0, 0, EARMARK_MAX_SLOTS,
+							PGC_SUSET,
+							0,
 							NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("earmark");

@@ -77,6 +77,55 @@ extern void em_cycle_bounds(TimestampTz anchor, bool has_anchor, TimestampTz at,
 
 /* gate (gate.c) */
 extern int	em_sweep(int max_jobs);
+#define EARMARK_RECLAIM_BATCH	1000
+extern int64 em_expire_budget_jobs(int64 budget_id, TimestampTz now, int max,
+								   Datum locked_slots, int64 *released,
+								   int64 *charged);
+
+/* escrow (escrow.c) */
+#define EARMARK_MAX_SLOTS	256
+
+typedef enum EscrowResult
+{
+	ESCROW_NO_SLOT,
+	ESCROW_ADMITTED,
+	ESCROW_KEY_TAKEN,
+	ESCROW_REFUSED,
+	ESCROW_RATE_LIMITED
+} EscrowResult;
+
+/* a locked escrow budget, as reserve's slow path sees it */
+typedef struct EscrowBudget
+{
+	int64		budget_id;
+	int64		used;			/* outside the slots */
+	int64		held;
+	int64		lim;
+	bool		unlimited;
+	int			slots;
+	int64		slot_lim;
+	bool		slot_lim_null;
+	int64		slot_gen;
+} EscrowBudget;
+
+typedef struct EscrowOutcome
+{
+	EscrowResult result;
+	int64		remaining;		/* of the whole budget, after this job */
+} EscrowOutcome;
+
+typedef EscrowResult (*EscrowAdmitFn) (void *arg, EscrowBudget *b, int64 amount);
+
+extern EscrowResult em_escrow_fast(text *account, text *feature,
+								   TimestampTz cycle_start, text *key,
+								   int64 amount, Interval *lease,
+								   TimestampTz lease_until, TimestampTz now,
+								   int64 *job_id);
+extern void em_escrow_rebalance(EscrowBudget *b, int64 amount, TimestampTz now,
+								EscrowAdmitFn admit_outside, void *admit_arg,
+								EscrowOutcome *out);
+extern Datum em_escrow_lock_slots(int64 budget_id);
+extern int	earmark_escrow_slots;
 
 /* inbox (inbox.c) */
 extern TimestampTz em_parse_event_time(const char *s);

@@ -49,8 +49,6 @@ PG_FUNCTION_INFO_V1(earmark_heartbeat);
 PG_FUNCTION_INFO_V1(earmark_settle);
 PG_FUNCTION_INFO_V1(earmark_sweep);
 
-/* jobs expired at once by reserve's reclaim */
-#define RECLAIM_BATCH	1000
 
 /* ---------------------------------------------------------------------
  * Statements
@@ -67,11 +65,12 @@ static EmStatement job_by_key = {
 static EmStatement reserve_start = {
 	"SELECT j.job_id, j.amount, j.feature, a.cycle_anchor, "
 	"       EXISTS (SELECT 1 FROM earmark.account_limit l "
-	"                WHERE l.account = $1 AND l.feature = $3), a.account IS NOT NULL "
+	"                WHERE l.account = $1 AND l.feature = $3), a.account IS NOT NULL, "
+	"       coalesce(a.escrow_slots, $4) "
 	"FROM (SELECT 1) AS one "
 	"LEFT JOIN earmark.job j ON j.account = $1 AND j.idempotency_key = $2 "
 	"LEFT JOIN earmark.account a ON a.account = $1",
-	3, {TEXTOID, TEXTOID, TEXTOID}
+	4, {TEXTOID, TEXTOID, TEXTOID, INT4OID}
 };
 
 /* no row lock: the advisory lock orders this with earmark_set_account, and
@@ -87,13 +86,14 @@ static EmStatement advisory_shared = {
 };
 
 static EmStatement create_budget = {
-	"INSERT INTO earmark.budget (account, feature, cycle_start, cycle_end) "
-	"VALUES ($1, $2, $3, $4) ON CONFLICT (account, feature, cycle_start) DO NOTHING",
-	4, {TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+	"INSERT INTO earmark.budget (account, feature, cycle_start, cycle_end, slots) "
+	"SELECT $1, $2, $3, $4, coalesce(a.escrow_slots, $5) FROM earmark.account a WHERE a.account = $1 "
+	"ON CONFLICT (account, feature, cycle_start) DO NOTHING",
+	5, {TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT4OID}
 };
 
 static EmStatement lock_budget = {
-	"SELECT budget_id, used, held FROM earmark.budget "
+	"SELECT budget_id, used, held, slots, slot_lim, slot_gen FROM earmark.budget "
 	"WHERE account = $1 AND feature = $2 AND cycle_start = $3 FOR UPDATE",
 	3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
 };
@@ -107,10 +107,13 @@ static EmStatement read_limit = {
 	2, {TEXTOID, TEXTOID}
 };
 
+/* a budget's totals, its escrow slots included */
 static EmStatement budget_numbers = {
-	"SELECT b.used, b.held, l.lim, l.account IS NOT NULL "
+	"SELECT b.used + coalesce(s.used, 0), b.held + coalesce(s.held, 0), l.lim, l.account IS NOT NULL "
 	"FROM earmark.budget b LEFT JOIN earmark.account_limit l "
 	"  ON l.account = b.account AND l.feature = b.feature "
+	"LEFT JOIN LATERAL (SELECT pg_catalog.sum(used)::bigint AS used, pg_catalog.sum(held)::bigint AS held "
+	"                   FROM earmark.budget_slot WHERE budget_id = b.budget_id) s ON true "
 	"WHERE b.budget_id = $1",
 	1, {INT8OID}
 };
@@ -160,26 +163,41 @@ static EmStatement release_budget = {
  * rows, their ledger rows and the meter mark in one statement.  The caller
  * holds the budget row lock and applies the returned sums to it.
  */
+/*
+ * ... a hold that sits in an escrow slot only when the caller holds that
+ * slot ($4, the slots it locked): its release goes back to the slot, in the
+ * same statement.  The returned sums are those of the holds outside slots.
+ */
 static EmStatement expire_jobs = {
 	"WITH j AS ("
 	"  UPDATE earmark.job AS t"
 	"     SET status = 'expired', settled_at = $2, charged = t.used, released = t.amount - t.used"
 	"   WHERE t.job_id IN (SELECT s.job_id FROM earmark.job s"
 	"                       WHERE s.budget_id = $1 AND s.status IN ('running', 'capped')"
-	"                         AND s.lease_until < $2"
+	"                         AND s.lease_until < $2 AND (s.slot IS NULL OR s.slot = ANY($4))"
 	"                       LIMIT $3 FOR UPDATE SKIP LOCKED)"
-	"  RETURNING t.job_id, t.amount, t.used),"
+	"  RETURNING t.job_id, t.amount, t.used, t.slot),"
 	" l AS (INSERT INTO earmark.ledger (budget_id, units, job_id, occurred_at)"
 	"       SELECT $1, j.used, j.job_id, $2 FROM j WHERE j.used > 0 RETURNING 1),"
 	" m AS (INSERT INTO earmark.meter_mark (budget_id)"
-	"       SELECT $1 WHERE EXISTS (SELECT 1 FROM l) ON CONFLICT DO NOTHING)"
-	"SELECT pg_catalog.count(*), coalesce(pg_catalog.sum(j.amount), 0)::bigint,"
-	"       coalesce(pg_catalog.sum(j.used), 0)::bigint FROM j",
-	3, {INT8OID, TIMESTAMPTZOID, INT4OID}
+	"       SELECT $1 WHERE EXISTS (SELECT 1 FROM l) ON CONFLICT DO NOTHING),"
+	" sl AS (UPDATE earmark.budget_slot bs"
+	"        SET held = bs.held - a.amount, used = bs.used + a.used, room = bs.room + (a.amount - a.used)"
+	"        FROM (SELECT slot, pg_catalog.sum(amount)::bigint AS amount, pg_catalog.sum(used)::bigint AS used"
+	"              FROM j WHERE slot IS NOT NULL GROUP BY slot) a"
+	"        WHERE bs.budget_id = $1 AND bs.slot = a.slot)"
+	"SELECT pg_catalog.count(*),"
+	"       coalesce(pg_catalog.sum(j.amount) FILTER (WHERE j.slot IS NULL), 0)::bigint,"
+	"       coalesce(pg_catalog.sum(j.used) FILTER (WHERE j.slot IS NULL), 0)::bigint FROM j",
+	4, {INT8OID, TIMESTAMPTZOID, INT4OID, INT4ARRAYOID}
+};
+
+static EmStatement no_slots = {
+	"SELECT '{}'::int[]", 0, {InvalidOid}
 };
 
 static EmStatement lock_job = {
-	"SELECT budget_id, amount, used, status, lease_until, lease, last_step "
+	"SELECT budget_id, amount, used, status, lease_until, lease, last_step, slot "
 	"FROM earmark.job WHERE job_id = $1 FOR UPDATE",
 	1, {INT8OID}
 };
@@ -203,7 +221,9 @@ static EmStatement job_exists = {
 };
 
 /* a settlement: the budget, the job, its ledger row and the cycle's meter
- * mark in one statement ($6 the hold, $7 the budget) */
+ * mark in one statement ($6 the hold, $7 the budget); settle_slot_job is
+ * the same for a hold that sits in escrow slot $8, whose released part
+ * goes back to the slot's room */
 static EmStatement settle_job = {
 	"WITH b AS (UPDATE earmark.budget SET held = held - $6, used = used + $4 WHERE budget_id = $7),"
 	" j AS (UPDATE earmark.job SET status = $2, settled_at = $3, charged = $4, "
@@ -213,6 +233,18 @@ static EmStatement settle_job = {
 	"INSERT INTO earmark.meter_mark (budget_id) SELECT $7 WHERE EXISTS (SELECT 1 FROM l) "
 	"ON CONFLICT DO NOTHING",
 	7, {INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID, INT8OID, INT8OID}
+};
+
+static EmStatement settle_slot_job = {
+	"WITH b AS (UPDATE earmark.budget_slot SET held = held - $6, used = used + $4, "
+	"           room = room + ($6 - $4) WHERE budget_id = $7 AND slot = $8),"
+	" j AS (UPDATE earmark.job SET status = $2, settled_at = $3, charged = $4, "
+	"       released = $5 WHERE job_id = $1),"
+	" l AS (INSERT INTO earmark.ledger (budget_id, units, job_id, occurred_at)"
+	"       SELECT $7, $4, $1, $3 WHERE $4 > 0 RETURNING 1)"
+	"INSERT INTO earmark.meter_mark (budget_id) SELECT $7 WHERE EXISTS (SELECT 1 FROM l) "
+	"ON CONFLICT DO NOTHING",
+	8, {INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID, INT8OID, INT8OID, INT4OID}
 };
 
 static EmStatement expired_budgets = {
@@ -285,17 +317,29 @@ add_interval(TimestampTz t, Interval *i)
 												   IntervalPGetDatum(i)));
 }
 
-/* expire up to max dead holds of a locked budget; returns how many */
-static int64
-expire_budget_jobs(int64 budget_id, TimestampTz now, int max,
-				   int64 *released, int64 *charged)
+/*
+ * Expire up to max dead holds of a locked budget, and of the escrow slots
+ * in locked_slots (an int[]; 0 for none); returns how many.  *released and
+ * *charged are the sums of those outside slots, for the caller to apply to
+ * the budget row.
+ */
+int64
+em_expire_budget_jobs(int64 budget_id, TimestampTz now, int max,
+					  Datum locked_slots, int64 *released, int64 *charged)
 {
-	Datum		args[3];
+	Datum		args[4];
 	int64		n;
+	bool		isnull;
 
+	if (locked_slots == (Datum) 0)
+	{
+		em_exec(&no_slots, NULL, NULL, 1);
+		locked_slots = SPI_datumTransfer(em_get(0, 1, &isnull), false, -1);
+	}
 	args[0] = Int64GetDatum(budget_id);
 	args[1] = TimestampTzGetDatum(now);
 	args[2] = Int32GetDatum(max);
+	args[3] = locked_slots;
 	em_exec(&expire_jobs, args, NULL, 0);
 	n = em_get_int64(0, 1, 0);
 	*released = em_get_int64(0, 2, 0);
@@ -413,6 +457,95 @@ key_taken_meanwhile(text *account, text *key, text *feature, int64 amount,
 	return true;
 }
 
+/* GCRA, per account: true when one more admission conforms (and is counted) */
+static bool
+rate_conforms(text *account, TimestampTz now)
+{
+	Datum		rargs[4];
+	int64		step;
+
+	if (earmark_rate_limit <= 0)
+		return true;
+	step = USECS_PER_MINUTE / earmark_rate_limit;
+	rargs[0] = PointerGetDatum(account);
+	rargs[1] = TimestampTzGetDatum(now);
+	rargs[2] = Int64GetDatum(step);
+	rargs[3] = Int64GetDatum(USECS_PER_MINUTE - step);
+	em_exec(&rate_admit, rargs, NULL, 1);
+	return SPI_processed == 1;
+}
+
+typedef struct ReserveCtx
+{
+	text	   *account;
+	text	   *key;
+	text	   *feature;
+	int64		amount;
+	Interval   *lease;
+	TimestampTz now;
+	Admission  *result;
+} ReserveCtx;
+
+/*
+ * The hold outside any escrow slot: the job row and the budget row's new
+ * numbers (used, held + amount).  ESCROW_KEY_TAKEN when a concurrent
+ * reserve with the same key committed first (then *result is that job).
+ */
+static EscrowResult
+insert_hold(ReserveCtx *c, int64 budget_id, int64 used, int64 held)
+{
+	int64		new_held;
+	Datum		hargs[10];
+
+	if (pg_add_s64_overflow(held, c->amount, &new_held))
+		ereport(ERROR,
+				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+				 errmsg("the account's holds would exceed the largest bigint")));
+	hargs[0] = Int64GetDatum(budget_id);
+	hargs[1] = PointerGetDatum(c->account);
+	hargs[2] = PointerGetDatum(c->feature);
+	hargs[3] = PointerGetDatum(c->key);
+	hargs[4] = Int64GetDatum(c->amount);
+	hargs[5] = IntervalPGetDatum(c->lease);
+	hargs[6] = TimestampTzGetDatum(add_interval(c->now, c->lease));
+	hargs[7] = TimestampTzGetDatum(c->now);
+	hargs[8] = Int64GetDatum(used);
+	hargs[9] = Int64GetDatum(held);
+	em_exec(&admit_job, hargs, NULL, 1);
+	if (SPI_processed == 1)
+	{
+		c->result->admitted = true;
+		c->result->job_id = em_get_int64(0, 1, 0);
+		c->result->reason = NULL;
+		return ESCROW_ADMITTED;
+	}
+	/* the same key committed after reserve_start (ON CONFLICT waited) */
+	if (!key_taken_meanwhile(c->account, c->key, c->feature, c->amount, c->result))
+		elog(ERROR, "earmark: job with key \"%s\" vanished", text_to_cstring(c->key));
+	return ESCROW_KEY_TAKEN;
+}
+
+/* escrow's slow path admits outside the slots through this */
+static EscrowResult
+escrow_admit_outside(void *arg, EscrowBudget *b, int64 amount)
+{
+	ReserveCtx *c = (ReserveCtx *) arg;
+
+	if (!rate_conforms(c->account, c->now))
+		return ESCROW_RATE_LIMITED;
+	return insert_hold(c, b->budget_id, b->used, b->held);
+}
+
+static void
+refuse(Admission *result, int64 amount, int64 remaining)
+{
+	result->remaining = remaining;
+	snprintf(result->reason_buf, sizeof(result->reason_buf),
+			 "the job needs " INT64_FORMAT " and " INT64_FORMAT " is left",
+			 amount, remaining);
+	result->reason = result->reason_buf;
+}
+
 static void
 do_reserve(text *account, int64 amount, text *key, text *feature,
 		   Interval *lease, TimestampTz now, Admission *result)
@@ -432,8 +565,21 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 	int64		remaining;
 	bool		changed = false;
 	int			attempt;
+	int			escrow_slots;
+	int			slots;
+	bool		slot_lim_null;
+	int64		slot_lim;
+	int64		slot_gen;
+	ReserveCtx	ctx;
 
 	memset(nulls, ' ', sizeof(nulls));
+	ctx.account = account;
+	ctx.key = key;
+	ctx.feature = feature;
+	ctx.amount = amount;
+	ctx.lease = lease;
+	ctx.now = now;
+	ctx.result = result;
 
 	/*
 	 * 1. the same key again returns the same job and holds nothing new; 2.
@@ -442,6 +588,7 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 	args[0] = PointerGetDatum(account);
 	args[1] = PointerGetDatum(key);
 	args[2] = PointerGetDatum(feature);
+	args[3] = Int32GetDatum(earmark_escrow_slots);
 	em_exec(&reserve_start, args, NULL, 1);
 	(void) em_get(0, 1, &isnull);
 	if (!isnull)
@@ -458,7 +605,38 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 	}
 	anchor = DatumGetTimestampTz(em_get(0, 4, &isnull));
 	has_anchor = !isnull;
+	escrow_slots = DatumGetInt32(em_get(0, 7, &isnull));
 	args[1] = PointerGetDatum(feature);
+
+	/*
+	 * Escrow's fast path: take room from a free slot without touching the
+	 * budget row.  Only while the rate limit is off: with it on, every
+	 * admission of the account is serialized on the account row anyway,
+	 * and a slot admission that the rate limit then refused could not be
+	 * taken back.
+	 */
+	if (escrow_slots > 0 && earmark_rate_limit <= 0)
+	{
+		int64		job_id;
+		EscrowResult r;
+
+		em_cycle_bounds(anchor, has_anchor, now, &start, &end);
+		r = em_escrow_fast(account, feature, start, key, amount, lease,
+						   add_interval(now, lease), now, &job_id);
+		if (r == ESCROW_ADMITTED)
+		{
+			result->admitted = true;
+			result->job_id = job_id;
+			remaining_for_job(job_id, result);
+			return;
+		}
+		if (r == ESCROW_KEY_TAKEN)
+		{
+			if (!key_taken_meanwhile(account, key, feature, amount, result))
+				elog(ERROR, "earmark: job with key \"%s\" vanished", text_to_cstring(key));
+			return;
+		}
+	}
 
 	for (attempt = 0;; attempt++)
 	{
@@ -490,6 +668,7 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 			em_cycle_bounds(anchor, has_anchor, now, &start, &end);
 			args[2] = TimestampTzGetDatum(start);
 			args[3] = TimestampTzGetDatum(end);
+			args[4] = Int32GetDatum(earmark_escrow_slots);
 			em_exec(&create_budget, args, NULL, 0);
 			em_exec(&lock_budget, args, NULL, 1);
 			if (SPI_processed == 0)
@@ -499,6 +678,9 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 		budget_id = em_get_int64(0, 1, 0);
 		used = em_get_int64(0, 2, 0);
 		held = em_get_int64(0, 3, 0);
+		slots = DatumGetInt32(em_get(0, 4, &isnull));
+		slot_lim = DatumGetInt64(em_get(0, 5, &slot_lim_null));
+		slot_gen = em_get_int64(0, 6, 0);
 		locked_start = start;
 
 		/*
@@ -528,6 +710,45 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 	}
 	lim = DatumGetInt64(em_get(0, 1, &unlimited));
 	result->unlimited = unlimited;
+
+	/* an escrow budget: the slow path rebalances its slots (escrow.c) */
+	if (slots > 0 || slot_gen > 0)
+	{
+		EscrowBudget b;
+		EscrowOutcome out;
+
+		b.budget_id = budget_id;
+		b.used = used;
+		b.held = held;
+		b.lim = lim;
+		b.unlimited = unlimited;
+		b.slots = slots;
+		b.slot_lim = slot_lim;
+		b.slot_lim_null = slot_lim_null;
+		b.slot_gen = slot_gen;
+		em_escrow_rebalance(&b, amount, now, escrow_admit_outside, &ctx, &out);
+		switch (out.result)
+		{
+			case ESCROW_ADMITTED:
+				result->remaining = unlimited ? 0 : out.remaining;
+				break;
+			case ESCROW_KEY_TAKEN:
+				break;
+			case ESCROW_RATE_LIMITED:
+				if (!key_taken_meanwhile(account, key, feature, amount, result))
+				{
+					result->remaining = out.remaining;
+					result->reason = "rate limited";
+				}
+				break;
+			default:
+				if (!key_taken_meanwhile(account, key, feature, amount, result))
+					refuse(result, amount, out.remaining);
+				break;
+		}
+		return;
+	}
+
 	remaining = room_left(unlimited, lim, used, held);
 
 	/* 5. a hold whose lease has passed never causes a refusal */
@@ -536,7 +757,8 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 		int64		released;
 		int64		charged;
 
-		if (expire_budget_jobs(budget_id, now, RECLAIM_BATCH, &released, &charged) > 0)
+		if (em_expire_budget_jobs(budget_id, now, EARMARK_RECLAIM_BATCH, (Datum) 0,
+								  &released, &charged) > 0)
 		{
 			held -= released;
 			used += charged;
@@ -548,85 +770,27 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 	if (amount > remaining && key_taken_meanwhile(account, key, feature, amount, result))
 		;						/* the same key was admitted while we waited */
 	else if (amount > remaining)
-	{
-		result->remaining = remaining;
-		snprintf(result->reason_buf, sizeof(result->reason_buf),
-				 "the job needs " INT64_FORMAT " and " INT64_FORMAT " is left",
-				 amount, remaining);
-		result->reason = result->reason_buf;
-	}
+		refuse(result, amount, remaining);
 	else
 	{
 		/*
 		 * 6. the rate limit, per account (GCRA on the account row, locked
-		 * after the budget row, the order every earmark function keeps)
+		 * after the budget row, the order every earmark function keeps);
+		 * 7. the hold
 		 */
-		bool		limited = false;
-
-		if (earmark_rate_limit > 0)
+		if (!rate_conforms(account, now))
 		{
-			Datum		rargs[4];
-			int64		step = USECS_PER_MINUTE / earmark_rate_limit;
-
-			rargs[0] = PointerGetDatum(account);
-			rargs[1] = TimestampTzGetDatum(now);
-			rargs[2] = Int64GetDatum(step);
-			rargs[3] = Int64GetDatum(USECS_PER_MINUTE - step);
-			em_exec(&rate_admit, rargs, NULL, 1);
-			limited = SPI_processed == 0;
-		}
-		if (limited && key_taken_meanwhile(account, key, feature, amount, result))
-			;					/* the same key was admitted while we waited */
-		else if (limited)
-		{
-			result->remaining = remaining;
-			result->reason = "rate limited";
-		}
-		else
-		{
-			/* 7. the hold */
-			int64		new_held;
-			Datum		hargs[10];
-
-			if (pg_add_s64_overflow(held, amount, &new_held))
-				ereport(ERROR,
-						(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
-						 errmsg("the account's holds would exceed the largest bigint")));
-			hargs[0] = Int64GetDatum(budget_id);
-			hargs[1] = PointerGetDatum(account);
-			hargs[2] = PointerGetDatum(feature);
-			hargs[3] = PointerGetDatum(key);
-			hargs[4] = Int64GetDatum(amount);
-			hargs[5] = IntervalPGetDatum(lease);
-			hargs[6] = TimestampTzGetDatum(add_interval(now, lease));
-			hargs[7] = TimestampTzGetDatum(now);
-			hargs[8] = Int64GetDatum(used);
-			hargs[9] = Int64GetDatum(held);
-			em_exec(&admit_job, hargs, NULL, 1);
-			if (SPI_processed == 0)
+			if (!key_taken_meanwhile(account, key, feature, amount, result))
 			{
-				/*
-				 * A concurrent reserve with the same key committed after
-				 * step 1 (ON CONFLICT waited for it).
-				 */
-				args[0] = PointerGetDatum(account);
-				args[1] = PointerGetDatum(key);
-				em_exec(&job_by_key, args, NULL, 1);
-				if (SPI_processed != 1)
-					elog(ERROR, "earmark: job with key \"%s\" vanished",
-						 text_to_cstring(key));
-				existing_job(account, key, feature, amount, result);
-				remaining_for_job(result->job_id, result);
+				result->remaining = remaining;
+				result->reason = "rate limited";
 			}
-			else
-			{
-				/* admit_job wrote the budget row too */
-				result->admitted = true;
-				result->job_id = em_get_int64(0, 1, 0);
-				result->remaining = unlimited ? 0 : remaining - amount;
-				result->reason = NULL;
-				changed = false;
-			}
+		}
+		else if (insert_hold(&ctx, budget_id, used, held) == ESCROW_ADMITTED)
+		{
+			/* admit_job wrote the budget row too */
+			result->remaining = unlimited ? 0 : remaining - amount;
+			changed = false;
 		}
 	}
 
@@ -822,7 +986,7 @@ earmark_settle(PG_FUNCTION_ARGS)
 	int64		used_arg = has_used ? PG_GETARG_INT64(1) : 0;
 	char	   *outcome;
 	TimestampTz now = GetCurrentTimestamp();
-	Datum		args[7];
+	Datum		args[8];
 	bool		isnull;
 	int64		charged = 0;
 	int64		released = 0;
@@ -859,6 +1023,9 @@ earmark_settle(PG_FUNCTION_ARGS)
 		int64		amount = em_get_int64(0, 2, 0);
 		int64		recorded = em_get_int64(0, 3, 0);
 		TimestampTz lease_until = DatumGetTimestampTz(em_get(0, 5, &isnull));
+		Datum		slotd = em_get(0, 8, &isnull);
+		bool		has_slot = !isnull;
+		int32		slot = has_slot ? DatumGetInt32(slotd) : 0;
 
 		if (lease_until < now)
 		{
@@ -879,7 +1046,13 @@ earmark_settle(PG_FUNCTION_ARGS)
 		args[4] = Int64GetDatum(released);
 		args[5] = Int64GetDatum(amount);
 		args[6] = Int64GetDatum(budget_id);
-		em_exec(&settle_job, args, NULL, 0);
+		if (has_slot)
+		{
+			args[7] = Int32GetDatum(slot);
+			em_exec(&settle_slot_job, args, NULL, 0);
+		}
+		else
+			em_exec(&settle_job, args, NULL, 0);
 	}
 	SPI_finish();
 
@@ -929,7 +1102,9 @@ em_sweep(int max_jobs)
 		em_exec(i == 0 ? &lock_budget_wait : &lock_budget_skip, args, NULL, 1);
 		if (SPI_processed == 0)
 			continue;
-		n = expire_budget_jobs(budgets[i], now, max_jobs - done, &released, &charged);
+		n = em_expire_budget_jobs(budgets[i], now, max_jobs - done,
+								  em_escrow_lock_slots(budgets[i]),
+								  &released, &charged);
 		if (n > 0)
 		{
 			Datum		upd[3];

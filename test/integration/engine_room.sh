@@ -141,8 +141,10 @@ sleep 1
 server_up; ok $? "the server is back after kill -9 of the worker"
 $P -c "UPDATE engine_ctl SET stall = false" >/dev/null
 is "$(deliver 2 plan)" f "delivery 2: the plan change again, a copy"
-is "$($P -c "SELECT plan || ' ' || (SELECT sum(delta) FROM engine_ledger) FROM earmark.account WHERE account = 'bottle'")" \
-   "free 10" "after the crash nothing was half applied: still Free with 10"
+# the restarted worker may already have run it again (its lease is short):
+# either none of the plan change is there, or all of it, never half
+st=$($P -c "SELECT plan || ' ' || (SELECT sum(delta) FROM engine_ledger) FROM earmark.account WHERE account = 'bottle'")
+ok "$([ "$st" = "free 10" ] || [ "$st" = "pro 500" ]; echo $?)" "after the crash the plan change is all there or not at all ($st), never Pro with 10"
 for n in 3 4 5 6; do deliver $n pay >/dev/null; done
 got=$(wait_for 30 "SELECT status FROM earmark.inbox_event WHERE dedupe_key = 'msg_plan'" applied)
 is "$got" applied "the restarted worker applied the plan change once its lease passed"

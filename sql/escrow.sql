@@ -1,0 +1,90 @@
+-- Escrow (DESIGN §5): a hot budget's free room split into slots.  The
+-- limit stays exact: admissions take room from a slot (fast path) or from
+-- the whole budget under its lock (slow path, which re-cuts the slots); a
+-- refusal names what the whole budget has left; a lowered limit stops the
+-- slots cut for the old one.  The fast path runs with the rate limit off.
+SET client_min_messages = warning;
+SET earmark.rate_limit = 0;
+\pset null '<null>'
+TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget_slot, earmark.budget,
+         earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
+
+CREATE FUNCTION books(acct text) RETURNS TABLE (lim bigint, used bigint, held bigint, remaining bigint,
+                                                open_holds bigint, ledger bigint, within boolean)
+LANGUAGE sql AS $$
+    SELECT b.lim, b.used, b.held, b.remaining,
+           (SELECT coalesce(sum(amount), 0) FROM earmark.job j
+             WHERE j.account = acct AND j.status IN ('running', 'capped'))::bigint,
+           (SELECT coalesce(sum(units), 0) FROM earmark.ledger l JOIN earmark.budget x USING (budget_id)
+             WHERE x.account = acct)::bigint,
+           b.used + b.held <= b.lim
+    FROM earmark_budget(acct) b
+$$;
+CREATE FUNCTION slots() RETURNS TABLE (slot int, gen bigint, room bigint, held bigint, used bigint)
+LANGUAGE sql AS $$ SELECT slot, gen, room, held, used FROM earmark.budget_slot ORDER BY slot $$;
+
+SELECT earmark_set_limit('hot', 1000);
+SELECT earmark_set_escrow('hot', 4);
+-- the first admission takes the slow path and cuts the rest into 4 slots
+SELECT * FROM earmark_reserve('hot', 100, 'a');
+SELECT * FROM slots();
+SELECT used, held, slots, slot_lim, slot_gen FROM earmark.budget;
+-- the next ones take room from a slot, without the budget row
+SELECT * FROM earmark_reserve('hot', 100, 'b');
+SELECT * FROM earmark_reserve('hot', 100, 'c');
+SELECT job_id, slot, amount FROM earmark.job ORDER BY job_id;
+SELECT * FROM slots();
+-- a settle gives the slot its released room back
+SELECT * FROM earmark_settle(2, 30);
+SELECT * FROM slots();
+SELECT * FROM books('hot');
+-- idempotency holds on both paths
+SELECT job_id, admitted, reason FROM earmark_reserve('hot', 100, 'b');
+SELECT job_id, admitted, reason FROM earmark_reserve('hot', 100, 'a');
+-- a job bigger than any slot's room: the slow path finds it in the whole budget
+SELECT job_id, slot, admitted, remaining FROM earmark_reserve('hot', 400, 'big') r
+    LEFT JOIN earmark.job USING (job_id);
+SELECT * FROM slots();
+-- fill it: exactly up to the limit, then refusals with what is left
+SELECT n, r.admitted, r.remaining, r.reason
+FROM generate_series(1, 6) n, LATERAL earmark_reserve('hot', 100, 'x' || n) r ORDER BY n;
+SELECT * FROM books('hot');
+SELECT admitted, remaining, reason FROM earmark_reserve('hot', 70, 'last-70');
+SELECT admitted, remaining, reason FROM earmark_reserve('hot', 1, 'one-more');
+SELECT * FROM books('hot');
+
+-- a lower limit: the next admission re-cuts, the old slots stop admitting
+SELECT earmark_settle(job_id, 0, 'cancelled') IS NOT NULL FROM earmark.job WHERE idempotency_key IN ('x1', 'x2', 'x3');
+SELECT earmark_set_limit('hot', 800);
+SELECT admitted, remaining, reason FROM earmark_reserve('hot', 1, 'after-lower');
+SELECT * FROM slots();
+SELECT used, held, slot_lim, slot_gen FROM earmark.budget;
+SELECT * FROM books('hot');
+
+-- expired holds in slots: reserve's reclaim and the sweeper settle them
+SELECT earmark_set_limit('sweepy', 1000);
+SELECT earmark_set_escrow('sweepy', 2);
+SELECT count(*) FILTER (WHERE admitted) AS admitted
+FROM generate_series(1, 5) n, LATERAL earmark_reserve('sweepy', 200, 's' || n, lease => '50 milliseconds');
+SELECT charged FROM earmark_charge((SELECT job_id FROM earmark.job WHERE idempotency_key = 's2'), 50);
+SELECT pg_sleep(0.1);
+SELECT earmark_sweep();
+SELECT status, count(*), sum(charged) FROM earmark.job WHERE account = 'sweepy' GROUP BY 1;
+SELECT * FROM books('sweepy');
+SELECT admitted FROM earmark_reserve('sweepy', 950, 'whole');
+SELECT * FROM books('sweepy');
+
+-- escrow off: the slots are drained into the budget at the next rebalance
+SELECT earmark_set_escrow('hot', 0);
+SELECT admitted, remaining FROM earmark_reserve('hot', 10, 'plain');
+SELECT sum(room) AS room_left_in_slots FROM earmark.budget_slot s JOIN earmark.budget b USING (budget_id)
+WHERE b.account = 'hot';
+SELECT * FROM books('hot');
+
+-- bad input
+\set VERBOSITY sqlstate
+SELECT earmark_set_escrow('hot', -1);
+SELECT earmark_set_escrow('hot', 257);
+SELECT earmark_set_escrow('nobody', 4);
+SELECT earmark_set_escrow(NULL, 4);
+SELECT earmark_set_escrow('hot', NULL);

@@ -1,0 +1,397 @@
+/*-------------------------------------------------------------------------
+ *
+ * escrow.c
+ *	  Escrow for hot budgets (DESIGN §5, O'Neil's escrow method): a budget
+ *	  with slots > 0 splits its free room into earmark.budget_slot rows, so
+ *	  that admissions take room from a slot instead of queueing on the one
+ *	  budget row.
+ *
+ *	  The books: a slot's allocation is room + held + used.  An admission
+ *	  through a slot moves room to held, a settlement moves held to used and
+ *	  the rest back to room, so neither changes the allocation; only a
+ *	  rebalance does, and only under the budget row's lock.  The limit
+ *	  holds because a rebalance never hands out more than
+ *	    limit - budget.used - budget.held - (allocations it does not touch)
+ *	  and admissions outside slots (the rebalance's own) are counted in
+ *	  budget.used/held.  So used + held over budget and slots never passes
+ *	  the limit, and never by one unit.
+ *
+ *	  A limit change: the fast path only uses a slot whose gen is the
+ *	  budget's slot_gen while the account's limit still equals slot_lim.
+ *	  The first admission after a change finds no usable slot, rebalances,
+ *	  bumps the generation and re-cuts the rooms it can lock to the new
+ *	  limit; the others stop admitting until a later rebalance takes them.
+ *
+ *	  Locks (the order gate.c keeps, extended):
+ *	  - the fast path locks one slot FOR UPDATE SKIP LOCKED and reads the
+ *	    budget and limit rows without locking them; it never waits.
+ *	  - the rebalance (reserve's slow path) locks the budget row, then the
+ *	    slots FOR UPDATE SKIP LOCKED: it never waits for a slot, so a
+ *	    transaction that holds a slot and then needs a rebalance itself
+ *	    cannot deadlock with another rebalance (SKIP LOCKED does not skip
+ *	    rows the transaction itself locked, so it reuses its own slots).
+ *	    Room inside slots other transactions hold is waited for by
+ *	    retrying a few times, never by blocking on their locks.
+ *	  - settle of a job held by a slot locks the job, then updates the slot.
+ *	  - the sweeper locks the budget, then slots SKIP LOCKED, and expires
+ *	    only the jobs of slots it locked (and of the budget itself).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "common/int.h"
+#include "miscadmin.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+
+#include "earmark.h"
+
+PG_FUNCTION_INFO_V1(earmark_set_escrow);
+
+/* how often a rebalance retries for room inside slots others hold */
+#define REBALANCE_TRIES		20
+#define REBALANCE_WAIT_US	1000
+
+/* the room an unlimited budget is treated as having */
+#define UNLIMITED_CAP		(PG_INT64_MAX / 4)
+
+/* ---------------------------------------------------------------------
+ * The fast path
+ * ---------------------------------------------------------------------
+ */
+static EmStatement fast_admit = {
+	"WITH s AS ("
+	"  SELECT s.budget_id, s.slot FROM earmark.budget b"
+	"  JOIN earmark.account_limit l ON l.account = b.account AND l.feature = b.feature"
+	"  JOIN earmark.budget_slot s ON s.budget_id = b.budget_id AND s.gen = b.slot_gen"
+	"  WHERE b.account = $1 AND b.feature = $2 AND b.cycle_start = $3"
+	"    AND s.slot < b.slots AND b.slot_gen > 0"
+	"    AND l.lim IS NOT DISTINCT FROM b.slot_lim AND s.room >= $5"
+	"  LIMIT 1 FOR UPDATE OF s SKIP LOCKED),"
+	" j AS ("
+	"  INSERT INTO earmark.job (budget_id, account, feature, idempotency_key, amount, lease, lease_until, created_at, slot)"
+	"  SELECT s.budget_id, $1, $2, $4, $5, $6, $7, $8, s.slot FROM s"
+	"  ON CONFLICT (account, idempotency_key) DO NOTHING RETURNING job_id, budget_id, slot),"
+	" u AS ("
+	"  UPDATE earmark.budget_slot t SET room = t.room - $5, held = t.held + $5"
+	"  FROM j WHERE t.budget_id = j.budget_id AND t.slot = j.slot) "
+	"SELECT (SELECT slot FROM s), (SELECT job_id FROM j)",
+	8, {TEXTOID, TEXTOID, TIMESTAMPTZOID, TEXTOID, INT8OID, INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+};
+
+/*
+ * Try to admit through a free slot of the cycle's budget.  Returns
+ * ESCROW_NO_SLOT when no slot with enough room could be had (the caller
+ * takes the slow path), ESCROW_ADMITTED with *job_id, or ESCROW_KEY_TAKEN
+ * when a concurrent reserve with the same key won.
+ */
+EscrowResult
+em_escrow_fast(text *account, text *feature, TimestampTz cycle_start,
+			   text *key, int64 amount, Interval *lease,
+			   TimestampTz lease_until, TimestampTz now, int64 *job_id)
+{
+	Datum		args[8];
+	bool		isnull;
+
+	args[0] = PointerGetDatum(account);
+	args[1] = PointerGetDatum(feature);
+	args[2] = TimestampTzGetDatum(cycle_start);
+	args[3] = PointerGetDatum(key);
+	args[4] = Int64GetDatum(amount);
+	args[5] = IntervalPGetDatum(lease);
+	args[6] = TimestampTzGetDatum(lease_until);
+	args[7] = TimestampTzGetDatum(now);
+	em_exec(&fast_admit, args, NULL, 1);
+	(void) em_get(0, 1, &isnull);
+	if (isnull)
+		return ESCROW_NO_SLOT;
+	*job_id = DatumGetInt64(em_get(0, 2, &isnull));
+	return isnull ? ESCROW_KEY_TAKEN : ESCROW_ADMITTED;
+}
+
+/* ---------------------------------------------------------------------
+ * The rebalance
+ * ---------------------------------------------------------------------
+ */
+static EmStatement create_slots = {
+	"INSERT INTO earmark.budget_slot (budget_id, slot) "
+	"SELECT $1, g FROM pg_catalog.generate_series(0, $2 - 1) g "
+	"ON CONFLICT DO NOTHING",
+	2, {INT8OID, INT4OID}
+};
+
+static EmStatement lock_free_slots = {
+	"SELECT coalesce(pg_catalog.array_agg(slot ORDER BY slot), '{}') FROM "
+	"(SELECT slot FROM earmark.budget_slot WHERE budget_id = $1 "
+	" FOR UPDATE SKIP LOCKED) AS s",
+	1, {INT8OID}
+};
+
+/* every slot, with the allocation of those others hold as last committed */
+static EmStatement read_slots = {
+	"SELECT slot = ANY($2), coalesce(pg_catalog.sum(room), 0)::bigint, "
+	"       coalesce(pg_catalog.sum(held), 0)::bigint, coalesce(pg_catalog.sum(used), 0)::bigint, "
+	"       pg_catalog.count(*) "
+	"FROM earmark.budget_slot WHERE budget_id = $1 GROUP BY 1",
+	2, {INT8OID, INT4ARRAYOID}
+};
+
+static EmStatement cut_slots = {
+	"UPDATE earmark.budget_slot "
+	"SET room = CASE WHEN slot >= $3 THEN 0 "
+	"                WHEN slot = $2[1] THEN $4 + $5 ELSE $4 END, gen = $6 "
+	"WHERE budget_id = $1 AND slot = ANY($2)",
+	6, {INT8OID, INT4ARRAYOID, INT4OID, INT8OID, INT8OID, INT8OID}
+};
+
+static EmStatement write_escrow_budget = {
+	"UPDATE earmark.budget SET used = $2, held = $3, slot_lim = $4, slot_gen = $5 "
+	"WHERE budget_id = $1",
+	5, {INT8OID, INT8OID, INT8OID, INT8OID, INT8OID}
+};
+
+/* the slots this transaction could lock, as an int[] datum */
+static Datum
+lock_slots(int64 budget_id, int *nlocked)
+{
+	Datum		arg = Int64GetDatum(budget_id);
+	bool		isnull;
+	Datum		d;
+
+	em_exec(&lock_free_slots, &arg, NULL, 1);
+	d = SPI_datumTransfer(em_get(0, 1, &isnull), false, -1);
+	*nlocked = ArrayGetNItems(ARR_NDIM(DatumGetArrayTypeP(d)),
+							  ARR_DIMS(DatumGetArrayTypeP(d)));
+	return d;
+}
+
+/* a locked budget's open slots, for em_sweep */
+Datum
+em_escrow_lock_slots(int64 budget_id)
+{
+	int			n;
+
+	return lock_slots(budget_id, &n);
+}
+
+typedef struct SlotSums
+{
+	int64		mine_held_used; /* held + used of the slots we locked */
+	int64		others_alloc;	/* room + held + used of the others */
+	int64		others_room;
+	int64		used;			/* over all slots */
+	int64		held;
+	int64		nmine;
+} SlotSums;
+
+static void
+sum_slots(int64 budget_id, Datum locked, SlotSums *s)
+{
+	Datum		args[2];
+	uint64		i;
+
+	memset(s, 0, sizeof(*s));
+	args[0] = Int64GetDatum(budget_id);
+	args[1] = locked;
+	em_exec(&read_slots, args, NULL, 0);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+		bool		mine = DatumGetBool(em_get(i, 1, &isnull));
+		int64		room = em_get_int64(i, 2, 0);
+		int64		held = em_get_int64(i, 3, 0);
+		int64		used = em_get_int64(i, 4, 0);
+
+		s->used += used;
+		s->held += held;
+		if (mine)
+		{
+			s->mine_held_used += held + used;
+			s->nmine = em_get_int64(i, 5, 0);
+		}
+		else
+		{
+			s->others_alloc += room + held + used;
+			s->others_room += room;
+		}
+	}
+}
+
+/*
+ * Reserve's slow path for an escrow budget, with the budget row locked:
+ * reclaim dead holds, see whether the whole budget has room, admit the job
+ * outside the slots if it has, and cut the rest of the free room into the
+ * slots we could lock.  Fills *result; inserts the job through
+ * admit_outside(), which the gate provides.
+ */
+void
+em_escrow_rebalance(EscrowBudget *b, int64 amount, TimestampTz now,
+					EscrowAdmitFn admit_outside, void *admit_arg,
+					EscrowOutcome *out)
+{
+	int64		cap = b->unlimited ? UNLIMITED_CAP : b->lim;
+	int64		gen = b->slot_gen;
+	int			try;
+
+	memset(out, 0, sizeof(*out));
+
+	/*
+	 * A new limit (or the first rebalance): a new generation, so that slots
+	 * cut for the old limit stop admitting once this commits.
+	 */
+	if (gen == 0 || b->slot_lim_null != b->unlimited ||
+		(!b->unlimited && b->slot_lim != b->lim))
+		gen++;
+
+	if (b->slots > 0)
+	{
+		Datum		args[2];
+
+		args[0] = Int64GetDatum(b->budget_id);
+		args[1] = Int32GetDatum(b->slots);
+		em_exec(&create_slots, args, NULL, 0);
+	}
+
+	for (try = 0;; try++)
+	{
+		int			nlocked;
+		Datum		locked = lock_slots(b->budget_id, &nlocked);
+		SlotSums	s;
+		int64		pool;
+		int64		whole;
+		bool		reclaimed = false;
+
+		for (;;)
+		{
+			sum_slots(b->budget_id, locked, &s);
+			/* room we may hand out: the limit less everything not ours to cut */
+			pool = cap - b->used - b->held - s.others_alloc - s.mine_held_used;
+			whole = cap - b->used - b->held - s.used - s.held;
+			if (pool >= amount || reclaimed)
+				break;
+			/* a hold whose lease has passed never causes a refusal */
+			{
+				int64		released;
+				int64		charged;
+
+				reclaimed = true;
+				if (em_expire_budget_jobs(b->budget_id, now, EARMARK_RECLAIM_BATCH,
+										  locked, &released, &charged) == 0)
+					break;
+				b->held -= released;
+				b->used += charged;
+			}
+		}
+		pool = Max(pool, 0);
+		whole = Max(whole, 0);
+
+		if (amount <= pool)
+		{
+			/* the rate limit, then the hold, outside the slots */
+			out->result = admit_outside(admit_arg, b, amount);
+			if (out->result == ESCROW_ADMITTED)
+			{
+				b->held += amount;
+				pool -= amount;
+				whole -= amount;
+			}
+		}
+		else if (whole >= amount && try < REBALANCE_TRIES)
+		{
+			/*
+			 * The room is there, inside slots other transactions hold
+			 * this instant: let them finish rather than wait on their
+			 * locks (which could deadlock with a transaction that holds a
+			 * slot and now waits for this budget row).
+			 */
+			pg_usleep(REBALANCE_WAIT_US);
+			CHECK_FOR_INTERRUPTS();
+			continue;
+		}
+		else
+			out->result = ESCROW_REFUSED;
+		out->remaining = whole;
+
+		/* cut what is free into the slots we hold */
+		if (nlocked > 0)
+		{
+			Datum		args[6];
+			int			live = Max(Min((int) s.nmine, b->slots), 1);
+
+			args[0] = Int64GetDatum(b->budget_id);
+			args[1] = locked;
+			args[2] = Int32GetDatum(b->slots);
+			args[3] = Int64GetDatum(b->slots > 0 ? pool / live : 0);
+			args[4] = Int64GetDatum(b->slots > 0 ? pool % live : 0);
+			args[5] = Int64GetDatum(gen);
+			em_exec(&cut_slots, args, NULL, 0);
+		}
+		{
+			Datum		args[5];
+			char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+
+			args[0] = Int64GetDatum(b->budget_id);
+			args[1] = Int64GetDatum(b->used);
+			args[2] = Int64GetDatum(b->held);
+			args[3] = Int64GetDatum(b->lim);
+			nulls[3] = b->unlimited ? 'n' : ' ';
+			args[4] = Int64GetDatum(gen);
+			em_exec(&write_escrow_budget, args, nulls, 0);
+		}
+		return;
+	}
+}
+
+/* ---------------------------------------------------------------------
+ * earmark_set_escrow(account, slots) RETURNS void
+ * ---------------------------------------------------------------------
+ */
+static EmStatement set_account_slots = {
+	"UPDATE earmark.account SET escrow_slots = $2, updated_at = pg_catalog.now() "
+	"WHERE account = $1",
+	2, {TEXTOID, INT4OID}
+};
+
+static EmStatement set_budget_slots = {
+	"UPDATE earmark.budget SET slots = $2 WHERE account = $1 AND cycle_end > pg_catalog.now()",
+	2, {TEXTOID, INT4OID}
+};
+
+/*
+ * Split the account's budgets into this many slots (0: no escrow).  The
+ * next admission that finds no free slot rebalances into the new number;
+ * slots beyond it are drained.
+ */
+Datum
+earmark_set_escrow(PG_FUNCTION_ARGS)
+{
+	text	   *account = em_arg_name(fcinfo, 0, "account");
+	int32		slots;
+	Datum		args[2];
+
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("slots must not be NULL")));
+	slots = PG_GETARG_INT32(1);
+	if (slots < 0 || slots > EARMARK_MAX_SLOTS)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("slots must be between 0 and %d", EARMARK_MAX_SLOTS)));
+
+	SPI_connect();
+	args[0] = PointerGetDatum(account);
+	args[1] = Int32GetDatum(slots);
+	em_exec(&set_account_slots, args, NULL, 0);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("account \"%s\" does not exist", text_to_cstring(account)),
+				 errhint("Set its limit or its account first.")));
+	em_exec(&set_budget_slots, args, NULL, 0);
+	SPI_finish();
+	PG_RETURN_VOID();
+}
