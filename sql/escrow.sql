@@ -20,21 +20,32 @@ LANGUAGE sql AS $$
            b.used + b.held <= b.lim
     FROM earmark_budget(acct) b
 $$;
-CREATE FUNCTION slots() RETURNS TABLE (slot int, gen bigint, room bigint, held bigint, used bigint)
-LANGUAGE sql AS $$ SELECT slot, gen, room, held, used FROM earmark.budget_slot ORDER BY slot $$;
+-- the slots of a budget, summed: admissions and settlements pick a free
+-- slot at random (and top-ups follow), so only these sums are fixed
+CREATE FUNCTION slots(acct text DEFAULT 'hot') RETURNS TABLE (slots bigint, held bigint, used bigint, gens text)
+LANGUAGE sql AS $$
+    SELECT count(*), sum(s.held), sum(s.used), min(s.gen) || '-' || max(s.gen)
+    FROM earmark.budget_slot s JOIN earmark.budget b USING (budget_id) WHERE b.account = acct
+$$;
+-- the rooms right after a rebalance that gathered every slot cut them:
+-- half of the free room, evenly (slot order)
+CREATE FUNCTION rooms(acct text DEFAULT 'hot') RETURNS bigint[] LANGUAGE sql AS $$
+    SELECT array_agg(room ORDER BY slot) FROM earmark.budget_slot s JOIN earmark.budget b USING (budget_id)
+    WHERE b.account = acct
+$$;
 
 SELECT earmark_set_limit('hot', 1000);
 SELECT earmark_set_escrow('hot', 4);
 -- the first admission takes the slow path and cuts the rest into 4 slots
 SELECT * FROM earmark_reserve('hot', 100, 'a');
-SELECT * FROM slots();
+SELECT rooms();
 SELECT used, held, slots, slot_lim, slot_gen FROM earmark.budget;
 -- the next ones take room from a slot, without the budget row
 SELECT * FROM earmark_reserve('hot', 100, 'b');
 SELECT * FROM earmark_reserve('hot', 100, 'c');
-SELECT job_id, slot, amount FROM earmark.job ORDER BY job_id;
+SELECT job_id, slot IS NOT NULL AS in_a_slot, amount FROM earmark.job ORDER BY job_id;
 SELECT * FROM slots();
--- a settle gives the slot its released room back
+-- a settle gives its released room back to a slot
 SELECT * FROM earmark_settle(2, 30);
 SELECT * FROM slots();
 SELECT * FROM books('hot');
@@ -42,7 +53,7 @@ SELECT * FROM books('hot');
 SELECT job_id, admitted, reason FROM earmark_reserve('hot', 100, 'b');
 SELECT job_id, admitted, reason FROM earmark_reserve('hot', 100, 'a');
 -- a job bigger than any slot's room: the slow path finds it in the whole budget
-SELECT job_id, slot, admitted, remaining FROM earmark_reserve('hot', 400, 'big') r
+SELECT job_id, slot IS NOT NULL AS in_a_slot, admitted, remaining FROM earmark_reserve('hot', 400, 'big') r
     LEFT JOIN earmark.job USING (job_id);
 SELECT * FROM slots();
 -- fill it: exactly up to the limit, then refusals with what is left
@@ -58,6 +69,7 @@ SELECT earmark_settle(job_id, 0, 'cancelled') IS NOT NULL FROM earmark.job WHERE
 SELECT earmark_set_limit('hot', 800);
 SELECT admitted, remaining, reason FROM earmark_reserve('hot', 1, 'after-lower');
 SELECT * FROM slots();
+SELECT rooms();
 SELECT used, held, slot_lim, slot_gen FROM earmark.budget;
 SELECT * FROM books('hot');
 

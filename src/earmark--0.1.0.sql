@@ -70,7 +70,7 @@ CREATE TABLE earmark.budget (
     cycle_start timestamptz NOT NULL,
     cycle_end   timestamptz NOT NULL,
     used        bigint NOT NULL DEFAULT 0,
-    held        bigint NOT NULL DEFAULT 0 CHECK (held >= 0),
+    held        bigint NOT NULL DEFAULT 0,
     -- escrow (DESIGN §5): slots > 0 splits the budget's free room into
     -- that many earmark.budget_slot rows.  used and held above then count
     -- only what passed outside the slots; slot_lim and slot_gen are the
@@ -181,6 +181,9 @@ CREATE TABLE earmark.inbox_event (
 CREATE INDEX inbox_event_due ON earmark.inbox_event (occurred_at, event_id)
     WHERE status IN ('received', 'failed', 'processing');
 CREATE INDEX inbox_event_account ON earmark.inbox_event (account);
+-- claims look for leases that passed
+CREATE INDEX inbox_event_leased ON earmark.inbox_event (locked_until)
+    WHERE status = 'processing';
 
 -- Every delivery, copies included.
 CREATE TABLE earmark.inbox_receipt (
@@ -357,7 +360,7 @@ DECLARE
     new_plan text := e.payload #>> '{data,plan,key}';
     n int;
 BEGIN
-    IF e.account IS NULL THEN
+    IF e.account IS NULL OR NOT EXISTS (SELECT 1 FROM earmark.account a WHERE a.account = e.account) THEN
         PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'the event names no known account');
         RETURN 'ignored';
     END IF;

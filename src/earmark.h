@@ -79,8 +79,7 @@ extern void em_cycle_bounds(TimestampTz anchor, bool has_anchor, TimestampTz at,
 extern int	em_sweep(int max_jobs);
 #define EARMARK_RECLAIM_BATCH	1000
 extern int64 em_expire_budget_jobs(int64 budget_id, TimestampTz now, int max,
-								   Datum locked_slots, int64 *released,
-								   int64 *charged);
+								   int64 *released, int64 *charged);
 
 /* escrow (escrow.c) */
 #define EARMARK_MAX_SLOTS	256
@@ -124,7 +123,6 @@ extern EscrowResult em_escrow_fast(text *account, text *feature,
 extern void em_escrow_rebalance(EscrowBudget *b, int64 amount, TimestampTz now,
 								EscrowAdmitFn admit_outside, void *admit_arg,
 								EscrowOutcome *out);
-extern Datum em_escrow_lock_slots(int64 budget_id);
 extern int	earmark_escrow_slots;
 
 /* inbox (inbox.c) */

@@ -9,12 +9,23 @@
  *	  The books: a slot's allocation is room + held + used.  An admission
  *	  through a slot moves room to held, a settlement moves held to used and
  *	  the rest back to room, so neither changes the allocation; only a
- *	  rebalance does, and only under the budget row's lock.  The limit
+ *	  rebalance does, and only under the budget row's lock.  A settlement
+ *	  may do its move in any free slot, not the one the hold came from, and
+ *	  an expiry does it in the budget row: a slot's (or the row's) own held
+ *	  may then go below zero, but the sums are what the books use: held
+ *	  over the row and all slots is the sum of the open holds.  The limit
  *	  holds because a rebalance never hands out more than
  *	    limit - budget.used - budget.held - (allocations it does not touch)
  *	  and admissions outside slots (the rebalance's own) are counted in
  *	  budget.used/held.  So used + held over budget and slots never passes
  *	  the limit, and never by one unit.
+ *
+ *	  Slots get half of the free room; the other half stays unallocated on
+ *	  the budget row.  An admission whose slot ran dry takes from it under
+ *	  the budget row's lock and tops up only the free slots running low.
+ *	  Only near the limit (or after a limit change) does a rebalance gather
+ *	  the room of every free slot, so that a refusal means the whole budget
+ *	  lacks room.
  *
  *	  A limit change: the fast path only uses a slot whose gen is the
  *	  budget's slot_gen while the account's limit still equals slot_lim.
@@ -32,9 +43,10 @@
  *	    rows the transaction itself locked, so it reuses its own slots).
  *	    Room inside slots other transactions hold is waited for by
  *	    retrying a few times, never by blocking on their locks.
- *	  - settle of a job held by a slot locks the job, then updates the slot.
- *	  - the sweeper locks the budget, then slots SKIP LOCKED, and expires
- *	    only the jobs of slots it locked (and of the budget itself).
+ *	  - settle of a job held by a slot locks the job, then any free slot
+ *	    (SKIP LOCKED), waiting only for its own slot when all are busy.
+ *	  - the sweeper and reserve's reclaim expire holds into the budget row,
+ *	    which they hold; they touch no slot.
  *
  *-------------------------------------------------------------------------
  */
@@ -70,7 +82,7 @@ static EmStatement fast_admit = {
 	"  WHERE b.account = $1 AND b.feature = $2 AND b.cycle_start = $3"
 	"    AND s.slot < b.slots AND b.slot_gen > 0"
 	"    AND l.lim IS NOT DISTINCT FROM b.slot_lim AND s.room >= $5"
-	"  LIMIT 1 FOR UPDATE OF s SKIP LOCKED),"
+	"  ORDER BY pg_catalog.random() LIMIT 1 FOR UPDATE OF s SKIP LOCKED),"
 	" j AS ("
 	"  INSERT INTO earmark.job (budget_id, account, feature, idempotency_key, amount, lease, lease_until, created_at, slot)"
 	"  SELECT s.budget_id, $1, $2, $4, $5, $6, $7, $8, s.slot FROM s"
@@ -123,6 +135,15 @@ static EmStatement create_slots = {
 	2, {INT8OID, INT4OID}
 };
 
+/* the slots running low (or cut for another limit, or beyond the count) */
+static EmStatement lock_low_slots = {
+	"SELECT coalesce(pg_catalog.array_agg(slot ORDER BY slot), '{}') FROM "
+	"(SELECT slot FROM earmark.budget_slot WHERE budget_id = $1 "
+	"   AND (room < $2 OR gen <> $3 OR slot >= $4) "
+	" FOR UPDATE SKIP LOCKED) AS s",
+	4, {INT8OID, INT8OID, INT8OID, INT4OID}
+};
+
 static EmStatement lock_free_slots = {
 	"SELECT coalesce(pg_catalog.array_agg(slot ORDER BY slot), '{}') FROM "
 	"(SELECT slot FROM earmark.budget_slot WHERE budget_id = $1 "
@@ -153,28 +174,86 @@ static EmStatement write_escrow_budget = {
 	5, {INT8OID, INT8OID, INT8OID, INT8OID, INT8OID}
 };
 
-/* the slots this transaction could lock, as an int[] datum */
 static Datum
-lock_slots(int64 budget_id, int *nlocked)
+locked_array(int *nlocked)
 {
-	Datum		arg = Int64GetDatum(budget_id);
 	bool		isnull;
 	Datum		d;
 
-	em_exec(&lock_free_slots, &arg, NULL, 1);
 	d = SPI_datumTransfer(em_get(0, 1, &isnull), false, -1);
 	*nlocked = ArrayGetNItems(ARR_NDIM(DatumGetArrayTypeP(d)),
 							  ARR_DIMS(DatumGetArrayTypeP(d)));
 	return d;
 }
 
-/* a locked budget's open slots, for em_sweep */
-Datum
-em_escrow_lock_slots(int64 budget_id)
+/* every slot this transaction could lock, as an int[] datum */
+static Datum
+lock_slots(int64 budget_id, int *nlocked)
 {
-	int			n;
+	Datum		arg = Int64GetDatum(budget_id);
 
-	return lock_slots(budget_id, &n);
+	em_exec(&lock_free_slots, &arg, NULL, 1);
+	return locked_array(nlocked);
+}
+
+/* the free slots whose room is below low_water, and any stale ones */
+static Datum
+lock_low(int64 budget_id, int64 low_water, int64 gen, int slots, int *nlocked)
+{
+	Datum		args[4];
+
+	args[0] = Int64GetDatum(budget_id);
+	args[1] = Int64GetDatum(low_water);
+	args[2] = Int64GetDatum(gen);
+	args[3] = Int32GetDatum(slots);
+	em_exec(&lock_low_slots, args, NULL, 1);
+	return locked_array(nlocked);
+}
+
+static Datum
+empty_array(void)
+{
+	return PointerGetDatum(construct_empty_array(INT4OID));
+}
+
+static void
+cut(EscrowBudget *b, Datum locked, int nlocked, int64 nmine, int64 pool,
+	int64 per_slot_max, int64 gen)
+{
+	Datum		args[6];
+	int			live = Max(Min((int) nmine, b->slots), 1);
+	int64		share = b->slots > 0 ? pool / live : 0;
+	int64		rem = b->slots > 0 ? pool % live : 0;
+
+	if (nlocked == 0)
+		return;
+	if (share > per_slot_max)
+	{
+		share = per_slot_max;
+		rem = 0;
+	}
+	args[0] = Int64GetDatum(b->budget_id);
+	args[1] = locked;
+	args[2] = Int32GetDatum(b->slots);
+	args[3] = Int64GetDatum(share);
+	args[4] = Int64GetDatum(rem);
+	args[5] = Int64GetDatum(gen);
+	em_exec(&cut_slots, args, NULL, 0);
+}
+
+static void
+write_budget(EscrowBudget *b, int64 gen)
+{
+	Datum		args[5];
+	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+
+	args[0] = Int64GetDatum(b->budget_id);
+	args[1] = Int64GetDatum(b->used);
+	args[2] = Int64GetDatum(b->held);
+	args[3] = Int64GetDatum(b->lim);
+	nulls[3] = b->unlimited ? 'n' : ' ';
+	args[4] = Int64GetDatum(gen);
+	em_exec(&write_escrow_budget, args, nulls, 0);
 }
 
 typedef struct SlotSums
@@ -255,6 +334,48 @@ em_escrow_rebalance(EscrowBudget *b, int64 amount, TimestampTz now,
 		em_exec(&create_slots, args, NULL, 0);
 	}
 
+	/*
+	 * Usually a slot ran dry while the budget still has room that no slot
+	 * holds: admit from that, and refill only the free slots that are low.
+	 * Locking every slot here would make all concurrent admissions miss
+	 * their fast path for as long as this transaction lasts.
+	 */
+	if (gen == b->slot_gen)
+	{
+		Datum		none = empty_array();
+		SlotSums	s;
+		int64		unallocated;
+
+		sum_slots(b->budget_id, none, &s);
+		unallocated = cap - b->used - b->held - s.others_alloc;
+		if (amount <= unallocated)
+		{
+			int64		fair = b->slots > 0 ?
+				(unallocated - amount + s.others_room) / (2 * (int64) b->slots) : 0;
+			int			nlocked;
+			Datum		locked;
+			int64		pool;
+
+			out->result = admit_outside(admit_arg, b, amount);
+			if (out->result == ESCROW_ADMITTED)
+			{
+				b->held += amount;
+				unallocated -= amount;
+			}
+			out->remaining = Max(cap - b->used - b->held - s.used - s.held, 0);
+
+			locked = lock_low(b->budget_id, fair / 2, gen, b->slots, &nlocked);
+			if (nlocked > 0)
+			{
+				sum_slots(b->budget_id, locked, &s);
+				pool = Max(cap - b->used - b->held - s.others_alloc - s.mine_held_used, 0);
+				cut(b, locked, nlocked, s.nmine, pool, fair, gen);
+			}
+			write_budget(b, gen);
+			return;
+		}
+	}
+
 	for (try = 0;; try++)
 	{
 		int			nlocked;
@@ -264,6 +385,7 @@ em_escrow_rebalance(EscrowBudget *b, int64 amount, TimestampTz now,
 		int64		whole;
 		bool		reclaimed = false;
 
+		/* near the limit, or a new limit: gather the room of every free slot */
 		for (;;)
 		{
 			sum_slots(b->budget_id, locked, &s);
@@ -279,7 +401,7 @@ em_escrow_rebalance(EscrowBudget *b, int64 amount, TimestampTz now,
 
 				reclaimed = true;
 				if (em_expire_budget_jobs(b->budget_id, now, EARMARK_RECLAIM_BATCH,
-										  locked, &released, &charged) == 0)
+										  &released, &charged) == 0)
 					break;
 				b->held -= released;
 				b->used += charged;
@@ -315,32 +437,14 @@ em_escrow_rebalance(EscrowBudget *b, int64 amount, TimestampTz now,
 			out->result = ESCROW_REFUSED;
 		out->remaining = whole;
 
-		/* cut what is free into the slots we hold */
-		if (nlocked > 0)
-		{
-			Datum		args[6];
-			int			live = Max(Min((int) s.nmine, b->slots), 1);
-
-			args[0] = Int64GetDatum(b->budget_id);
-			args[1] = locked;
-			args[2] = Int32GetDatum(b->slots);
-			args[3] = Int64GetDatum(b->slots > 0 ? pool / live : 0);
-			args[4] = Int64GetDatum(b->slots > 0 ? pool % live : 0);
-			args[5] = Int64GetDatum(gen);
-			em_exec(&cut_slots, args, NULL, 0);
-		}
-		{
-			Datum		args[5];
-			char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
-
-			args[0] = Int64GetDatum(b->budget_id);
-			args[1] = Int64GetDatum(b->used);
-			args[2] = Int64GetDatum(b->held);
-			args[3] = Int64GetDatum(b->lim);
-			nulls[3] = b->unlimited ? 'n' : ' ';
-			args[4] = Int64GetDatum(gen);
-			em_exec(&write_escrow_budget, args, nulls, 0);
-		}
+		/*
+		 * Cut half of what is free into the slots we hold; the other half
+		 * stays unallocated, for the next admission that finds its slot
+		 * dry (above: it need not lock any slot).
+		 */
+		cut(b, locked, nlocked, s.nmine, pool,
+			pool / (2 * (int64) Max(Min((int) s.nmine, b->slots), 1)), gen);
+		write_budget(b, gen);
 		return;
 	}
 }

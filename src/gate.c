@@ -164,9 +164,8 @@ static EmStatement release_budget = {
  * holds the budget row lock and applies the returned sums to it.
  */
 /*
- * ... a hold that sits in an escrow slot only when the caller holds that
- * slot ($4, the slots it locked): its release goes back to the slot, in the
- * same statement.  The returned sums are those of the holds outside slots.
+ * A hold taken from an escrow slot is expired into the budget row like any
+ * other (the sums are what count: escrow.c).
  */
 static EmStatement expire_jobs = {
 	"WITH j AS ("
@@ -174,26 +173,16 @@ static EmStatement expire_jobs = {
 	"     SET status = 'expired', settled_at = $2, charged = t.used, released = t.amount - t.used"
 	"   WHERE t.job_id IN (SELECT s.job_id FROM earmark.job s"
 	"                       WHERE s.budget_id = $1 AND s.status IN ('running', 'capped')"
-	"                         AND s.lease_until < $2 AND (s.slot IS NULL OR s.slot = ANY($4))"
+	"                         AND s.lease_until < $2"
 	"                       LIMIT $3 FOR UPDATE SKIP LOCKED)"
-	"  RETURNING t.job_id, t.amount, t.used, t.slot),"
+	"  RETURNING t.job_id, t.amount, t.used),"
 	" l AS (INSERT INTO earmark.ledger (budget_id, units, job_id, occurred_at)"
 	"       SELECT $1, j.used, j.job_id, $2 FROM j WHERE j.used > 0 RETURNING 1),"
 	" m AS (INSERT INTO earmark.meter_mark (budget_id)"
-	"       SELECT $1 WHERE EXISTS (SELECT 1 FROM l) ON CONFLICT DO NOTHING),"
-	" sl AS (UPDATE earmark.budget_slot bs"
-	"        SET held = bs.held - a.amount, used = bs.used + a.used, room = bs.room + (a.amount - a.used)"
-	"        FROM (SELECT slot, pg_catalog.sum(amount)::bigint AS amount, pg_catalog.sum(used)::bigint AS used"
-	"              FROM j WHERE slot IS NOT NULL GROUP BY slot) a"
-	"        WHERE bs.budget_id = $1 AND bs.slot = a.slot)"
-	"SELECT pg_catalog.count(*),"
-	"       coalesce(pg_catalog.sum(j.amount) FILTER (WHERE j.slot IS NULL), 0)::bigint,"
-	"       coalesce(pg_catalog.sum(j.used) FILTER (WHERE j.slot IS NULL), 0)::bigint FROM j",
-	4, {INT8OID, TIMESTAMPTZOID, INT4OID, INT4ARRAYOID}
-};
-
-static EmStatement no_slots = {
-	"SELECT '{}'::int[]", 0, {InvalidOid}
+	"       SELECT $1 WHERE EXISTS (SELECT 1 FROM l) ON CONFLICT DO NOTHING)"
+	"SELECT pg_catalog.count(*), coalesce(pg_catalog.sum(j.amount), 0)::bigint,"
+	"       coalesce(pg_catalog.sum(j.used), 0)::bigint FROM j",
+	3, {INT8OID, TIMESTAMPTZOID, INT4OID}
 };
 
 static EmStatement lock_job = {
@@ -220,10 +209,16 @@ static EmStatement job_exists = {
 	1, {INT8OID}
 };
 
-/* a settlement: the budget, the job, its ledger row and the cycle's meter
- * mark in one statement ($6 the hold, $7 the budget); settle_slot_job is
- * the same for a hold that sits in escrow slot $8, whose released part
- * goes back to the slot's room */
+/*
+ * A settlement: the budget, the job, its ledger row and the cycle's meter
+ * mark in one statement ($6 the hold, $7 the budget).  settle_slot_job is
+ * the same for a hold taken from escrow slot $8: it settles into whichever
+ * slot of the budget is free (held to used, the rest to room), so that it
+ * never queues behind the admissions using the slot it came from; only
+ * when every slot is busy does it wait for its own.  A slot's allocation
+ * (room + held + used) does not change either way, and that is what the
+ * limit's books rest on (escrow.c); a slot's own held may go below zero.
+ */
 static EmStatement settle_job = {
 	"WITH b AS (UPDATE earmark.budget SET held = held - $6, used = used + $4 WHERE budget_id = $7),"
 	" j AS (UPDATE earmark.job SET status = $2, settled_at = $3, charged = $4, "
@@ -236,8 +231,10 @@ static EmStatement settle_job = {
 };
 
 static EmStatement settle_slot_job = {
-	"WITH b AS (UPDATE earmark.budget_slot SET held = held - $6, used = used + $4, "
-	"           room = room + ($6 - $4) WHERE budget_id = $7 AND slot = $8),"
+	"WITH f AS (SELECT coalesce((SELECT slot FROM earmark.budget_slot WHERE budget_id = $7 "
+	"                            ORDER BY pg_catalog.random() LIMIT 1 FOR UPDATE SKIP LOCKED), $8) AS slot),"
+	" b AS (UPDATE earmark.budget_slot SET held = held - $6, used = used + $4, "
+	"       room = room + ($6 - $4) FROM f WHERE budget_id = $7 AND budget_slot.slot = f.slot),"
 	" j AS (UPDATE earmark.job SET status = $2, settled_at = $3, charged = $4, "
 	"       released = $5 WHERE job_id = $1),"
 	" l AS (INSERT INTO earmark.ledger (budget_id, units, job_id, occurred_at)"
@@ -318,28 +315,20 @@ add_interval(TimestampTz t, Interval *i)
 }
 
 /*
- * Expire up to max dead holds of a locked budget, and of the escrow slots
- * in locked_slots (an int[]; 0 for none); returns how many.  *released and
- * *charged are the sums of those outside slots, for the caller to apply to
- * the budget row.
+ * Expire up to max dead holds of a locked budget; returns how many.
+ * *released and *charged are their sums, for the caller to apply to the
+ * budget row.
  */
 int64
 em_expire_budget_jobs(int64 budget_id, TimestampTz now, int max,
-					  Datum locked_slots, int64 *released, int64 *charged)
+					  int64 *released, int64 *charged)
 {
-	Datum		args[4];
+	Datum		args[3];
 	int64		n;
-	bool		isnull;
 
-	if (locked_slots == (Datum) 0)
-	{
-		em_exec(&no_slots, NULL, NULL, 1);
-		locked_slots = SPI_datumTransfer(em_get(0, 1, &isnull), false, -1);
-	}
 	args[0] = Int64GetDatum(budget_id);
 	args[1] = TimestampTzGetDatum(now);
 	args[2] = Int32GetDatum(max);
-	args[3] = locked_slots;
 	em_exec(&expire_jobs, args, NULL, 0);
 	n = em_get_int64(0, 1, 0);
 	*released = em_get_int64(0, 2, 0);
@@ -757,7 +746,7 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 		int64		released;
 		int64		charged;
 
-		if (em_expire_budget_jobs(budget_id, now, EARMARK_RECLAIM_BATCH, (Datum) 0,
+		if (em_expire_budget_jobs(budget_id, now, EARMARK_RECLAIM_BATCH,
 								  &released, &charged) > 0)
 		{
 			held -= released;
@@ -1103,7 +1092,6 @@ em_sweep(int max_jobs)
 		if (SPI_processed == 0)
 			continue;
 		n = em_expire_budget_jobs(budgets[i], now, max_jobs - done,
-								  em_escrow_lock_slots(budgets[i]),
 								  &released, &charged);
 		if (n > 0)
 		{

@@ -260,7 +260,8 @@ static EmStatement claim_events = {
 	"         locked_until = $3 + $2, updated_at = $3"
 	"   WHERE e.event_id IN ("
 	"     SELECT d.event_id FROM earmark.inbox_event d"
-	"      WHERE ((d.status IN ('received', 'failed') AND d.next_attempt_at <= $3)"
+	"      WHERE d.status IN ('received', 'failed', 'processing')"	/* the partial index, in order */
+	"        AND ((d.status IN ('received', 'failed') AND d.next_attempt_at <= $3)"
 	"             OR (d.status = 'processing' AND d.locked_until < $3))"
 	"        AND d.attempts < $5"
 	"        AND EXISTS (SELECT 1 FROM earmark.inbox_handler h"
