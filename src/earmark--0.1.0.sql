@@ -87,9 +87,8 @@ CREATE TABLE earmark.budget (
 -- room, so only a rebalance (under the budget row's lock) changes it.  A
 -- slot whose gen is not the budget's slot_gen admits nothing.
 CREATE TABLE earmark.budget_slot (
-    -- the only foreign key of a hot table: slots are created once, under the
-    -- budget's lock, and the hot path never changes budget_id, so no check
-    -- runs there
+    -- slots are created once, under the budget's lock, and the hot path
+    -- never changes budget_id, so this key's check never runs there
     budget_id   bigint NOT NULL REFERENCES earmark.budget ON DELETE CASCADE,
     slot        int NOT NULL,
     gen         bigint NOT NULL DEFAULT 0,

@@ -138,6 +138,7 @@ extern const char *em_inbox_apply(int64 event_id, int attempts);
 
 /* webhook intake (intake.c): refresh the cached JWKS, in SPI */
 extern int	em_jwks_refresh(void);
+extern int	em_jwks_refresh_if_older(TimestampTz cutoff);
 
 /* worker (worker.c) */
 extern void em_register_worker(void);

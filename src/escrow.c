@@ -128,6 +128,11 @@ em_escrow_fast(text *account, text *feature, TimestampTz cycle_start,
  * The rebalance
  * ---------------------------------------------------------------------
  */
+static EmStatement count_slots = {
+	"SELECT pg_catalog.count(*) FROM earmark.budget_slot WHERE budget_id = $1 AND slot < $2",
+	2, {INT8OID, INT4OID}
+};
+
 static EmStatement create_slots = {
 	"INSERT INTO earmark.budget_slot (budget_id, slot) "
 	"SELECT $1, g FROM pg_catalog.generate_series(0, $2 - 1) g "
@@ -325,13 +330,20 @@ em_escrow_rebalance(EscrowBudget *b, int64 amount, TimestampTz now,
 		(!b->unlimited && b->slot_lim != b->lim))
 		gen++;
 
+	/*
+	 * Create missing slot rows.  Only when some are missing: the insert's
+	 * conflict check would wait for every transaction that is changing an
+	 * existing slot, which is exactly the wait SKIP LOCKED avoids below.
+	 */
 	if (b->slots > 0)
 	{
 		Datum		args[2];
 
 		args[0] = Int64GetDatum(b->budget_id);
 		args[1] = Int32GetDatum(b->slots);
-		em_exec(&create_slots, args, NULL, 0);
+		em_exec(&count_slots, args, NULL, 1);
+		if (em_get_int64(0, 1, 0) < b->slots)
+			em_exec(&create_slots, args, NULL, 0);
 	}
 
 	/*
@@ -489,13 +501,14 @@ earmark_set_escrow(PG_FUNCTION_ARGS)
 	SPI_connect();
 	args[0] = PointerGetDatum(account);
 	args[1] = Int32GetDatum(slots);
+	/* budget rows before the account row: the order reserve keeps */
+	em_exec(&set_budget_slots, args, NULL, 0);
 	em_exec(&set_account_slots, args, NULL, 0);
 	if (SPI_processed == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("account \"%s\" does not exist", text_to_cstring(account)),
 				 errhint("Set its limit or its account first.")));
-	em_exec(&set_budget_slots, args, NULL, 0);
 	SPI_finish();
 	PG_RETURN_VOID();
 }

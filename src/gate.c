@@ -446,6 +446,27 @@ key_taken_meanwhile(text *account, text *key, text *feature, int64 amount,
 	return true;
 }
 
+static EmStatement rate_refund = {
+	"UPDATE earmark.account SET rate_tat = rate_tat - $2 * interval '1 microsecond' WHERE account = $1",
+	2, {TEXTOID, INT8OID}
+};
+
+/*
+ * Give back the admission rate_conforms counted, when the hold then found
+ * its key taken by a concurrent reserve: a repeat of a key never counts.
+ */
+static void
+rate_give_back(text *account)
+{
+	Datum		args[2];
+
+	if (earmark_rate_limit <= 0)
+		return;
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(USECS_PER_MINUTE / earmark_rate_limit);
+	em_exec(&rate_refund, args, NULL, 0);
+}
+
 /* GCRA, per account: true when one more admission conforms (and is counted) */
 static bool
 rate_conforms(text *account, TimestampTz now)
@@ -520,9 +541,14 @@ escrow_admit_outside(void *arg, EscrowBudget *b, int64 amount)
 {
 	ReserveCtx *c = (ReserveCtx *) arg;
 
+	EscrowResult r;
+
 	if (!rate_conforms(c->account, c->now))
 		return ESCROW_RATE_LIMITED;
-	return insert_hold(c, b->budget_id, b->used, b->held);
+	r = insert_hold(c, b->budget_id, b->used, b->held);
+	if (r == ESCROW_KEY_TAKEN)
+		rate_give_back(c->account);
+	return r;
 }
 
 static void
@@ -781,6 +807,8 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 			result->remaining = unlimited ? 0 : remaining - amount;
 			changed = false;
 		}
+		else
+			rate_give_back(account);
 	}
 
 	if (changed)

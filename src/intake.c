@@ -726,6 +726,32 @@ em_jwks_refresh(void)
 	return (int) JB_ROOT_COUNT(refetch_jwks(url));
 }
 
+static EmStatement jwks_fresh = {
+	"SELECT 1 FROM earmark.jwks WHERE url = $1 AND fetched_at >= $2",
+	2, {TEXTOID, TIMESTAMPTZOID}
+};
+
+/*
+ * The worker's refresh: fetch the configured key set when it is missing
+ * or was fetched before cutoff.  Returns the number of keys fetched, 0
+ * when nothing was due (or no provider domain is set).
+ */
+int
+em_jwks_refresh_if_older(TimestampTz cutoff)
+{
+	char	   *url = jwks_url(false);
+	Datum		args[2];
+
+	if (url == NULL)
+		return 0;
+	args[0] = CStringGetTextDatum(url);
+	args[1] = TimestampTzGetDatum(cutoff);
+	em_exec(&jwks_fresh, args, NULL, 1);
+	if (SPI_processed > 0)
+		return 0;
+	return (int) JB_ROOT_COUNT(refetch_jwks(url));
+}
+
 /* a string member of a key, or NULL (the provider's set is not judged) */
 static char *
 member_cstring(JsonbContainer *obj, const char *key)

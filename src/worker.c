@@ -175,11 +175,6 @@ apply_fn(void *arg)
 	return status != NULL;
 }
 
-static EmStatement jwks_stale = {
-	"SELECT 1 FROM earmark.jwks WHERE fetched_at < $1 LIMIT 1",
-	1, {TIMESTAMPTZOID}
-};
-
 /*
  * Keep the cached key set fresh: fetch it again once it is older than
  * earmark.jwks_refresh, so that a key the provider rotated in is usually
@@ -189,13 +184,8 @@ static EmStatement jwks_stale = {
 static int
 jwks_fn(void *arg)
 {
-	Datum		cutoff = TimestampTzGetDatum(GetCurrentTimestamp() -
-											 (int64) earmark_jwks_refresh_s * USECS_PER_SEC);
-
-	em_exec(&jwks_stale, &cutoff, NULL, 1);
-	if (SPI_processed == 0)
-		return 0;
-	return em_jwks_refresh();
+	return em_jwks_refresh_if_older(GetCurrentTimestamp() -
+									(int64) earmark_jwks_refresh_s * USECS_PER_SEC);
 }
 
 /* apply the events with handlers; returns how many were claimed */

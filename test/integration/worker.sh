@@ -98,10 +98,10 @@ np() { PGHOST=$NP PGPORT=$((PGPORT + 1)) q -d postgres "$@"; }
 np -c "CREATE EXTENSION earmark" >/dev/null
 is "$(np -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker'")" 0 "no worker without preload"
 np -c "SELECT earmark_set_limit('np', 100)" >/dev/null
-j=$(np -c "SELECT job_id FROM earmark_reserve('np', 60, 'a', lease => '100 milliseconds')")
+j=$(np -c "SELECT job_id FROM earmark_reserve('np', 60, 'a', lease => '2 seconds')")
 is "$(np -c "SELECT admitted || ' ' || reason FROM earmark_reserve('np', 60, 'b')")" "false the job needs 60 and 40 is left" "reserve works without preload"
 np -c "SELECT charged FROM earmark_charge($j, 25)" >/dev/null
-sleep 0.3
+sleep 2.2
 is "$(np -c "SELECT earmark_sweep()")" 1 "earmark_sweep works by hand without the worker"
 is "$(np -c "SELECT used || '/' || held FROM earmark_budget('np')")" "25/0" "and the budget is right"
 runuser -u postgres -- "$EM_PGBIN/pg_ctl" -D "$NP/data" -m fast -w stop >/dev/null
