@@ -87,9 +87,7 @@ CREATE TABLE earmark.budget (
 -- room, so only a rebalance (under the budget row's lock) changes it.  A
 -- slot whose gen is not the budget's slot_gen admits nothing.
 CREATE TABLE earmark.budget_slot (
-    -- slots are created once, under the budget's lock, and the hot path
-    -- never changes budget_id, so this key's check never runs there
-    budget_id   bigint NOT NULL REFERENCES earmark.budget ON DELETE CASCADE,
+    budget_id   bigint NOT NULL,
     slot        int NOT NULL,
     gen         bigint NOT NULL DEFAULT 0,
     room        bigint NOT NULL DEFAULT 0,
@@ -97,6 +95,18 @@ CREATE TABLE earmark.budget_slot (
     used        bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (budget_id, slot)
 ) WITH (fillfactor = 50);
+
+-- Slots go with their budget rows.  (No foreign key: see escrow.c.)
+CREATE FUNCTION earmark.truncate_slots() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    DELETE FROM earmark.budget_slot;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER budget_truncate_slots AFTER TRUNCATE ON earmark.budget
+    FOR EACH STATEMENT EXECUTE FUNCTION earmark.truncate_slots();
+REVOKE ALL ON FUNCTION earmark.truncate_slots() FROM PUBLIC;
 
 -- A job is a hold taken by earmark_reserve.  status is 'running' or
 -- 'capped' while the hold is open, then one of 'completed', 'failed',

@@ -44,7 +44,11 @@
  *	    Room inside slots other transactions hold is waited for by
  *	    retrying a few times, never by blocking on their locks.
  *	  - settle of a job held by a slot locks the job, then any free slot
- *	    (SKIP LOCKED), waiting only for its own slot when all are busy.
+ *	    (SKIP LOCKED), or, when every slot is busy, updates the budget row.
+ *	  - budget_slot has no foreign key: PostgreSQL runs the check when a
+ *	    transaction updates a row it already changed (a second admission
+ *	    from its own slot), and the key-share lock it takes on the budget
+ *	    row would queue the fast path behind every rebalance.
  *	  - the sweeper and reserve's reclaim expire holds into the budget row,
  *	    which they hold; they touch no slot.
  *

@@ -211,37 +211,46 @@ static EmStatement job_exists = {
 
 /*
  * A settlement: the budget, the job, its ledger row and the cycle's meter
- * mark in one statement ($6 the hold, $7 the budget).  settle_slot_job is
- * the same for a hold taken from escrow slot $8: it settles into whichever
- * slot of the budget is free (held to used, the rest to room), so that it
- * never queues behind the admissions using the slot it came from; only
- * when every slot is busy does it wait for its own.  A slot's allocation
- * (room + held + used) does not change either way, and that is what the
- * limit's books rest on (escrow.c); a slot's own held may go below zero.
+ * mark in one statement ($6 the hold, $7 the budget).  The ledger row and
+ * the mark are written only after the budget row's update, which they
+ * reference: a CTE nobody reads runs last, and a mark inserted before the
+ * budget lock was granted would be held, uncommitted, while waiting for
+ * it (a deadlock with any holder of the budget row that settles too).
+ *
+ * settle_slot_job is the same for a hold taken from an escrow slot: it
+ * settles into whichever slot of the budget is free (held to used, the
+ * rest to room), so that it never queues behind the admissions using the
+ * slot it came from; when every slot is busy it settles into the budget
+ * row, as an expiry does.  Either way no slot's allocation (room + held +
+ * used) changes, which is what the limit's books rest on (escrow.c); a
+ * row's own held may go below zero, only the sums count.
  */
 static EmStatement settle_job = {
-	"WITH b AS (UPDATE earmark.budget SET held = held - $6, used = used + $4 WHERE budget_id = $7),"
+	"WITH b AS (UPDATE earmark.budget SET held = held - $6, used = used + $4 WHERE budget_id = $7 RETURNING 1),"
 	" j AS (UPDATE earmark.job SET status = $2, settled_at = $3, charged = $4, "
 	"       released = $5 WHERE job_id = $1),"
 	" l AS (INSERT INTO earmark.ledger (budget_id, units, job_id, occurred_at)"
-	"       SELECT $7, $4, $1, $3 WHERE $4 > 0 RETURNING 1)"
+	"       SELECT $7, $4, $1, $3 WHERE $4 > 0 AND EXISTS (SELECT 1 FROM b) RETURNING 1)"
 	"INSERT INTO earmark.meter_mark (budget_id) SELECT $7 WHERE EXISTS (SELECT 1 FROM l) "
 	"ON CONFLICT DO NOTHING",
 	7, {INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID, INT8OID, INT8OID}
 };
 
 static EmStatement settle_slot_job = {
-	"WITH f AS (SELECT coalesce((SELECT slot FROM earmark.budget_slot WHERE budget_id = $7 "
-	"                            ORDER BY pg_catalog.random() LIMIT 1 FOR UPDATE SKIP LOCKED), $8) AS slot),"
-	" b AS (UPDATE earmark.budget_slot SET held = held - $6, used = used + $4, "
-	"       room = room + ($6 - $4) FROM f WHERE budget_id = $7 AND budget_slot.slot = f.slot),"
+	"WITH f AS (SELECT (SELECT slot FROM earmark.budget_slot WHERE budget_id = $7 "
+	"                   ORDER BY pg_catalog.random() LIMIT 1 FOR UPDATE SKIP LOCKED) AS slot),"
+	" bs AS (UPDATE earmark.budget_slot t SET held = t.held - $6, used = t.used + $4, "
+	"        room = t.room + ($6 - $4) FROM f WHERE t.budget_id = $7 AND t.slot = f.slot RETURNING 1),"
+	" bb AS (UPDATE earmark.budget SET held = held - $6, used = used + $4 "
+	"        WHERE budget_id = $7 AND (SELECT slot FROM f) IS NULL RETURNING 1),"
 	" j AS (UPDATE earmark.job SET status = $2, settled_at = $3, charged = $4, "
 	"       released = $5 WHERE job_id = $1),"
 	" l AS (INSERT INTO earmark.ledger (budget_id, units, job_id, occurred_at)"
-	"       SELECT $7, $4, $1, $3 WHERE $4 > 0 RETURNING 1)"
+	"       SELECT $7, $4, $1, $3 WHERE $4 > 0 "
+	"          AND (EXISTS (SELECT 1 FROM bs) OR EXISTS (SELECT 1 FROM bb)) RETURNING 1)"
 	"INSERT INTO earmark.meter_mark (budget_id) SELECT $7 WHERE EXISTS (SELECT 1 FROM l) "
 	"ON CONFLICT DO NOTHING",
-	8, {INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID, INT8OID, INT8OID, INT4OID}
+	7, {INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID, INT8OID, INT8OID}
 };
 
 static EmStatement expired_budgets = {
@@ -1003,7 +1012,7 @@ earmark_settle(PG_FUNCTION_ARGS)
 	int64		used_arg = has_used ? PG_GETARG_INT64(1) : 0;
 	char	   *outcome;
 	TimestampTz now = GetCurrentTimestamp();
-	Datum		args[8];
+	Datum		args[7];
 	bool		isnull;
 	int64		charged = 0;
 	int64		released = 0;
@@ -1040,9 +1049,10 @@ earmark_settle(PG_FUNCTION_ARGS)
 		int64		amount = em_get_int64(0, 2, 0);
 		int64		recorded = em_get_int64(0, 3, 0);
 		TimestampTz lease_until = DatumGetTimestampTz(em_get(0, 5, &isnull));
-		Datum		slotd = em_get(0, 8, &isnull);
-		bool		has_slot = !isnull;
-		int32		slot = has_slot ? DatumGetInt32(slotd) : 0;
+		bool		has_slot;
+
+		(void) em_get(0, 8, &has_slot);
+		has_slot = !has_slot;
 
 		if (lease_until < now)
 		{
@@ -1063,13 +1073,7 @@ earmark_settle(PG_FUNCTION_ARGS)
 		args[4] = Int64GetDatum(released);
 		args[5] = Int64GetDatum(amount);
 		args[6] = Int64GetDatum(budget_id);
-		if (has_slot)
-		{
-			args[7] = Int32GetDatum(slot);
-			em_exec(&settle_slot_job, args, NULL, 0);
-		}
-		else
-			em_exec(&settle_job, args, NULL, 0);
+		em_exec(has_slot ? &settle_slot_job : &settle_job, args, NULL, 0);
 	}
 	SPI_finish();
 

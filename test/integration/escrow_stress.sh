@@ -1,0 +1,269 @@
+#!/usr/bin/env bash
+# test/integration/escrow_stress.sh: escrow under load (DESIGN §4, §5).
+#
+# Phase 1: one hot account (limit 200000, 16 escrow slots), 50 pgbench
+# clients for 15 s with the rate limit off (so the fast path runs).  Each
+# transaction reserves a random amount (1..500) with a unique key, charges
+# part of it and then settles it (completed at its recorded use, completed
+# asking for more than the hold, failed), sweeps, or leaves it to its
+# 2-second lease.  Some transactions reserve twice and settle both in one
+# transaction.  The limit is reached during the run, so both the fast path
+# (slot admissions) and the slow path (rebalances, reclaims, refusals) are
+# exercised.  A sampler checks, every 0.2 s in one snapshot, that used +
+# held <= limit over the budget row and the slots (earmark_budget), that
+# held is the sum of the open holds and used the ledger sum.  Afterwards:
+# leases pass, earmark_sweep runs until nothing is left, and the books are
+# checked (invariants 1-4).
+#
+# Phase 2: two escrow accounts with room to spare; 20 clients for 10 s,
+# each transaction reserving on both accounts in one order or the other
+# (A then B, B then A), then settling the two jobs.  No transaction may fail
+# (a deadlock would be counted by pgbench as a failed transaction).
+#
+# ESCROW_STRESS_SECONDS / ESCROW_STRESS_CLIENTS override phase 1's run.
+
+source "$(dirname "$0")/tap.sh"
+DB=earmark_stress
+PGBENCH="$EM_PGBIN/pgbench"
+LIMIT=200000
+SECS=${ESCROW_STRESS_SECONDS:-15}
+CLIENTS=${ESCROW_STRESS_CLIENTS:-50}
+PAIR_SECS=${ESCROW_STRESS_PAIR_SECONDS:-10}
+PAIR_CLIENTS=${ESCROW_STRESS_PAIR_CLIENTS:-20}
+TMP=$(mktemp -d /tmp/earmark-escrow-stress.XXXXXX)
+SAMPLER=
+
+cleanup() {
+    if [ -n "$SAMPLER" ]; then touch "$TMP/stop"; wait "$SAMPLER" 2>/dev/null; fi
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+qd() { q -d "$DB" "$@"; }
+num() { [[ "$1" =~ ^-?[0-9]+$ ]] && echo "$1" || echo -1; }
+
+# the sampler: every 0.2 s, one snapshot (repeatable read, so that the
+# SPI queries of earmark_budget see it too); a line per sample:
+# within held_ok used_ok lim used held open_holds ledger
+start_sampler() {   # start_sampler ACCOUNT...
+    local accts="" a
+    for a in "$@"; do accts="$accts${accts:+,}('$a')"; done
+    rm -f "$TMP/stop" "$TMP/samples"
+    (
+        while [ ! -f "$TMP/stop" ]; do
+            "$EM_PGBIN/psql" -X -A -t -q -F ' ' -d "$DB" >>"$TMP/samples" 2>>"$TMP/sampler.err" <<SQL
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT eb.used + eb.held <= eb.lim, eb.held = o.h, eb.used = l.u,
+       eb.lim, eb.used, eb.held, o.h, l.u
+FROM (VALUES $accts) AS a(account)
+CROSS JOIN LATERAL earmark_budget(a.account) eb
+CROSS JOIN LATERAL (SELECT coalesce(sum(j.amount), 0) AS h FROM earmark.job j
+                    WHERE j.account = a.account AND j.status IN ('running', 'capped')) o
+CROSS JOIN LATERAL (SELECT coalesce(sum(e.units), 0) AS u FROM earmark.ledger e
+                    JOIN earmark.budget b USING (budget_id) WHERE b.account = a.account) l;
+COMMIT;
+SQL
+            sleep 0.2
+        done
+    ) &
+    SAMPLER=$!
+}
+
+stop_sampler() {
+    touch "$TMP/stop"
+    wait "$SAMPLER" 2>/dev/null
+    SAMPLER=
+}
+
+# pgbench's summary line "number of failed transactions: N (...)"
+pgbench_failed() { num "$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' "$1")"; }
+pgbench_done() { num "$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$1")"; }
+
+# ---------------------------------------------------------------------------
+q -d postgres -c "DROP DATABASE IF EXISTS $DB" >/dev/null 2>&1
+q -d postgres -c "CREATE DATABASE $DB"
+ok $? "database $DB created"
+qd -c "CREATE EXTENSION earmark"
+ok $? "extension created"
+
+qd >/dev/null <<SQL
+SET earmark.rate_limit = 0;
+SELECT earmark_set_limit('hot', $LIMIT);
+SELECT earmark_set_escrow('hot', 16);
+SELECT earmark_settle(r.job_id, 0) FROM earmark_reserve('hot', 1, 'warm-up') r;
+CREATE SEQUENCE stress_key;
+CREATE UNLOGGED TABLE stress_refusal (account text, amount bigint, reason text);
+SQL
+ok $? "account hot: limit $LIMIT, 16 escrow slots, warmed up"
+is "$(qd -c "SELECT count(*) FROM earmark.budget_slot s JOIN earmark.budget b USING (budget_id) WHERE b.account = 'hot' AND s.room > 0")" 16 \
+   "the warm-up cut room into the 16 slots"
+
+# one job per transaction, each statement its own transaction (the usual
+# application); fate: 1-12 settle completed at the recorded use, 13-14
+# settle completed asking for more than the hold (capped at the hold),
+# 15-16 settle failed, 17 sweep (others' expired holds), 17-20 leave the
+# job to its lease
+cat >"$TMP/single.sql" <<'EOF'
+\set amt random(1, 500)
+\set part random(0, :amt) / 2
+\set fate random(1, 20)
+WITH r AS (SELECT * FROM earmark_reserve('hot', :amt, 'k' || nextval('stress_key'), lease => '2 seconds')),
+     x AS (INSERT INTO stress_refusal SELECT 'hot', :amt, r.reason FROM r WHERE NOT r.admitted)
+SELECT coalesce((SELECT job_id FROM r), 0) AS jid \gset
+\if :jid > 0
+SELECT charged FROM earmark_charge(:jid, :part);
+\if :fate <= 12
+SELECT status FROM earmark_settle(:jid);
+\elif :fate <= 14
+SELECT status FROM earmark_settle(:jid, :amt + 100);
+\elif :fate <= 16
+SELECT status FROM earmark_settle(:jid, :part, 'failed');
+\elif :fate = 17
+SELECT earmark_sweep(100);
+\endif
+\endif
+EOF
+
+# two jobs in one transaction on the same account, both settled in it
+cat >"$TMP/double.sql" <<'EOF'
+\set amt1 random(1, 500)
+\set amt2 random(1, 500)
+\set part random(0, :amt1) / 2
+BEGIN;
+WITH r AS (SELECT * FROM earmark_reserve('hot', :amt1, 'k' || nextval('stress_key'), lease => '2 seconds')),
+     x AS (INSERT INTO stress_refusal SELECT 'hot', :amt1, r.reason FROM r WHERE NOT r.admitted)
+SELECT coalesce((SELECT job_id FROM r), 0) AS j1 \gset
+WITH r AS (SELECT * FROM earmark_reserve('hot', :amt2, 'k' || nextval('stress_key'), lease => '2 seconds')),
+     x AS (INSERT INTO stress_refusal SELECT 'hot', :amt2, r.reason FROM r WHERE NOT r.admitted)
+SELECT coalesce((SELECT job_id FROM r), 0) AS j2 \gset
+\if :j1 > 0
+SELECT charged FROM earmark_charge(:j1, :part);
+SELECT status FROM earmark_settle(:j1);
+\endif
+\if :j2 > 0
+SELECT status FROM earmark_settle(:j2, 0, 'cancelled');
+\endif
+COMMIT;
+EOF
+
+start_sampler hot
+PGOPTIONS='-c earmark.rate_limit=0' "$PGBENCH" -n -d "$DB" -c "$CLIENTS" -j 4 -T "$SECS" \
+    -f "$TMP/single.sql@4" -f "$TMP/double.sql@1" >"$TMP/bench1.out" 2>"$TMP/bench1.err"
+rc=$?
+stop_sampler
+is "$rc" 0 "phase 1: pgbench ran to the end (no client aborted)"
+if [ "$rc" != 0 ] || grep -q 'aborted' "$TMP/bench1.err"; then
+    grep -m 5 -i 'error\|abort' "$TMP/bench1.err" | sed 's/^/# /'
+fi
+is "$(pgbench_failed "$TMP/bench1.out")" 0 "phase 1: no failed transaction (no deadlock, no serialization failure)"
+diag "phase 1: $(pgbench_done "$TMP/bench1.out") transactions, $(grep -m1 '^tps' "$TMP/bench1.out")"
+
+samples=$(cat "$TMP/samples" 2>/dev/null | grep -c .)
+ok "$(( samples >= 10 ? 0 : 1 ))" "the sampler took $samples samples during the run"
+bad=$(grep -vc '^t t t ' "$TMP/samples")
+is "$bad" 0 "no sample with used + held over the limit, or books off (budget + slots vs jobs and ledger)"
+if [ "$bad" != 0 ]; then grep -v '^t t t ' "$TMP/samples" | head -5 | sed 's/^/# /'; fi
+[ -s "$TMP/sampler.err" ] && head -3 "$TMP/sampler.err" | sed 's/^/# sampler: /'
+
+# every lease has passed two seconds after the run; sweep what is left
+sleep 2.5
+swept=0
+for _ in $(seq 1 100); do
+    n=$(num "$(qd -c "SELECT earmark_sweep()")")
+    [ "$n" -le 0 ] && break
+    swept=$((swept + n))
+done
+is "$n" 0 "earmark_sweep until nothing is left (swept $swept at the end)"
+
+read -r used held lim <<<"$(qd -F ' ' -c "SELECT used, held, lim FROM earmark_budget('hot')")"
+ledger=$(qd -c "SELECT coalesce(sum(units), 0) FROM earmark.ledger")
+open=$(qd -c "SELECT coalesce(sum(amount), 0) FROM earmark.job WHERE status IN ('running', 'capped')")
+raw=$(qd -F ' ' -c "SELECT b.used + coalesce(sum(s.used), 0), b.held + coalesce(sum(s.held), 0)
+                     FROM earmark.budget b LEFT JOIN earmark.budget_slot s USING (budget_id)
+                     WHERE b.account = 'hot' GROUP BY b.budget_id")
+diag "limit $lim, used $used, held $held, ledger $ledger, open holds $open"
+ok "$(( used + held <= lim ? 0 : 1 ))" "used + held <= limit at the end"
+is "$used" "$ledger" "used over budget and slots equals the ledger sum"
+is "$held" "$open" "held over budget and slots equals the open holds"
+is "$held" 0 "nothing is held at the end"
+is "$raw" "$used $held" "earmark_budget agrees with the budget row plus the slots"
+is "$(qd -c "SELECT count(*) FROM earmark.job WHERE status NOT IN ('running', 'capped')
+                AND (charged IS NULL OR charged < 0 OR charged > amount OR released <> amount - charged)")" 0 \
+   "every settled job charged between 0 and its hold, and released the rest"
+is "$(qd -c "SELECT count(*) FROM earmark.job WHERE used > amount")" 0 "no job recorded more use than its hold"
+is "$(qd -c "SELECT count(*) FROM (SELECT job_id FROM earmark.ledger WHERE job_id IS NOT NULL GROUP BY job_id HAVING count(*) > 1) d")" 0 \
+   "each job has at most one ledger row"
+is "$(qd -c "SELECT count(*) FROM earmark.ledger l JOIN earmark.job j USING (job_id) WHERE l.units <> j.charged")" 0 \
+   "each ledger row is its job's charge"
+is "$(qd -c "SELECT count(*) FROM earmark.job j WHERE j.charged > 0 AND NOT EXISTS (SELECT 1 FROM earmark.ledger l WHERE l.job_id = j.job_id)")" 0 \
+   "each job that charged something has its ledger row"
+is "$(qd -c "SELECT count(*) FROM stress_refusal WHERE reason IS NULL OR reason NOT LIKE 'the job needs % and % is left'")" 0 \
+   "every refusal says why, with the numbers"
+
+admitted=$(qd -c "SELECT count(*) FROM earmark.job WHERE idempotency_key <> 'warm-up'")
+refused=$(qd -c "SELECT count(*) FROM stress_refusal")
+in_slots=$(qd -c "SELECT count(*) FROM earmark.job WHERE slot IS NOT NULL")
+outside=$(qd -c "SELECT count(*) FROM earmark.job WHERE slot IS NULL AND idempotency_key <> 'warm-up'")
+diag "admitted $admitted (through slots $in_slots, by the slow path $outside), refused $refused"
+diag "jobs by status: $(qd -c "SELECT string_agg(status || ' ' || n, ', ' ORDER BY status) FROM (SELECT status, count(*) n FROM earmark.job GROUP BY status) s")"
+ok "$(( in_slots > 0 ? 0 : 1 ))" "jobs were admitted through slots (the fast path)"
+ok "$(( outside > 0 ? 0 : 1 ))" "jobs were admitted by the slow path (outside the slots)"
+ok "$(( refused > 0 ? 0 : 1 ))" "the limit was reached: some reserves were refused"
+ok "$(( $(qd -c "SELECT count(*) FROM earmark.job WHERE status = 'expired'") > 0 ? 0 : 1 ))" \
+   "some holds expired (their lease passed) and were settled by a reclaim or a sweep"
+
+# ---------------------------------------------------------------------------
+# Phase 2: two escrow accounts, reserved in opposite orders
+qd >/dev/null <<SQL
+SET earmark.rate_limit = 0;
+SELECT earmark_set_limit('pair_a', 100000000);
+SELECT earmark_set_escrow('pair_a', 16);
+SELECT earmark_settle(r.job_id, 0) FROM earmark_reserve('pair_a', 1, 'warm-up') r;
+SELECT earmark_set_limit('pair_b', 100000000);
+SELECT earmark_set_escrow('pair_b', 16);
+SELECT earmark_settle(r.job_id, 0) FROM earmark_reserve('pair_b', 1, 'warm-up') r;
+SQL
+ok $? "accounts pair_a and pair_b: 16 escrow slots each, room to spare"
+
+for order in "a b" "b a"; do
+    set -- $order
+    cat >"$TMP/pair_$1$2.sql" <<EOF
+\\set amt1 random(1, 500)
+\\set amt2 random(1, 500)
+BEGIN;
+SELECT coalesce(job_id, 0) AS j1 FROM earmark_reserve('pair_$1', :amt1, 'p' || nextval('stress_key'), lease => '30 seconds') \\gset
+SELECT coalesce(job_id, 0) AS j2 FROM earmark_reserve('pair_$2', :amt2, 'p' || nextval('stress_key'), lease => '30 seconds') \\gset
+COMMIT;
+\\if :j1 > 0
+SELECT status FROM earmark_settle(:j1, :amt1 / 10);
+\\endif
+\\if :j2 > 0
+SELECT status FROM earmark_settle(:j2, :amt2 / 10);
+\\endif
+EOF
+done
+
+start_sampler pair_a pair_b
+PGOPTIONS='-c earmark.rate_limit=0' "$PGBENCH" -n -d "$DB" -c "$PAIR_CLIENTS" -j 4 -T "$PAIR_SECS" \
+    -f "$TMP/pair_ab.sql" -f "$TMP/pair_ba.sql" >"$TMP/bench2.out" 2>"$TMP/bench2.err"
+rc=$?
+stop_sampler
+is "$rc" 0 "phase 2: pgbench ran to the end (no client aborted)"
+if [ "$rc" != 0 ] || grep -q 'aborted' "$TMP/bench2.err"; then
+    grep -m 5 -i 'error\|abort' "$TMP/bench2.err" | sed 's/^/# /'
+fi
+is "$(pgbench_failed "$TMP/bench2.out")" 0 "phase 2: no failed transaction (no deadlock between the opposite orders)"
+diag "phase 2: $(pgbench_done "$TMP/bench2.out") transactions, $(grep -m1 '^tps' "$TMP/bench2.out")"
+bad=$(grep -vc '^t t t ' "$TMP/samples")
+is "$bad" 0 "phase 2: no sample over a limit or with books off ($(cat "$TMP/samples" 2>/dev/null | grep -c .) samples)"
+pair_jobs=$(qd -c "SELECT count(*) FROM earmark.job WHERE account LIKE 'pair_%' AND idempotency_key <> 'warm-up'")
+pair_slots=$(qd -c "SELECT count(*) FROM earmark.job WHERE account LIKE 'pair_%' AND slot IS NOT NULL")
+pair_open=$(qd -c "SELECT count(*) FROM earmark.job WHERE account LIKE 'pair_%' AND status IN ('running', 'capped')")
+diag "phase 2: $pair_jobs jobs, $pair_slots through slots, $pair_open still open"
+ok "$(( pair_jobs > 0 && pair_slots > 0 ? 0 : 1 ))" "phase 2 admitted jobs through slots"
+is "$(qd -c "SELECT count(*) FROM (VALUES ('pair_a'), ('pair_b')) a(account), earmark_budget(a.account) eb
+             WHERE eb.used <> (SELECT coalesce(sum(units), 0) FROM earmark.ledger l JOIN earmark.budget b USING (budget_id) WHERE b.account = a.account)
+                OR eb.held <> (SELECT coalesce(sum(amount), 0) FROM earmark.job j WHERE j.account = a.account AND j.status IN ('running', 'capped'))")" 0 \
+   "phase 2: used and held of both accounts match the ledger and the open holds"
+
+done_testing
