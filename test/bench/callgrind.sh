@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# test/bench/callgrind.sh: CPU instructions per call of earmark_reserve,
+# earmark_charge and earmark_settle, against the PL/pgSQL reference,
+# counted by valgrind --tool=callgrind on a single-user backend.
+#
+#   sudo bash test/bench/callgrind.sh
+#
+# A throwaway cluster (earmark not preloaded, so no worker;
+# earmark.rate_limit = 0) gets the extension, the reference
+# (reference.sql), account cg with a limit of 10^15 in both, and, for the
+# charge and settle measurements, pools of open jobs (lease 1 day) whose
+# ids are known.  The cluster is then stopped and each measurement is a
+# single-user backend (postgres --single) under callgrind, fed on stdin
+# with one PREPARE and then N lines "EXECUTE q(...)", each its own
+# transaction as pgbench -M prepared sends them, once with N = 1 and once
+# with N = 1 + CG_CALLS.  (Ir of the second) - (Ir of the first), divided
+# by CG_CALLS, is the cost of one call with everything that happens once
+# (start-up, catalog caches, the first plans) taken out.  Measured:
+#   reserve   SELECT * FROM earmark_reserve('cg', 10, $1)  | SELECT ref.reserve('cg', 10, $1)
+#   charge    SELECT * FROM earmark_charge($1, 5)          | SELECT ref.charge($1, 5)
+#   settle    SELECT * FROM earmark_settle($1, 5)          | SELECT ref.settle($1, 5)
+# Each also reports the instructions inside the function call itself
+# (inclusive): fmgr_security_definer for earmark (its functions are
+# SECURITY DEFINER with a pinned search_path, so this wraps the C function
+# and includes the search_path switch), plpgsql_call_handler for the
+# reference.  Instructions are user-space instructions (Ir): the kernel's
+# share (the WAL fsync at commit) is not counted.
+#
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+
+PORT=${CG_PORT:-55460}
+CALLS=${CG_CALLS:-2000}
+LIMIT=1000000000000000
+
+command -v valgrind >/dev/null || em_sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
+em_setup
+em_start_cluster "$PORT" "earmark.rate_limit = 0"
+CG_TMP=$(mktemp -d /tmp/earmark-callgrind.XXXXXX)
+chmod 777 "$CG_TMP"
+trap '[ -n "${CG_KEEP:-}" ] && em_log "kept $CG_TMP" || rm -rf "$CG_TMP"; em_stop_cluster' EXIT
+
+em_psql -d postgres >/dev/null <<SQL
+CREATE EXTENSION earmark;
+\i $EM_ROOT/test/bench/reference.sql
+SELECT earmark_set_limit('cg', $LIMIT);
+SELECT ref.set_limit('cg', $LIMIT);
+-- the cycle's budget row exists before any measurement
+SELECT * FROM earmark_settle((SELECT job_id FROM earmark_reserve('cg', 1, 'warm-up')), 0);
+-- pools of open jobs for charge and settle: 1 + 1 + CALLS + 1 a pool, ids
+-- in order; 100 a transaction (many holds of one account in one
+-- transaction are slow, see docs/benchmarks.md)
+DO \$\$
+BEGIN
+    FOR i IN 1 .. $((2 * CALLS + 4)) LOOP
+        PERFORM earmark_reserve('cg', 10, 'pool-' || i, lease => interval '1 day');
+        PERFORM ref.reserve('cg', 10, 'pool-' || i, interval '1 day');
+        IF i % 100 = 0 THEN COMMIT; END IF;
+    END LOOP;
+END \$\$;
+SQL
+EM_FIRST=$(em_psql -d postgres -At -c "SELECT min(job_id) FROM earmark.job WHERE idempotency_key LIKE 'pool-%'")
+REF_FIRST=$(em_psql -d postgres -At -c "SELECT min(id) FROM ref.job WHERE key LIKE 'pool-%'")
+pools_ok=$(em_psql -d postgres -At -c "
+    SELECT (SELECT max(job_id) - min(job_id) + 1 = count(*) AND count(*) = $((2 * CALLS + 4))
+              FROM earmark.job WHERE idempotency_key LIKE 'pool-%')
+       AND (SELECT max(id) - min(id) + 1 = count(*) AND count(*) = $((2 * CALLS + 4))
+              FROM ref.job WHERE key LIKE 'pool-%')")
+[ "$pools_ok" = t ] || { em_log "the job pools' ids are not contiguous"; exit 1; }
+em_as_pg "$EM_PGBIN/pg_ctl" -D "$EM_DATA" -m fast -w stop >/dev/null
+
+declare -A PREP=(
+    [earmark_reserve]="PREPARE q(text) AS SELECT * FROM earmark_reserve('cg', 10, \$1);"
+    [reference_reserve]="PREPARE q(text) AS SELECT ref.reserve('cg', 10, \$1);"
+    [earmark_charge]="PREPARE q(bigint) AS SELECT * FROM earmark_charge(\$1, 5);"
+    [reference_charge]="PREPARE q(bigint) AS SELECT ref.charge(\$1, 5);"
+    [earmark_settle]="PREPARE q(bigint) AS SELECT * FROM earmark_settle(\$1, 5);"
+    [reference_settle]="PREPARE q(bigint) AS SELECT ref.settle(\$1, 5);"
+)
+
+# the argument of call I (1-based) of the run with N calls: a new key for
+# reserve; for charge and settle a job of the pool nobody used yet (run
+# with 1 call: job 0 of the pool; run with N: jobs 1 .. N; charge's pool
+# first, settle's after it)
+arg() {
+    local name=$1 n=$2 i=$3 first off
+    case $name in
+        *_reserve) echo "'$name-$n-$i'"; return ;;
+        earmark_*) first=$EM_FIRST ;;
+        *) first=$REF_FIRST ;;
+    esac
+    off=$(( n == 1 ? 0 : i ))
+    case $name in *_settle) off=$(( off + CALLS + 2 )) ;; esac
+    echo $(( first + off ))
+}
+
+# measure NAME N: prints "total_Ir function_inclusive_Ir"
+measure() {
+    local name=$1 n=$2 out=$CG_TMP/$1.$2.out i
+    {
+        echo "${PREP[$name]}"
+        for i in $(seq 1 "$n"); do echo "EXECUTE q($(arg "$name" "$n" "$i"));"; done
+    } >"$CG_TMP/$name.$n.sql"
+    em_as_pg valgrind --tool=callgrind --trace-children=no --callgrind-out-file="$out" \
+        "$EM_PGBIN/postgres" --single -D "$EM_DATA" postgres \
+        <"$CG_TMP/$name.$n.sql" >"$CG_TMP/$name.$n.log" 2>&1 \
+        || { tail -20 "$CG_TMP/$name.$n.log" >&2; em_log "valgrind failed: $name $n"; exit 1; }
+    if grep -q 'ERROR' "$CG_TMP/$name.$n.log"; then
+        grep -m3 'ERROR' "$CG_TMP/$name.$n.log" >&2; em_log "SQL error in $name $n"; exit 1
+    fi
+    local total fn
+    total=$(sed -n 's/^\(totals\|summary\): *\([0-9]*\).*/\2/p' "$out" | head -1)
+    local f=fmgr_security_definer
+    case $name in reference_*) f=plpgsql_call_handler ;; esac
+    fn=$(callgrind_annotate --inclusive=yes --threshold=100 "$out" 2>/dev/null \
+        | awk -v f="$f" '!done && ($0 ~ (":" f " ") || $0 ~ (":" f "$")) { gsub(",", "", $1); print $1; done = 1 }')
+    echo "$total ${fn:-0}"
+}
+
+declare -A PER FNPER
+NAMES=${CG_ONLY:-earmark_reserve reference_reserve earmark_charge reference_charge earmark_settle reference_settle}
+for name in $NAMES; do
+    em_log "callgrind: $name, 1 call"
+    read -r t1 f1 < <(measure "$name" 1)
+    em_log "callgrind: $name, $((CALLS + 1)) calls"
+    read -r t2 f2 < <(measure "$name" $((CALLS + 1)))
+    PER[$name]=$(( (t2 - t1) / CALLS ))
+    FNPER[$name]=$(( (f2 - f1) / CALLS ))
+    em_log "$name: ${PER[$name]} Ir a statement, ${FNPER[$name]} inside the function"
+done
+
+fmt() { echo "$1" | sed ':a;s/\B[0-9]\{3\}\>/,&/;ta'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+echo
+echo "Instructions (callgrind Ir) per call, single-user backend, $(date -u '+%Y-%m-%d %H:%M UTC');"
+echo "(Ir with $((CALLS + 1)) calls - Ir with 1 call) / $CALLS; each call an EXECUTE of a prepared"
+echo "statement in its own transaction."
+echo
+echo "| call | earmark: statement | earmark: inside the function | reference: statement | reference: inside the function | earmark / reference (statement) |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+te=0; tr=0; fe=0; fr=0
+for op in reserve charge settle; do
+    e=${PER[earmark_$op]:-}; r=${PER[reference_$op]:-}
+    [ -n "$e" ] && [ -n "$r" ] || continue
+    echo "| $op | $(fmt "$e") | $(fmt "${FNPER[earmark_$op]}") | $(fmt "$r") | $(fmt "${FNPER[reference_$op]}") | $(ratio "$e" "$r") |"
+    te=$((te + e)); tr=$((tr + r)); fe=$((fe + FNPER[earmark_$op])); fr=$((fr + FNPER[reference_$op]))
+done
+[ "$te" -gt 0 ] && echo "| **a job** (the three) | $(fmt $te) | $(fmt $fe) | $(fmt $tr) | $(fmt $fr) | $(ratio $te $tr) |"

@@ -1,0 +1,6 @@
+-- the PL/pgSQL reference (test/bench/reference.sql), 10,000 accounts
+\set a random(1, 10000)
+\set k random(1, 9000000000000000000)
+SELECT ref.reserve('a' || :a::text, 10, :client_id::text || '-' || :k::text) AS job_id \gset
+SELECT ref.charge(:job_id, 5) AS charged \gset
+SELECT ref.settle(:job_id, 5) AS charged \gset
