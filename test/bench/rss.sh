@@ -9,8 +9,9 @@
 # transaction (COMMIT in the loop), on one account with a finite limit
 # (10^15) and earmark.rate_limit = 0.  After every batch the backend reads
 # its own /proc/self/status (pg_read_file) and prints VmRSS (all resident
-# memory: private, shared buffers it touched, mapped files) and RssAnon
-# (its private heap: where a leak would show).  RSS_BATCHES batches (10):
+# memory), RssAnon (its private heap: where a leak would show) and RssShmem
+# (the shared memory it has touched: shared buffers, growing towards
+# shared_buffers as the tables grow, not a leak).  RSS_BATCHES batches (10):
 # a million calls of each.
 #
 # The same loop then runs over the PL/pgSQL reference (ref.reserve,
@@ -62,7 +63,7 @@ END
 \$\$;
 SQL
 
-# run_side SIDE: prints "batch|calls|VmRSS kB|RssAnon kB|seconds" per batch
+# run_side SIDE: prints "batch|calls|VmRSS kB|RssAnon kB|RssShmem kB|seconds" per batch
 run_side() {
     local side=$1 b
     {
@@ -74,6 +75,7 @@ run_side() {
             echo "SELECT $b, $b * $BATCH,
                    substring(pg_read_file('/proc/self/status') FROM 'VmRSS:\\s*(\\d+)'),
                    substring(pg_read_file('/proc/self/status') FROM 'RssAnon:\\s*(\\d+)'),
+                   substring(pg_read_file('/proc/self/status') FROM 'RssShmem:\\s*(\\d+)'),
                    round(extract(epoch FROM clock_timestamp() - :'t0')::numeric, 1);"
         done
     } | em_psql -d postgres -At
@@ -84,9 +86,9 @@ report() {   # report SIDE FILE
     echo
     echo "$side: one backend (pid $(sed -n 's/^pid|//p' "$file")), reserve + settle, a transaction each"
     echo
-    echo "| calls | VmRSS (kB) | RssAnon (kB) | seconds for the batch |"
-    echo "| ---: | ---: | ---: | ---: |"
-    grep -v '^pid|' "$file" | awk -F'|' '{ printf "| %\047d | %d | %d | %s |\n", $2, $3, $4, $5 }'
+    echo "| calls | VmRSS (kB) | RssAnon (kB) | RssShmem (kB) | seconds for the batch |"
+    echo "| ---: | ---: | ---: | ---: | ---: |"
+    grep -v '^pid|' "$file" | awk -F'|' '{ printf "| %\047d | %d | %d | %d | %s |\n", $2, $3, $4, $5, $6 }'
     grep -v '^pid|' "$file" | awk -F'|' -v side="$side" '
         NR == 1 { r0 = $3; a0 = $4; c0 = $2 }
         { r1 = $3; a1 = $4; c1 = $2 }
@@ -110,5 +112,6 @@ echo "PostgreSQL $(em_psql -d postgres -At -c 'SHOW server_version'), $(nproc) C
 report earmark "$RSS_TMP/earmark"
 [ "$REFERENCE" = 1 ] && report "reference (PL/pgSQL)" "$RSS_TMP/reference"
 echo
-echo "VmRSS also counts the shared buffers a backend has touched (it grows as the"
-echo "tables grow); RssAnon is the backend's private memory, where a leak shows."
+echo "VmRSS = RssAnon + RssFile + RssShmem.  RssShmem is the shared memory the backend has"
+echo "touched (shared buffers; it grows until it reaches shared_buffers); RssAnon is the"
+echo "backend's private memory, where a leak shows."
