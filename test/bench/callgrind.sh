@@ -142,6 +142,6 @@ for op in reserve charge settle; do
     e=${PER[earmark_$op]:-}; r=${PER[reference_$op]:-}
     [ -n "$e" ] && [ -n "$r" ] || continue
     echo "| $op | $(fmt "$e") | $(fmt "${FNPER[earmark_$op]}") | $(fmt "$r") | $(fmt "${FNPER[reference_$op]}") | $(ratio "$e" "$r") |"
-    te=$((te + e)); tr=$((tr + r)); fe=$((fe + FNPER[earmark_$op])); fr=$((fr + FNPER[reference_$op]))
+    te=$((te + e)); tr=$((tr + r)); fe=$((fe + ${FNPER[earmark_$op]})); fr=$((fr + ${FNPER[reference_$op]}))
 done
 [ "$te" -gt 0 ] && echo "| **a job** (the three) | $(fmt $te) | $(fmt $fe) | $(fmt $tr) | $(fmt $fr) | $(ratio $te $tr) |"

@@ -163,7 +163,7 @@ bq "SELECT pg_reload_conf()" >/dev/null
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # --- the table ------------------------------------------------------------
-modes=($SYNC_MODES)
+read -r -a modes <<<"$SYNC_MODES"
 tps() { echo "${TPS[$1,$2]:-n/a}"; }
 row_ratio() {   # row_ratio LABEL A B OP TARGET
     local label=$1 a=$2 b=$3 op=$4 target=$5 m r line

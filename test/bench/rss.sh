@@ -90,10 +90,10 @@ report() {   # report SIDE FILE
     echo "| ---: | ---: | ---: | ---: | ---: |"
     grep -v '^pid|' "$file" | awk -F'|' '{ printf "| %\047d | %d | %d | %d | %s |\n", $2, $3, $4, $5, $6 }'
     grep -v '^pid|' "$file" | awk -F'|' -v side="$side" '
-        NR == 1 { r0 = $3; a0 = $4; c0 = $2 }
-        { r1 = $3; a1 = $4; c1 = $2 }
-        END { printf "\n%s: from %\047d to %\047d calls, VmRSS %+d kB, RssAnon %+d kB (%.3f bytes of RssAnon a call)\n",
-                     side, c0, c1, r1 - r0, a1 - a0, (a1 - a0) * 1024 / (c1 - c0) }'
+        NR == 1 { r0 = $3; a0 = $4; c0 = $2; lo = $4; hi = $4 }
+        { r1 = $3; a1 = $4; c1 = $2; if ($4 < lo) lo = $4; if ($4 > hi) hi = $4 }
+        END { printf "\n%s: from %\047d to %\047d calls, VmRSS %+d kB, RssAnon %+d kB (%.3f bytes of RssAnon a call); RssAnon between %d and %d kB over the samples\n",
+                     side, c0, c1, r1 - r0, a1 - a0, (a1 - a0) * 1024 / (c1 - c0), lo, hi }'
 }
 
 RSS_TMP=$(mktemp -d /tmp/earmark-rss.XXXXXX)

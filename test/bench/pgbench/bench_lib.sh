@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034
 # test/bench/pgbench/bench_lib.sh: set-up and pgbench runs shared by
 # test/bench/gate.sh and test/bench/clients.sh.  Source it after
 # scripts/lib.sh and em_start_cluster.
