@@ -252,20 +252,20 @@ CREATE FUNCTION earmark_budget(account text, feature text DEFAULT 'default', at 
 RETURNS TABLE (cycle_start timestamptz, cycle_end timestamptz, lim bigint,
                used bigint, held bigint, remaining bigint, limit_state text)
 AS 'MODULE_PATHNAME', 'earmark_budget'
-LANGUAGE C CALLED ON NULL INPUT STABLE SECURITY DEFINER
+LANGUAGE C CALLED ON NULL INPUT STABLE SECURITY DEFINER ROWS 1
 SET search_path = pg_catalog, pg_temp;
 
 CREATE FUNCTION earmark_reserve(account text, amount bigint, idempotency_key text,
                                 feature text DEFAULT 'default', lease interval DEFAULT NULL)
 RETURNS TABLE (job_id bigint, admitted boolean, remaining bigint, reason text)
 AS 'MODULE_PATHNAME', 'earmark_reserve'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1
 SET search_path = pg_catalog, pg_temp;
 
 CREATE FUNCTION earmark_charge(job_id bigint, tokens bigint, step bigint DEFAULT NULL)
 RETURNS TABLE (charged bigint, capped boolean, room bigint, status text)
 AS 'MODULE_PATHNAME', 'earmark_charge'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1
 SET search_path = pg_catalog, pg_temp;
 
 CREATE FUNCTION earmark_heartbeat(job_id bigint)
@@ -277,7 +277,7 @@ SET search_path = pg_catalog, pg_temp;
 CREATE FUNCTION earmark_settle(job_id bigint, used bigint DEFAULT NULL, outcome text DEFAULT 'completed')
 RETURNS TABLE (charged bigint, released bigint, status text)
 AS 'MODULE_PATHNAME', 'earmark_settle'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1
 SET search_path = pg_catalog, pg_temp;
 
 CREATE FUNCTION earmark_set_escrow(account text, slots int)
@@ -298,7 +298,7 @@ CREATE FUNCTION earmark_inbox_receive(source text, dedupe_key text, event_type t
                                       occurred_at timestamptz DEFAULT NULL, account text DEFAULT NULL)
 RETURNS TABLE (event_id bigint, inserted boolean)
 AS 'MODULE_PATHNAME', 'earmark_inbox_receive'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1
 SET search_path = pg_catalog, pg_temp;
 
 CREATE FUNCTION earmark_inbox_claim(max_events int DEFAULT 25, lease interval DEFAULT '30 seconds')
@@ -457,7 +457,7 @@ CREATE FUNCTION earmark_inbox_receive_signed(source text, webhook_id text, webho
                                              webhook_signature text, body text)
 RETURNS TABLE (event_id bigint, inserted boolean)
 AS 'MODULE_PATHNAME', 'earmark_inbox_receive_signed'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1
 SET search_path = pg_catalog, pg_temp;
 
 CREATE FUNCTION earmark_webhook_signature_valid(secret text, webhook_id text, webhook_timestamp text,
@@ -483,7 +483,7 @@ SET search_path = pg_catalog, pg_temp;
 CREATE FUNCTION earmark_inbox_receive_kinde(webhook_id text, token text)
 RETURNS TABLE (event_id bigint, inserted boolean)
 AS 'MODULE_PATHNAME', 'earmark_inbox_receive_kinde'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1
 SET search_path = pg_catalog, pg_temp;
 
 CREATE FUNCTION earmark_refresh_jwks()

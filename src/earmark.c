@@ -245,16 +245,6 @@ em_arg_name(FunctionCallInfo fcinfo, int argno, const char *what)
 	return check_name(PG_GETARG_TEXT_PP(argno), what);
 }
 
-/* a name whose NULL means its default (feature defaults to 'default') */
-text *
-em_arg_name_default(FunctionCallInfo fcinfo, int argno, const char *what,
-					const char *dflt)
-{
-	if (PG_ARGISNULL(argno))
-		return cstring_to_text(dflt);
-	return check_name(PG_GETARG_TEXT_PP(argno), what);
-}
-
 int64
 em_arg_int64(FunctionCallInfo fcinfo, int argno, const char *what)
 {

@@ -64,8 +64,6 @@ extern int64 em_get_int64(int row, int col, int64 if_null);
 
 /* argument checks: they raise the documented SQLSTATE or return the value */
 extern text *em_arg_name(FunctionCallInfo fcinfo, int argno, const char *what);
-extern text *em_arg_name_default(FunctionCallInfo fcinfo, int argno,
-								 const char *what, const char *dflt);
 extern int64 em_arg_int64(FunctionCallInfo fcinfo, int argno, const char *what);
 
 /* hand back one row of a RETURNS TABLE function */

@@ -415,8 +415,6 @@ earmark_inbox_receive_signed(PG_FUNCTION_ARGS)
 	bool		has_occurred_at;
 	int64		event_id;
 	bool		inserted;
-	Datum		values[2];
-	bool		nulls[2] = {false, false};
 
 	fill_message(&msg, webhook_id, ts, sig, body);
 
@@ -447,9 +445,7 @@ earmark_inbox_receive_signed(PG_FUNCTION_ARGS)
 				   has_occurred_at, occurred_at, NULL, &event_id, &inserted);
 	SPI_finish();
 
-	values[0] = Int64GetDatum(event_id);
-	values[1] = BoolGetDatum(inserted);
-	em_return_row(fcinfo, values, nulls);
+	em_return_event_id(fcinfo, event_id, inserted);
 	return (Datum) 0;
 }
 
@@ -1004,8 +1000,6 @@ earmark_inbox_receive_kinde(PG_FUNCTION_ARGS)
 	text	   *account;
 	int64		event_id;
 	bool		inserted;
-	Datum		values[2];
-	bool		nulls[2] = {false, false};
 
 	if (!em_jwt_split(VARDATA_ANY(token), VARSIZE_ANY_EXHDR(token), &jwt, &why))
 		raise_malformed("the Kinde webhook token is not a JWT", why);
@@ -1030,9 +1024,7 @@ earmark_inbox_receive_kinde(PG_FUNCTION_ARGS)
 				   has_occurred_at, occurred_at, account, &event_id, &inserted);
 	SPI_finish();
 
-	values[0] = Int64GetDatum(event_id);
-	values[1] = BoolGetDatum(inserted);
-	em_return_row(fcinfo, values, nulls);
+	em_return_event_id(fcinfo, event_id, inserted);
 	return (Datum) 0;
 }
 
