@@ -1,7 +1,7 @@
 # earmark: PGXS build
 EXTENSION = earmark
 MODULE_big = earmark
-OBJS = src/earmark.o src/account.o src/gate.o src/escrow.o src/inbox.o src/worker.o src/sigverify.o src/http.o src/intake.o
+OBJS = src/earmark.o src/account.o src/gate.o src/escrow.o src/ledger.o src/meter.o src/reconcile.o src/limits.o src/provider.o src/inbox.o src/worker.o src/sigverify.o src/http.o src/intake.o
 DATA = src/earmark--0.1.0.sql
 PGFILEDESC = "earmark - usage limits that hold under concurrency"
 
@@ -19,4 +19,4 @@ PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
 # every object depends on the shared headers
-$(OBJS): src/earmark.h src/sigverify.h
+$(OBJS): src/earmark.h src/sigverify.h src/provider.h

@@ -268,7 +268,9 @@ static EmStatement read_account_limit = {
 
 /* the cycle's totals, escrow slots included */
 static EmStatement read_budget = {
-	"SELECT b.used + coalesce(pg_catalog.sum(s.used), 0)::bigint, "
+	"SELECT b.used + coalesce(pg_catalog.sum(s.used), 0)::bigint "
+	"         + coalesce((SELECT pg_catalog.sum(u.units) FROM earmark.usage_shard u "
+	"                     WHERE u.budget_id = b.budget_id), 0)::bigint, "
 	"       b.held + coalesce(pg_catalog.sum(s.held), 0)::bigint "
 	"FROM earmark.budget b LEFT JOIN earmark.budget_slot s USING (budget_id) "
 	"WHERE b.account = $1 AND b.feature = $2 AND b.cycle_start = $3 "

@@ -37,6 +37,13 @@ CREATE TABLE earmark.account (
     plan_changed_at     timestamptz,
     -- escrow slots for this account's budgets (NULL: earmark.escrow_slots)
     escrow_slots        int CHECK (escrow_slots BETWEEN 0 AND 256),
+    -- the limit cache (provider kinde or http): when the provider's limits
+    -- were last read, when an admission found them stale and asked the
+    -- worker for a refresh, and the last failed read
+    limits_fetched_at   timestamptz,
+    limits_wanted_at    timestamptz,
+    limits_tried_at     timestamptz,
+    limits_error        text,
     created_at          timestamptz NOT NULL DEFAULT pg_catalog.now(),
     updated_at          timestamptz NOT NULL DEFAULT pg_catalog.now(),
     CONSTRAINT account_name_ok CHECK (account <> '' AND pg_catalog.length(account) <= 255)
@@ -96,11 +103,14 @@ CREATE TABLE earmark.budget_slot (
     PRIMARY KEY (budget_id, slot)
 ) WITH (fillfactor = 50);
 
--- Slots go with their budget rows.  (No foreign key: see escrow.c.)
+-- Slots, usage shards and meter marks go with their budget rows.  (No
+-- foreign keys: see escrow.c.)
 CREATE FUNCTION earmark.truncate_slots() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     DELETE FROM earmark.budget_slot;
+    DELETE FROM earmark.usage_shard;
+    DELETE FROM earmark.meter_mark;
     RETURN NULL;
 END
 $$;
@@ -134,29 +144,133 @@ CREATE TABLE earmark.job (
 -- The sweeper and reserve's reclaim look for open holds.  lease_until is
 -- deliberately not indexed: every charge renews it, and an unindexed
 -- column keeps that update HOT.
+CREATE INDEX account_limits_wanted ON earmark.account (limits_wanted_at)
+    WHERE limits_wanted_at IS NOT NULL;
+
 CREATE INDEX job_open ON earmark.job (budget_id)
     WHERE status IN ('running', 'capped');
 
 -- The usage ledger: append-only, the record of what was used.  A settled
 -- job writes one row keyed by its job_id; usage that did not pass a hold
--- is keyed by the caller's idempotency key.
+-- (earmark_record_usage) is keyed by the caller's idempotency key, unique
+-- per account.  A correction is a row with negative units in the cycle it
+-- corrects.  Nothing updates or deletes a row.
 CREATE TABLE earmark.ledger (
     entry_id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     budget_id       bigint NOT NULL,
     units           bigint NOT NULL,
     job_id          bigint UNIQUE,                      -- a settled job's row, or
+    account         text,                               -- the key's account and
     entry_key       text,                               -- the caller's key
     occurred_at     timestamptz NOT NULL,
     recorded_at     timestamptz NOT NULL DEFAULT pg_catalog.now()
 );
 CREATE INDEX ledger_budget ON earmark.ledger (budget_id);
+CREATE UNIQUE INDEX ledger_entry_key ON earmark.ledger (account, entry_key)
+    WHERE entry_key IS NOT NULL;
+
+-- The counters of recorded usage: a cycle's units from earmark_record_usage
+-- split over 64 rows, one picked at random per write, added on read.  So
+-- many concurrent writers on one account rarely touch the same row, and
+-- reading a total never scans the ledger.  (Settled jobs count in the
+-- budget row and its escrow slots, which their settlement locks anyway.)
+CREATE TABLE earmark.usage_shard (
+    budget_id   bigint NOT NULL,
+    shard       int NOT NULL,
+    units       bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (budget_id, shard)
+) WITH (fillfactor = 50);
 
 -- Cycles whose ledger changed since the meter was last told.  A mark is
--- written once; more usage while it is marked writes nothing more.
+-- written once; more usage while it is marked writes nothing more.  The
+-- reporter deletes a mark only after the provider took the total, and
+-- only while no writer that saw the mark is still running (meter.c).
 CREATE TABLE earmark.meter_mark (
     budget_id   bigint PRIMARY KEY,
     marked_at   timestamptz NOT NULL DEFAULT pg_catalog.now()
 );
+CREATE INDEX meter_mark_order ON earmark.meter_mark (marked_at, budget_id);
+
+-- Every total sent to the provider's meter, by the reporter or by a
+-- reconciliation's repair, with the answer.  The last row with ok is "the
+-- last total sent".
+CREATE TABLE earmark.meter_send (
+    send_id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    budget_id   bigint NOT NULL,
+    total       bigint NOT NULL,
+    origin      text NOT NULL CHECK (origin IN ('report', 'repair')),
+    ok          boolean NOT NULL,
+    http_status int,
+    error       text,
+    duration_ms double precision,
+    sent_at     timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+CREATE INDEX meter_send_budget ON earmark.meter_send (budget_id, send_id);
+
+-- Cycles that changed after they closed: the reporter does not write a
+-- closed cycle (what that does to an invoice is the provider's business),
+-- it lists it here for a person.
+CREATE TABLE earmark.meter_review (
+    budget_id    bigint PRIMARY KEY,
+    account      text NOT NULL,
+    feature      text NOT NULL,
+    cycle_start  timestamptz NOT NULL,
+    cycle_end    timestamptz NOT NULL,
+    ledger_total bigint NOT NULL,
+    last_sent    bigint,
+    reason       text NOT NULL,
+    first_noted  timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    last_noted   timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+
+-- The local provider's meter: a stand-in that takes absolute totals and
+-- reads them back, so that everything runs with no billing account.
+CREATE TABLE earmark.local_meter (
+    account     text NOT NULL,
+    feature     text NOT NULL,
+    cycle_start timestamptz NOT NULL,
+    total       bigint NOT NULL,
+    writes      bigint NOT NULL DEFAULT 1,
+    updated_at  timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (account, feature, cycle_start)
+);
+
+-- The reporter's state: one row.  blocked_until is the provider's
+-- RateLimit-Reset / Retry-After after a 429: no request goes out before.
+CREATE TABLE earmark.reporter_state (
+    only_row        boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    blocked_until   timestamptz,
+    last_pass_at    timestamptz,
+    last_pass_sent  int,
+    last_pass_failed int,
+    last_error      text
+);
+INSERT INTO earmark.reporter_state DEFAULT VALUES;
+
+-- Reconciliation evidence: one row per cycle and distinct set of numbers.
+-- A run on the same numbers as the cycle's last row adds none.
+CREATE TABLE earmark.evidence (
+    evidence_id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    budget_id        bigint NOT NULL,
+    account          text NOT NULL,
+    feature          text NOT NULL,
+    cycle_start      timestamptz NOT NULL,
+    cycle_end        timestamptz NOT NULL,
+    closed           boolean NOT NULL,
+    ledger_total     bigint NOT NULL,
+    counter_total    bigint NOT NULL,            -- before a rebuild
+    counters_rebuilt boolean NOT NULL,
+    last_sent        bigint,
+    provider_total   bigint,                     -- NULL: unreadable
+    verdict          text NOT NULL CHECK (verdict IN ('match', 'unreadable', 'closed_cycle_drift',
+                                                      'over_billed', 'under_billed')),
+    cause            text,
+    repaired_to      bigint,
+    read_back        bigint,
+    checked_at       timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    last_checked_at  timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+CREATE INDEX evidence_budget ON earmark.evidence (budget_id, evidence_id);
 
 ------------------------------------------------------------------------------
 -- Webhook inbox
@@ -522,3 +636,78 @@ BEGIN
     END IF;
 END
 $$;
+
+------------------------------------------------------------------------------
+-- Usage ledger, meter and reconciliation (src/ledger.c, meter.c,
+-- provider.c, reconcile.c)
+------------------------------------------------------------------------------
+
+CREATE FUNCTION earmark_record_usage(account text, units bigint, idempotency_key text,
+                                     feature text DEFAULT 'default',
+                                     occurred_at timestamptz DEFAULT pg_catalog.now())
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'earmark_record_usage'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+REVOKE ALL ON FUNCTION earmark_record_usage(text, bigint, text, text, timestamptz) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION earmark_record_usage(text, bigint, text, text, timestamptz) TO earmark_user;
+
+CREATE FUNCTION earmark_report(max_cycles int DEFAULT NULL)
+RETURNS int
+AS 'MODULE_PATHNAME', 'earmark_report'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION earmark_refresh_limits(account text)
+RETURNS int
+AS 'MODULE_PATHNAME', 'earmark_refresh_limits'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION earmark_reconcile(account text DEFAULT NULL, feature text DEFAULT NULL)
+RETURNS SETOF earmark.evidence
+AS 'MODULE_PATHNAME', 'earmark_reconcile'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 10
+SET search_path = pg_catalog, pg_temp;
+
+-- Monitoring: what the reporter and reconciler did and what waits for a
+-- person.
+CREATE VIEW earmark.review_list AS
+    SELECT r.account, r.feature, r.cycle_start, r.cycle_end, r.ledger_total, r.last_sent,
+           r.ledger_total - coalesce(r.last_sent, 0) AS unreported, r.reason,
+           r.first_noted, r.last_noted, r.budget_id
+      FROM earmark.meter_review r;
+
+CREATE VIEW earmark.send_log AS
+    SELECT x.send_id, b.account, b.feature, b.cycle_start, x.total, x.origin, x.ok,
+           x.http_status, x.error, x.duration_ms, x.sent_at, x.budget_id
+      FROM earmark.meter_send x LEFT JOIN earmark.budget b USING (budget_id);
+
+CREATE VIEW earmark.worker_status AS
+    SELECT (SELECT pg_catalog.count(*) FROM earmark.meter_mark) AS marked_cycles,
+           (SELECT pg_catalog.min(marked_at) FROM earmark.meter_mark) AS oldest_mark,
+           r.last_pass_at AS last_report_at, r.last_pass_sent AS last_report_sent,
+           r.last_pass_failed AS last_report_failed, r.last_error AS last_report_error,
+           r.blocked_until AS report_blocked_until,
+           (SELECT pg_catalog.count(*) FROM earmark.meter_review) AS cycles_to_review,
+           (SELECT pg_catalog.count(*) FROM earmark.account WHERE limits_wanted_at IS NOT NULL) AS limits_wanted,
+           (SELECT pg_catalog.count(*) FROM earmark.inbox_event WHERE status = 'dead') AS dead_events,
+           (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity
+             WHERE backend_type = 'earmark worker') AS workers_running
+      FROM earmark.reporter_state r;
+
+REVOKE ALL ON earmark.review_list, earmark.send_log, earmark.worker_status FROM PUBLIC;
+GRANT USAGE ON SCHEMA earmark TO earmark_admin;
+GRANT SELECT ON earmark.review_list, earmark.send_log, earmark.worker_status, earmark.evidence
+    TO earmark_admin;
+
+REVOKE ALL ON FUNCTION
+    earmark_report(int),
+    earmark_refresh_limits(text),
+    earmark_reconcile(text, text)
+FROM PUBLIC;
+-- sign-up flows read limits as the application; reports and
+-- reconciliation are the admin's
+GRANT EXECUTE ON FUNCTION earmark_refresh_limits(text) TO earmark_user;
+GRANT EXECUTE ON FUNCTION earmark_report(int), earmark_reconcile(text, text) TO earmark_admin;

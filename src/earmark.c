@@ -21,6 +21,7 @@
 #include "utils/tuplestore.h"
 
 #include "earmark.h"
+#include "provider.h"
 #include "sigverify.h"
 
 PG_MODULE_MAGIC;
@@ -40,6 +41,13 @@ int			earmark_jwks_refetch_cooldown_s = 30;
 int			earmark_http_timeout_ms = 5000;
 
 void		_PG_init(void);
+
+static const struct config_enum_entry provider_options[] = {
+	{"local", EM_PROVIDER_LOCAL, false},
+	{"kinde", EM_PROVIDER_KINDE, false},
+	{"http", EM_PROVIDER_HTTP, false},
+	{NULL, 0, false}
+};
 
 void
 _PG_init(void)
@@ -156,6 +164,111 @@ _PG_init(void)
 							0, 0, EARMARK_MAX_SLOTS,
 							PGC_SUSET,
 							0,
+							NULL, NULL, NULL);
+
+	DefineCustomEnumVariable("earmark.provider",
+							 "The billing provider: where meter totals go and limits come from.",
+							 "local keeps an in-database stand-in meter and manual limits; kinde and http call the provider.",
+							 &earmark_provider,
+							 EM_PROVIDER_LOCAL,
+							 provider_options,
+							 PGC_SIGHUP,
+							 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomStringVariable("earmark.provider_url",
+							   "Base URL of the http provider, e.g. https://billing.example.com/earmark.",
+							   NULL,
+							   &earmark_provider_url,
+							   "",
+							   PGC_SIGHUP,
+							   0,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("earmark.provider_client_id",
+							   "OAuth2 client id of the kinde provider (client credentials).",
+							   NULL,
+							   &earmark_provider_client_id,
+							   "",
+							   PGC_SIGHUP,
+							   0,
+							   NULL, NULL, NULL);
+
+	/*
+	 * Secrets: set in postgresql.conf (or ALTER SYSTEM), never per session;
+	 * hidden from SHOW, SHOW ALL and pg_settings for roles without
+	 * pg_read_all_settings.
+	 */
+	DefineCustomStringVariable("earmark.provider_client_secret",
+							   "OAuth2 client secret of the kinde provider.",
+							   NULL,
+							   &earmark_provider_client_secret,
+							   "",
+							   PGC_SIGHUP,
+							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("earmark.provider_token",
+							   "Bearer token the http provider expects.",
+							   NULL,
+							   &earmark_provider_token,
+							   "",
+							   PGC_SIGHUP,
+							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("earmark.provider_hmac_secret",
+							   "Key of the HMAC-SHA256 signature the http provider checks.",
+							   NULL,
+							   &earmark_provider_hmac_secret,
+							   "",
+							   PGC_SIGHUP,
+							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
+							   NULL, NULL, NULL);
+
+	DefineCustomIntVariable("earmark.report_interval",
+							"How often the worker sends marked cycles' totals to the provider's meter.",
+							NULL,
+							&earmark_report_interval_s,
+							60, 1, 24 * 3600,
+							PGC_SIGHUP,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("earmark.report_batch",
+							"Most marked cycles one report pass sends.",
+							NULL,
+							&earmark_report_batch,
+							100, 1, 10000,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("earmark.report_parallel",
+							"Most requests to the provider in flight at once.",
+							NULL,
+							&earmark_report_parallel,
+							10, 1, 100,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("earmark.limit_fresh",
+							"Age up to which a limit read from the provider is used as it is.",
+							"An older limit is still used, and the worker is asked to read it again.",
+							&earmark_limit_fresh_s,
+							60, 1, 24 * 3600,
+							PGC_SIGHUP,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("earmark.limit_stale",
+							"Age after which a limit read from the provider is no longer used (fail closed).",
+							"Admissions are then refused with \"limit unknown\" until a read succeeds.",
+							&earmark_limit_stale_s,
+							600, 1, 7 * 24 * 3600,
+							PGC_SIGHUP,
+							GUC_UNIT_S,
 							NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("earmark");

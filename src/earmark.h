@@ -27,12 +27,20 @@
 #define ERRCODE_EARMARK_UNKNOWN_EVENT			MAKE_SQLSTATE('E','M','0','0','4')
 #define ERRCODE_EARMARK_EVENT_STATE				MAKE_SQLSTATE('E','M','0','0','5')
 #define ERRCODE_EARMARK_NOT_YOUR_EVENT			MAKE_SQLSTATE('E','M','0','0','6')
+#define ERRCODE_EARMARK_UNKNOWN_ACCOUNT			MAKE_SQLSTATE('E','M','0','0','7')
+#define ERRCODE_EARMARK_PROVIDER				MAKE_SQLSTATE('E','M','2','0','1')
+#define ERRCODE_EARMARK_READ_BACK_DIFFERS		MAKE_SQLSTATE('E','M','2','0','2')
 
 /* the longest account, feature or idempotency key accepted, in characters */
 #define EARMARK_MAX_NAME_LEN	255
 
 /* first key of the advisory locks earmark takes ("earm") */
 #define EARMARK_ADVISORY_CLASS	0x6561726d
+/* first key of the meter mark locks ("emmk"), see ledger.c */
+#define EARMARK_MARK_CLASS		0x656d6d6b
+
+/* counter rows per cycle for recorded usage */
+#define EARMARK_USAGE_SHARDS	64
 
 /* GUCs (earmark.c) */
 extern char *earmark_database;
@@ -51,7 +59,7 @@ typedef struct EmStatement
 {
 	const char *sql;
 	int			nargs;
-	Oid			argtypes[12];
+	Oid			argtypes[16];
 	SPIPlanPtr	plan;
 } EmStatement;
 
@@ -78,6 +86,23 @@ extern int	em_sweep(int max_jobs);
 #define EARMARK_RECLAIM_BATCH	1000
 extern int64 em_expire_budget_jobs(int64 budget_id, TimestampTz now, int max,
 								   int64 *released, int64 *charged);
+
+/*
+ * A cycle's total as SQL, for a budget row aliased b: the settled jobs
+ * (the budget row and its escrow slots) and the recorded usage (its
+ * shards).  Equal to the sum of the cycle's ledger rows; the reconciler
+ * proves it.
+ */
+#define EM_CYCLE_TOTAL_SQL \
+	"(b.used + coalesce((SELECT pg_catalog.sum(s.used) FROM earmark.budget_slot s " \
+	"                     WHERE s.budget_id = b.budget_id), 0)::bigint " \
+	"        + coalesce((SELECT pg_catalog.sum(u.units) FROM earmark.usage_shard u " \
+	"                     WHERE u.budget_id = b.budget_id), 0)::bigint)"
+
+/* ledger (ledger.c) */
+extern void em_mark_lock(int64 budget_id);
+extern bool em_mark_try_lock_exclusive(int64 budget_id);
+extern int64 em_cycle_total(int64 budget_id, bool *found);
 
 /* escrow (escrow.c) */
 #define EARMARK_MAX_SLOTS	256

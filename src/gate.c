@@ -42,6 +42,7 @@
 #include "utils/timestamp.h"
 
 #include "earmark.h"
+#include "provider.h"
 
 PG_FUNCTION_INFO_V1(earmark_reserve);
 PG_FUNCTION_INFO_V1(earmark_charge);
@@ -64,9 +65,9 @@ static EmStatement job_by_key = {
  * whether its limit is known: one statement before any lock */
 static EmStatement reserve_start = {
 	"SELECT j.job_id, j.amount, j.feature, a.cycle_anchor, "
-	"       EXISTS (SELECT 1 FROM earmark.account_limit l "
+	"       (SELECT l.source FROM earmark.account_limit l "
 	"                WHERE l.account = $1 AND l.feature = $3), a.account IS NOT NULL, "
-	"       coalesce(a.escrow_slots, $4) "
+	"       coalesce(a.escrow_slots, $4), a.limits_fetched_at, a.limits_wanted_at IS NOT NULL "
 	"FROM (SELECT 1) AS one "
 	"LEFT JOIN earmark.job j ON j.account = $1 AND j.idempotency_key = $2 "
 	"LEFT JOIN earmark.account a ON a.account = $1",
@@ -101,15 +102,20 @@ static EmStatement lock_budget = {
 /* read after the budget lock, in a new snapshot: a limit or anchor change
  * committed before the lock was granted applies to this admission */
 static EmStatement read_limit = {
-	"SELECT l.lim, l.account IS NOT NULL, a.cycle_anchor FROM earmark.account a "
+	"SELECT l.lim, l.account IS NOT NULL, a.cycle_anchor, "
+	"       coalesce((SELECT pg_catalog.sum(u.units) FROM earmark.usage_shard u "
+	"                  WHERE u.budget_id = $4), 0)::bigint "
+	"FROM earmark.account a "
 	"LEFT JOIN earmark.account_limit l ON l.account = a.account AND l.feature = $2 "
 	"WHERE a.account = $1",
-	2, {TEXTOID, TEXTOID}
+	4, {TEXTOID, TEXTOID, TIMESTAMPTZOID, INT8OID}
 };
 
 /* a budget's totals, its escrow slots included */
 static EmStatement budget_numbers = {
-	"SELECT b.used + coalesce(s.used, 0), b.held + coalesce(s.held, 0), l.lim, l.account IS NOT NULL "
+	"SELECT b.used + coalesce(s.used, 0) + coalesce((SELECT pg_catalog.sum(u.units) "
+	"         FROM earmark.usage_shard u WHERE u.budget_id = b.budget_id), 0)::bigint, "
+	"       b.held + coalesce(s.held, 0), l.lim, l.account IS NOT NULL "
 	"FROM earmark.budget b LEFT JOIN earmark.account_limit l "
 	"  ON l.account = b.account AND l.feature = b.feature "
 	"LEFT JOIN LATERAL (SELECT pg_catalog.sum(used)::bigint AS used, pg_catalog.sum(held)::bigint AS held "
@@ -338,6 +344,7 @@ em_expire_budget_jobs(int64 budget_id, TimestampTz now, int max,
 	args[0] = Int64GetDatum(budget_id);
 	args[1] = TimestampTzGetDatum(now);
 	args[2] = Int32GetDatum(max);
+	em_mark_lock(budget_id);	/* it may find the cycle marked (ledger.c) */
 	em_exec(&expire_jobs, args, NULL, 0);
 	n = em_get_int64(0, 1, 0);
 	*released = em_get_int64(0, 2, 0);
@@ -368,6 +375,7 @@ typedef struct Admission
 	int64		remaining;
 	const char *reason;			/* NULL, a constant, or reason_buf */
 	char		reason_buf[128];
+	bool		want_limits;	/* the limit is stale: ask the worker */
 } Admission;
 
 /*
@@ -585,6 +593,7 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 	int64		used;
 	int64		held;
 	int64		lim = 0;
+	int64		recorded;
 	bool		unlimited;
 	int64		remaining;
 	bool		changed = false;
@@ -621,11 +630,36 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 		remaining_for_job(result->job_id, result);
 		return;
 	}
-	if (!DatumGetBool(em_get(0, 5, &isnull)) || !DatumGetBool(em_get(0, 6, &isnull)))
+	if (!DatumGetBool(em_get(0, 6, &isnull)))
 	{
 		result->reason = "limit unknown";
 		result->remaining = 0;
 		return;
+	}
+	{
+		/* the limit cache (limits.c): a provider's limit ages */
+		Datum		src = em_get(0, 5, &isnull);
+		bool		has_row = !isnull;
+		bool		provider_row = has_row &&
+			strcmp(TextDatumGetCString(src), "provider") == 0;
+		Datum		fetched = em_get(0, 8, &isnull);
+		bool		has_fetched = !isnull;
+		bool		wanted = DatumGetBool(em_get(0, 9, &isnull));
+		EmLimitAge	age = em_limit_age(has_row, provider_row, has_fetched,
+									   has_fetched ? DatumGetTimestampTz(fetched) : 0,
+									   now);
+
+		if (age == EM_LIMIT_UNKNOWN || age == EM_LIMIT_UNKNOWN_WANTED)
+		{
+			/* no lock is held yet, and none is taken after this one */
+			if (age == EM_LIMIT_UNKNOWN_WANTED && !wanted)
+				em_want_limits(account);
+			result->reason = "limit unknown";
+			result->remaining = 0;
+			return;
+		}
+		/* flagged after the budget row, in earmark_reserve */
+		result->want_limits = age == EM_LIMIT_STALE && !wanted;
 	}
 	anchor = DatumGetTimestampTz(em_get(0, 4, &isnull));
 	has_anchor = !isnull;
@@ -712,8 +746,10 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 		 * row (a new snapshot: whatever the lock waited for is visible).
 		 * earmark_set_account may have moved the anchor while we waited for
 		 * an existing budget row: then this row is of the old cycles and
-		 * the hold belongs in the new anchor's cycle.
+		 * the hold belongs in the new anchor's cycle.  Usage recorded
+		 * without a hold (the cycle's shards) counts against the limit.
 		 */
+		args[3] = Int64GetDatum(budget_id);
 		em_exec(&read_limit, args, NULL, 1);
 		if (SPI_processed == 0 || !DatumGetBool(em_get(0, 2, &isnull)))
 		{
@@ -733,6 +769,7 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 					 errhint("Retry the transaction.")));
 	}
 	lim = DatumGetInt64(em_get(0, 1, &unlimited));
+	recorded = em_get_int64(0, 4, 0);
 	result->unlimited = unlimited;
 
 	/* an escrow budget: the slow path rebalances its slots (escrow.c) */
@@ -744,7 +781,8 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 		b.budget_id = budget_id;
 		b.used = used;
 		b.held = held;
-		b.lim = lim;
+		/* recorded usage takes its part of the limit before the slots */
+		b.lim = unlimited ? lim : Max(lim - recorded, 0);
 		b.unlimited = unlimited;
 		b.slots = slots;
 		b.slot_lim = slot_lim;
@@ -773,7 +811,7 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 		return;
 	}
 
-	remaining = room_left(unlimited, lim, used, held);
+	remaining = room_left(unlimited, lim, used + recorded, held);
 
 	/* 5. a hold whose lease has passed never causes a refusal */
 	if (amount > remaining)
@@ -787,7 +825,7 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 			held -= released;
 			used += charged;
 			changed = true;
-			remaining = room_left(unlimited, lim, used, held);
+			remaining = room_left(unlimited, lim, used + recorded, held);
 		}
 	}
 
@@ -860,6 +898,8 @@ earmark_reserve(PG_FUNCTION_ARGS)
 	memset(&result, 0, sizeof(result));
 	SPI_connect();
 	do_reserve(account, amount, key, feature, lease, now, &result);
+	if (result.want_limits)
+		em_want_limits(account);	/* after the budget row: gate.c's order */
 	SPI_finish();
 
 	values[0] = Int64GetDatum(result.job_id);
@@ -1073,6 +1113,8 @@ earmark_settle(PG_FUNCTION_ARGS)
 		args[4] = Int64GetDatum(released);
 		args[5] = Int64GetDatum(amount);
 		args[6] = Int64GetDatum(budget_id);
+		if (charged > 0)
+			em_mark_lock(budget_id);	/* see ledger.c */
 		em_exec(has_slot ? &settle_slot_job : &settle_job, args, NULL, 0);
 	}
 	SPI_finish();

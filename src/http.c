@@ -1,17 +1,21 @@
 /*-------------------------------------------------------------------------
  *
  * http.c
- *	  One small HTTP GET with libcurl's easy interface, used to fetch the
- *	  provider's JSON Web Key Set.  It blocks the calling backend for at
- *	  most earmark.http_timeout and never retries: a caller that needs a
- *	  retry is the next request, or the worker's next pass.
+ *	  HTTP requests to the provider with libcurl's multi interface: a batch
+ *	  of requests runs with at most "parallel" of them in flight, each
+ *	  bounded by its own timeout.  Used for the reporter's meter writes
+ *	  (10 at once), the limit reads, the reconciler's read-backs and the
+ *	  JSON Web Key Set.  Nothing here retries: a failed request is the
+ *	  caller's to mark again, and the next pass is the retry.
  *
  *	  No PostgreSQL error may be raised while libcurl is on the stack (a
- *	  longjmp through it would leak the handle and its socket), so the
- *	  callbacks use malloc and only flag what went wrong; the response is
- *	  copied into palloc memory after the handle is gone.  A query cancel
- *	  or termination aborts the transfer from the progress callback and is
- *	  then serviced by CHECK_FOR_INTERRUPTS.
+ *	  longjmp through it would leak the handles and their sockets), so the
+ *	  callbacks use malloc and only flag what went wrong; responses are
+ *	  copied into palloc memory once every handle is gone.  Between two
+ *	  polls libcurl is off the stack: there the batch checks for a query
+ *	  cancel or termination (aborting every transfer first) and calls the
+ *	  caller's tick, which the worker uses to keep sweeping on schedule
+ *	  while a slow provider answers.
  *
  *	  Takes no locks and reads no table.
  *
@@ -22,149 +26,394 @@
 #include <curl/curl.h>
 
 #include "miscadmin.h"
+#include "postmaster/interrupt.h"
+#include "utils/timestamp.h"
 
+#include "provider.h"
 #include "sigverify.h"
 
-typedef struct Download
+/* one transfer's malloc'd state */
+typedef struct Transfer
 {
-	char	   *data;			/* malloc'd */
+	EmHttpRequest *req;
+	CURL	   *curl;
+	struct curl_slist *headers;
+	char	   *data;
 	size_t		len;
 	size_t		cap;
-	size_t		max;
 	bool		too_large;
-	bool		interrupted;
-} Download;
+	bool		oom;
+	long		retry_after;	/* seconds, -1 when none was given */
+	bool		started;
+	bool		done;
+	CURLcode	rc;
+	char		errbuf[CURL_ERROR_SIZE];
+	TimestampTz began;
+} Transfer;
 
 static bool curl_ready = false;
 
 static size_t
 write_cb(char *ptr, size_t size, size_t nmemb, void *userdata)
 {
-	Download   *d = (Download *) userdata;
+	Transfer   *t = (Transfer *) userdata;
 	size_t		n = size * nmemb;
 
-	if (n > d->max - d->len)
+	if (n > t->req->max_bytes - t->len)
 	{
-		d->too_large = true;
+		t->too_large = true;
 		return 0;				/* aborts the transfer */
 	}
-	if (d->len + n + 1 > d->cap)
+	if (t->len + n + 1 > t->cap)
 	{
-		size_t		cap = Max(d->cap * 2, d->len + n + 1);
-		char	   *p = realloc(d->data, cap);
+		size_t		cap = Max(t->cap * 2, t->len + n + 1);
+		char	   *p = realloc(t->data, cap);
 
 		if (p == NULL)
+		{
+			t->oom = true;
 			return 0;
-		d->data = p;
-		d->cap = cap;
+		}
+		t->data = p;
+		t->cap = cap;
 	}
-	memcpy(d->data + d->len, ptr, n);
-	d->len += n;
+	memcpy(t->data + t->len, ptr, n);
+	t->len += n;
 	return n;
 }
 
-/* called about once a second at least, and during transfers */
+/*
+ * RateLimit-Reset (seconds until the limit resets) and Retry-After
+ * (seconds, or an HTTP date): when the provider takes requests again.
+ */
+static size_t
+header_cb(char *buffer, size_t size, size_t nitems, void *userdata)
+{
+	Transfer   *t = (Transfer *) userdata;
+	size_t		n = size * nitems;
+	const char *names[] = {"ratelimit-reset:", "retry-after:"};
+	int			i;
+
+	for (i = 0; i < 2; i++)
+	{
+		size_t		nl = strlen(names[i]);
+
+		if (n > nl && pg_strncasecmp(buffer, names[i], nl) == 0)
+		{
+			char		val[128];
+			size_t		vl = Min(n - nl, sizeof(val) - 1);
+			char	   *p = val;
+			char	   *end;
+			long		secs;
+
+			memcpy(val, buffer + nl, vl);
+			val[vl] = '\0';
+			while (*p == ' ' || *p == '\t')
+				p++;
+			secs = strtol(p, &end, 10);
+			if (end == p)
+			{
+				time_t		when = curl_getdate(p, NULL);
+
+				secs = when > 0 ? (long) (when - time(NULL)) : -1;
+			}
+			if (secs >= 0)
+				t->retry_after = Max(t->retry_after, Min(secs, 86400L));
+		}
+	}
+	return n;
+}
+
+/* during transfers: a cancel or shutdown aborts them */
 static int
 progress_cb(void *userdata, curl_off_t dltotal, curl_off_t dlnow,
 			curl_off_t ultotal, curl_off_t ulnow)
 {
-	Download   *d = (Download *) userdata;
+	return (QueryCancelPending || ProcDiePending || ShutdownRequestPending) ? 1 : 0;
+}
 
-	if (QueryCancelPending || ProcDiePending)
+static bool
+start_transfer(CURLM *multi, Transfer *t, int timeout_ms)
+{
+	EmHttpRequest *r = t->req;
+	int			i;
+
+	t->curl = curl_easy_init();
+	if (t->curl == NULL)
+		return false;
+	t->retry_after = -1;
+	t->errbuf[0] = '\0';
+	for (i = 0; i < EM_HTTP_MAX_HEADERS && r->headers[i] != NULL; i++)
 	{
-		d->interrupted = true;
-		return 1;
+		struct curl_slist *h = curl_slist_append(t->headers, r->headers[i]);
+
+		if (h == NULL)
+			return false;
+		t->headers = h;
 	}
-	return 0;
+	if (r->body != NULL && r->content_type != NULL)
+	{
+		char		ct[128];
+		struct curl_slist *h;
+
+		snprintf(ct, sizeof(ct), "Content-Type: %s", r->content_type);
+		h = curl_slist_append(t->headers, ct);
+		if (h == NULL)
+			return false;
+		t->headers = h;
+	}
+
+	curl_easy_setopt(t->curl, CURLOPT_URL, r->url);
+	curl_easy_setopt(t->curl, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(t->curl, CURLOPT_FOLLOWLOCATION, 0L);
+	curl_easy_setopt(t->curl, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(t->curl, CURLOPT_TIMEOUT_MS, (long) timeout_ms);
+	curl_easy_setopt(t->curl, CURLOPT_CONNECTTIMEOUT_MS, (long) timeout_ms);
+	curl_easy_setopt(t->curl, CURLOPT_USERAGENT, "earmark/0.1");
+	curl_easy_setopt(t->curl, CURLOPT_ERRORBUFFER, t->errbuf);
+	curl_easy_setopt(t->curl, CURLOPT_WRITEFUNCTION, write_cb);
+	curl_easy_setopt(t->curl, CURLOPT_WRITEDATA, t);
+	curl_easy_setopt(t->curl, CURLOPT_HEADERFUNCTION, header_cb);
+	curl_easy_setopt(t->curl, CURLOPT_HEADERDATA, t);
+	curl_easy_setopt(t->curl, CURLOPT_NOPROGRESS, 0L);
+	curl_easy_setopt(t->curl, CURLOPT_XFERINFOFUNCTION, progress_cb);
+	curl_easy_setopt(t->curl, CURLOPT_XFERINFODATA, t);
+	curl_easy_setopt(t->curl, CURLOPT_PRIVATE, t);
+	if (t->headers)
+		curl_easy_setopt(t->curl, CURLOPT_HTTPHEADER, t->headers);
+	if (strcmp(r->method, "GET") != 0)
+	{
+		curl_easy_setopt(t->curl, CURLOPT_CUSTOMREQUEST, r->method);
+		curl_easy_setopt(t->curl, CURLOPT_POSTFIELDS, r->body ? r->body : "");
+		curl_easy_setopt(t->curl, CURLOPT_POSTFIELDSIZE, (long) (r->body ? strlen(r->body) : 0));
+	}
+	t->began = GetCurrentTimestamp();
+	t->started = true;
+	return curl_multi_add_handle(multi, t->curl) == CURLM_OK;
+}
+
+static void
+free_transfer(CURLM *multi, Transfer *t)
+{
+	if (t->curl)
+	{
+		curl_multi_remove_handle(multi, t->curl);
+		curl_easy_cleanup(t->curl);
+		t->curl = NULL;
+	}
+	if (t->headers)
+		curl_slist_free_all(t->headers);
+	t->headers = NULL;
 }
 
 /*
- * Only http and https, no redirects (a key set that moved is a
- * configuration change), certificates verified (libcurl's default), and
- * no signals: the backend owns its signal handlers.
+ * The caller's tick, between polls.  It may run a transaction of its own
+ * (the worker's sweep); if it raises, the handles are cleaned up before
+ * the error goes on.
  */
-bool
-em_http_get(const char *url, int timeout_ms, size_t max_bytes,
-			EmHttpResponse *resp)
+static void
+run_tick(EmHttpTick tick, void *tick_arg, CURLM *multi, Transfer *ts, int n)
 {
-	CURL	   *curl;
-	CURLcode	rc;
-	char		errbuf[CURL_ERROR_SIZE];
-	Download	d;
-	long		status = 0;
+	PG_TRY();
+	{
+		tick(tick_arg);
+	}
+	PG_CATCH();
+	{
+		int			i;
 
-	memset(resp, 0, sizeof(*resp));
-	memset(&d, 0, sizeof(d));
-	d.max = max_bytes;
-	errbuf[0] = '\0';
+		for (i = 0; i < n; i++)
+		{
+			free_transfer(multi, &ts[i]);
+			free(ts[i].data);
+		}
+		curl_multi_cleanup(multi);
+		free(ts);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+}
+
+/*
+ * Run n requests, at most parallel at once, each within timeout_ms.  Fills
+ * each request's status, body, error, retry_after and elapsed_ms.  Never
+ * raises for a failed request; raises only for a cancel or termination
+ * (after cleaning up) or when tick raises.
+ */
+void
+em_http_run(EmHttpRequest *reqs, int n, int parallel, int timeout_ms,
+			EmHttpTick tick, void *tick_arg)
+{
+	Transfer   *ts;
+	CURLM	   *multi;
+	int			next = 0;
+	int			running = 0;
+	int			done = 0;
+	int			i;
+	bool		interrupted = false;
+	bool		saw_429 = false;
+
+	for (i = 0; i < n; i++)
+	{
+		reqs[i].status = 0;
+		reqs[i].body_out = NULL;
+		reqs[i].body_len = 0;
+		reqs[i].error = NULL;
+		reqs[i].retry_after = -1;
+		reqs[i].elapsed_ms = 0;
+		if (reqs[i].max_bytes == 0)
+			reqs[i].max_bytes = 1024 * 1024;
+	}
+	if (n == 0)
+		return;
+	parallel = Max(parallel, 1);
 
 	if (!curl_ready)
 	{
 		if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
 		{
-			resp->error = pstrdup("could not initialize libcurl");
-			return false;
+			for (i = 0; i < n; i++)
+				reqs[i].error = pstrdup("could not initialize libcurl");
+			return;
 		}
 		curl_ready = true;
 	}
-	curl = curl_easy_init();
-	if (curl == NULL)
+
+	/* plain malloc: nothing below may raise until it is freed */
+	ts = calloc(n, sizeof(Transfer));
+	multi = ts ? curl_multi_init() : NULL;
+	if (multi == NULL)
 	{
-		resp->error = pstrdup("could not create a libcurl handle");
-		return false;
+		free(ts);
+		for (i = 0; i < n; i++)
+			reqs[i].error = pstrdup("could not create libcurl handles");
+		return;
+	}
+	for (i = 0; i < n; i++)
+		ts[i].req = &reqs[i];
+
+	while (done < n)
+	{
+		CURLMsg    *msg;
+		int			left;
+
+		/* after a 429 nothing more is sent: the provider asked us to wait */
+		while (next < n && running < parallel && !saw_429)
+		{
+			Transfer   *t = &ts[next++];
+
+			if (start_transfer(multi, t, timeout_ms))
+				running++;
+			else
+			{
+				t->done = true;
+				t->rc = CURLE_OUT_OF_MEMORY;
+				done++;
+			}
+		}
+
+		curl_multi_perform(multi, &left);
+		while ((msg = curl_multi_info_read(multi, &left)) != NULL)
+		{
+			Transfer   *t;
+
+			if (msg->msg != CURLMSG_DONE)
+				continue;
+			curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **) &t);
+			t->rc = msg->data.result;
+			if (t->rc == CURLE_OK)
+				curl_easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, &t->req->status);
+			if (t->req->status == 429)
+				saw_429 = true;
+			t->req->elapsed_ms = (double) (GetCurrentTimestamp() - t->began) / 1000.0;
+			free_transfer(multi, t);
+			t->done = true;
+			running--;
+			done++;
+		}
+		if (done >= n || (saw_429 && running == 0))
+			break;
+
+		if (QueryCancelPending || ProcDiePending || ShutdownRequestPending)
+		{
+			interrupted = true;
+			break;
+		}
+		curl_multi_poll(multi, NULL, 0, 100, NULL);
+
+		/* libcurl is off the stack here */
+		if (tick)
+			run_tick(tick, tick_arg, multi, ts, n);
 	}
 
-	curl_easy_setopt(curl, CURLOPT_URL, url);
-	curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
-	curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
-	curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, (long) timeout_ms);
-	curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, (long) timeout_ms);
-	curl_easy_setopt(curl, CURLOPT_USERAGENT, "earmark/0.1");
-	curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, errbuf);
-	curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, write_cb);
-	curl_easy_setopt(curl, CURLOPT_WRITEDATA, &d);
-	curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
-	curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, progress_cb);
-	curl_easy_setopt(curl, CURLOPT_XFERINFODATA, &d);
-
-	rc = curl_easy_perform(curl);
-	if (rc == CURLE_OK)
-		curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-	curl_easy_cleanup(curl);
-
-	/* libcurl is off the stack: errors may be raised again */
-	if (d.interrupted)
+	/* copy the answers out of malloc'd memory; errors may be raised after */
+	for (i = 0; i < n; i++)
 	{
-		free(d.data);
-		CHECK_FOR_INTERRUPTS();
-		resp->error = pstrdup("the request was interrupted");
-		return false;
-	}
-	if (rc != CURLE_OK)
-	{
-		free(d.data);
-		if (d.too_large)
-			resp->error = psprintf("the response is larger than %zu bytes", max_bytes);
+		Transfer   *t = &ts[i];
+		EmHttpRequest *r = t->req;
+
+		free_transfer(multi, t);
+		r->retry_after = t->retry_after;
+		if (!t->started && saw_429)
+			r->error = "not sent: the provider answered 429 to an earlier request";
+		else if (!t->done)
+			r->error = "the request was interrupted";
+		else if (t->rc != CURLE_OK)
+		{
+			r->status = 0;
+			if (t->too_large)
+				r->error = psprintf("the response is larger than %zu bytes", r->max_bytes);
+			else if (t->oom)
+				r->error = "out of memory for the response";
+			else
+				r->error = pstrdup(t->errbuf[0] ? t->errbuf : curl_easy_strerror(t->rc));
+		}
 		else
-			resp->error = pstrdup(errbuf[0] ? errbuf : curl_easy_strerror(rc));
+		{
+			r->body_out = palloc_extended(t->len + 1, MCXT_ALLOC_NO_OOM);
+			if (r->body_out != NULL)
+			{
+				if (t->len > 0)
+					memcpy(r->body_out, t->data, t->len);
+				r->body_out[t->len] = '\0';
+				r->body_len = t->len;
+			}
+			else
+				r->error = "out of memory for the response";
+		}
+		free(t->data);
+		t->data = NULL;
+	}
+	curl_multi_cleanup(multi);
+	free(ts);
+
+	if (interrupted)
+		CHECK_FOR_INTERRUPTS();
+}
+
+/*
+ * One GET (the key set).  Returns false, with error set, when no complete
+ * response arrived.
+ */
+bool
+em_http_get(const char *url, int timeout_ms, size_t max_bytes,
+			EmHttpResponse *resp)
+{
+	EmHttpRequest req;
+
+	memset(&req, 0, sizeof(req));
+	memset(resp, 0, sizeof(*resp));
+	req.method = "GET";
+	req.url = url;
+	req.max_bytes = max_bytes;
+	em_http_run(&req, 1, 1, timeout_ms, NULL, NULL);
+	if (req.error)
+	{
+		resp->error = pstrdup(req.error);
 		return false;
 	}
-
-	/* no error may be raised before the malloc'd buffer is freed */
-	resp->status = status;
-	resp->body = palloc_extended(d.len + 1, MCXT_ALLOC_NO_OOM);
-	if (resp->body != NULL)
-	{
-		if (d.len > 0)
-			memcpy(resp->body, d.data, d.len);
-		resp->body[d.len] = '\0';
-		resp->body_len = d.len;
-	}
-	free(d.data);
-	if (resp->body == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_OUT_OF_MEMORY),
-				 errmsg("out of memory")));
+	resp->status = req.status;
+	resp->body = req.body_out;
+	resp->body_len = req.body_len;
 	return true;
 }

@@ -41,9 +41,13 @@
 #include "utils/timestamp.h"
 
 #include "earmark.h"
+#include "provider.h"
 
 /* jobs settled in one transaction of the worker */
 #define SWEEP_BATCH		1000
+
+/* accounts whose limits are read in one pass */
+#define LIMIT_BATCH		20
 
 void
 em_register_worker(void)
@@ -188,6 +192,155 @@ jwks_fn(void *arg)
 									(int64) earmark_jwks_refresh_s * USECS_PER_SEC);
 }
 
+/* ---------------------------------------------------------------------
+ * Reporter (meter.c) and limit refresh (limits.c)
+ * ---------------------------------------------------------------------
+ */
+typedef struct ReportPass
+{
+	MemoryContext cxt;			/* survives the claim's transaction */
+	EmMeterOp  *ops;
+	int			n;
+	int			sent;
+	int			failed;
+} ReportPass;
+
+static TimestampTz last_sweep = 0;
+
+static int
+report_claim_fn(void *arg)
+{
+	ReportPass *p = (ReportPass *) arg;
+
+	p->n = em_report_claim(earmark_report_batch, GetCurrentTimestamp(), &p->ops, p->cxt);
+	return p->n;
+}
+
+static int
+report_finish_fn(void *arg)
+{
+	ReportPass *p = (ReportPass *) arg;
+
+	/* the local provider's meter is a table: written in this transaction */
+	if (earmark_provider == EM_PROVIDER_LOCAL)
+		em_report_send(p->ops, p->n, NULL, NULL);
+	p->sent = em_report_finish(p->ops, p->n, GetCurrentTimestamp(), &p->failed);
+	return p->sent;
+}
+
+static void sweep_pass(void);
+
+/*
+ * Between the polls of a send: sweeping stays on schedule while the
+ * provider is slow, so a provider that hangs delays no settlement.
+ */
+static void
+report_tick(void *arg)
+{
+	if (TimestampDifferenceExceeds(last_sweep, GetCurrentTimestamp(),
+								   earmark_sweep_interval_ms))
+		sweep_pass();
+}
+
+/*
+ * One report pass: claim (a transaction), send (none: no transaction and
+ * no lock is open while the provider answers), finish (a transaction).
+ */
+static void
+report_pass(void)
+{
+	ReportPass	p;
+	MemoryContext old;
+
+	memset(&p, 0, sizeof(p));
+	p.cxt = AllocSetContextCreate(TopMemoryContext, "earmark report pass",
+								  ALLOCSET_DEFAULT_SIZES);
+	if (run_pass("earmark: claiming marked cycles", report_claim_fn, &p) > 0)
+	{
+		if (earmark_provider != EM_PROVIDER_LOCAL)
+		{
+			pgstat_report_activity(STATE_RUNNING, "earmark: sending totals to the meter");
+			old = MemoryContextSwitchTo(p.cxt);
+			em_report_send(p.ops, p.n, report_tick, NULL);
+			MemoryContextSwitchTo(old);
+			pgstat_report_activity(STATE_IDLE, NULL);
+		}
+		if (run_pass("earmark: recording the report", report_finish_fn, &p) >= 0)
+			elog(DEBUG1, "earmark: reported %d cycles, %d failed", p.sent, p.failed);
+	}
+	MemoryContextDelete(p.cxt);
+}
+
+typedef struct LimitAccounts
+{
+	MemoryContext cxt;
+	List	   *accounts;
+} LimitAccounts;
+
+static int
+wanted_limits_fn(void *arg)
+{
+	LimitAccounts *l = (LimitAccounts *) arg;
+	MemoryContext old = MemoryContextSwitchTo(l->cxt);
+
+	l->accounts = em_wanted_limit_accounts(LIMIT_BATCH);
+	MemoryContextSwitchTo(old);
+	return list_length(l->accounts);
+}
+
+static int
+refresh_limits_fn(void *arg)
+{
+	char	   *error = NULL;
+	int			n = em_refresh_account_limits((const char *) arg, &error);
+
+	if (n < 0)
+		ereport(LOG,
+				(errmsg("earmark: could not read the limits of account \"%s\"", (const char *) arg),
+				 errdetail("%s", error)));
+	return n;
+}
+
+/* read the limits that admissions found stale, one account a transaction */
+static void
+limits_pass(void)
+{
+	LimitAccounts l;
+	ListCell   *lc;
+
+	if (earmark_provider == EM_PROVIDER_LOCAL)
+		return;
+	l.cxt = AllocSetContextCreate(TopMemoryContext, "earmark limits pass",
+								  ALLOCSET_DEFAULT_SIZES);
+	l.accounts = NIL;
+	if (run_pass("earmark: finding stale limits", wanted_limits_fn, &l) > 0)
+	{
+		foreach(lc, l.accounts)
+		{
+			(void) run_pass("earmark: reading limits from the provider",
+							refresh_limits_fn, lfirst(lc));
+			CHECK_FOR_INTERRUPTS();
+		}
+	}
+	MemoryContextDelete(l.cxt);
+}
+
+static void
+sweep_pass(void)
+{
+	int			n;
+
+	/* a full batch means there may be more: go on without sleeping */
+	do
+	{
+		last_sweep = GetCurrentTimestamp();
+		n = run_pass("earmark: sweeping expired holds", sweep_fn, NULL);
+		if (n > 0)
+			elog(DEBUG1, "earmark: swept %d expired holds", n);
+		CHECK_FOR_INTERRUPTS();
+	} while (n == SWEEP_BATCH);
+}
+
 /* apply the events with handlers; returns how many were claimed */
 static int
 inbox_pass(void)
@@ -214,6 +367,7 @@ void
 earmark_worker_main(Datum main_arg)
 {
 	TimestampTz last_jwks_check;
+	TimestampTz last_report = 0;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
@@ -234,8 +388,6 @@ earmark_worker_main(Datum main_arg)
 
 	for (;;)
 	{
-		int			n;
-
 		(void) WaitLatch(MyLatch,
 						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 earmark_sweep_interval_ms,
@@ -249,17 +401,19 @@ earmark_worker_main(Datum main_arg)
 			ProcessConfigFile(PGC_SIGHUP);
 		}
 
-		/* a full batch means there may be more: go on without sleeping */
-		do
-		{
-			n = run_pass("earmark: sweeping expired holds", sweep_fn, NULL);
-			if (n > 0)
-				elog(DEBUG1, "earmark: swept %d expired holds", n);
-			CHECK_FOR_INTERRUPTS();
-		} while (n == SWEEP_BATCH);
+		sweep_pass();
 
 		while (inbox_pass() == INBOX_BATCH)
 			CHECK_FOR_INTERRUPTS();
+
+		limits_pass();
+
+		if (TimestampDifferenceExceeds(last_report, GetCurrentTimestamp(),
+									   earmark_report_interval_s * 1000))
+		{
+			last_report = GetCurrentTimestamp();
+			report_pass();
+		}
 
 		if (earmark_jwks_refresh_s > 0 &&
 			TimestampDifferenceExceeds(last_jwks_check, GetCurrentTimestamp(),

@@ -1,0 +1,215 @@
+/*-------------------------------------------------------------------------
+ *
+ * limits.c
+ *	  The limit cache: limits read from the provider (kinde or http), how
+ *	  old they may be, and their refresh.  A provider's limit is used as it
+ *	  is for earmark.limit_fresh (60 s); older, it is still used up to
+ *	  earmark.limit_stale (10 min) while the admission asks the worker to
+ *	  read it again; older still, admissions are refused with "limit
+ *	  unknown" until a read succeeds (fail closed).  Reserve never waits on
+ *	  HTTP: it only sets earmark.account.limits_wanted_at.  Manual limits
+ *	  (earmark_set_limit) never age.
+ *
+ *	  Tables: earmark.account (limits_* columns) and earmark.account_limit.
+ *	  Locks: the account row, updated after a read (or by the flag, which
+ *	  reserve sets only where it takes no further lock, or after its budget
+ *	  row, the order of gate.c); the HTTP read itself holds no lock.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+
+#include "earmark.h"
+#include "provider.h"
+
+PG_FUNCTION_INFO_V1(earmark_refresh_limits);
+
+/* a failed read is tried again no sooner than this */
+#define LIMIT_RETRY_S	Min(earmark_limit_fresh_s, 10)
+
+static EmStatement want_limits = {
+	"UPDATE earmark.account SET limits_wanted_at = pg_catalog.now() "
+	"WHERE account = $1 AND limits_wanted_at IS NULL",
+	1, {TEXTOID}
+};
+
+static EmStatement account_customer = {
+	"SELECT provider_customer FROM earmark.account WHERE account = $1",
+	1, {TEXTOID}
+};
+
+static EmStatement store_limit = {
+	"INSERT INTO earmark.account_limit AS l (account, feature, lim, source, updated_at) "
+	"VALUES ($1, $2, $3, 'provider', pg_catalog.now()) "
+	"ON CONFLICT (account, feature) DO UPDATE SET lim = excluded.lim, source = 'provider', "
+	"  updated_at = excluded.updated_at "
+	"WHERE l.lim IS DISTINCT FROM excluded.lim OR l.source <> 'provider'",
+	3, {TEXTOID, TEXTOID, INT8OID}
+};
+
+/* provider limits of features the provider no longer lists */
+static EmStatement drop_limits = {
+	"DELETE FROM earmark.account_limit "
+	"WHERE account = $1 AND source = 'provider' AND NOT (feature = ANY ($2))",
+	2, {TEXTOID, TEXTARRAYOID}
+};
+
+static EmStatement limits_read = {
+	"UPDATE earmark.account SET limits_fetched_at = $2, limits_tried_at = $2, "
+	"  limits_wanted_at = NULL, limits_error = NULL WHERE account = $1",
+	2, {TEXTOID, TIMESTAMPTZOID}
+};
+
+static EmStatement limits_failed = {
+	"UPDATE earmark.account SET limits_tried_at = $2, limits_error = $3 WHERE account = $1",
+	3, {TEXTOID, TIMESTAMPTZOID, TEXTOID}
+};
+
+static EmStatement wanted_accounts = {
+	"SELECT account FROM earmark.account "
+	"WHERE limits_wanted_at IS NOT NULL "
+	"  AND (limits_tried_at IS NULL OR limits_tried_at < $1) "
+	"ORDER BY limits_wanted_at LIMIT $2",
+	2, {TIMESTAMPTZOID, INT4OID}
+};
+
+EmLimitAge
+em_limit_age(bool has_row, bool provider_row, bool has_fetched,
+			 TimestampTz fetched_at, TimestampTz now)
+{
+	int64		age;
+
+	if (earmark_provider == EM_PROVIDER_LOCAL)
+		return has_row ? EM_LIMIT_FRESH : EM_LIMIT_UNKNOWN;
+	if (has_row && !provider_row)
+		return EM_LIMIT_FRESH;	/* manual */
+	if (!has_fetched)
+		return EM_LIMIT_UNKNOWN_WANTED;
+	age = now - fetched_at;
+	if (!has_row)
+		/* read, and the provider lists no such feature: ask again later */
+		return age > (int64) earmark_limit_fresh_s * USECS_PER_SEC ?
+			EM_LIMIT_UNKNOWN_WANTED : EM_LIMIT_UNKNOWN;
+	if (age <= (int64) earmark_limit_fresh_s * USECS_PER_SEC)
+		return EM_LIMIT_FRESH;
+	if (age <= (int64) earmark_limit_stale_s * USECS_PER_SEC)
+		return EM_LIMIT_STALE;
+	return EM_LIMIT_UNKNOWN_WANTED;
+}
+
+void
+em_want_limits(text *account)
+{
+	Datum		arg = PointerGetDatum(account);
+
+	em_exec(&want_limits, &arg, NULL, 0);
+}
+
+/*
+ * Read one account's limits from the provider and store them.  Returns the
+ * number of limits read, or -1 with *error set.  No earmark lock is held
+ * during the read: the account row is updated after it.
+ */
+int
+em_refresh_account_limits(const char *account, char **error)
+{
+	Datum		args[3];
+	char		nulls[3] = {' ', ' ', ' '};
+	bool		isnull;
+	char	   *customer = NULL;
+	List	   *limits;
+	ListCell   *lc;
+	Datum	   *features;
+	int			n = 0;
+	TimestampTz now;
+
+	args[0] = CStringGetTextDatum(account);
+	em_exec(&account_customer, args, NULL, 1);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_EARMARK_UNKNOWN_ACCOUNT),
+				 errmsg("account \"%s\" does not exist", account)));
+	{
+		Datum		d = em_get(0, 1, &isnull);
+
+		if (!isnull)
+			customer = TextDatumGetCString(d);
+	}
+
+	limits = em_provider_limits(account, customer, error);
+	now = GetCurrentTimestamp();
+	if (*error)
+	{
+		args[1] = TimestampTzGetDatum(now);
+		args[2] = CStringGetTextDatum(*error);
+		em_exec(&limits_failed, args, NULL, 0);
+		return -1;
+	}
+
+	features = palloc(sizeof(Datum) * Max(list_length(limits), 1));
+	foreach(lc, limits)
+	{
+		EmLimit    *l = (EmLimit *) lfirst(lc);
+
+		args[1] = CStringGetTextDatum(l->feature);
+		args[2] = Int64GetDatum(l->lim);
+		nulls[2] = l->unlimited ? 'n' : ' ';
+		em_exec(&store_limit, args, nulls, 0);
+		features[n++] = args[1];
+	}
+	nulls[2] = ' ';
+	args[1] = PointerGetDatum(construct_array(features, n, TEXTOID, -1, false, TYPALIGN_INT));
+	em_exec(&drop_limits, args, NULL, 0);
+	args[1] = TimestampTzGetDatum(now);
+	em_exec(&limits_read, args, NULL, 0);
+	return n;
+}
+
+/* the accounts whose limits an admission asked for, as a List of char * */
+List *
+em_wanted_limit_accounts(int max)
+{
+	Datum		args[2];
+	List	   *accounts = NIL;
+	uint64		i;
+	bool		isnull;
+
+	args[0] = TimestampTzGetDatum(GetCurrentTimestamp() - (int64) LIMIT_RETRY_S * USECS_PER_SEC);
+	args[1] = Int32GetDatum(max);
+	em_exec(&wanted_accounts, args, NULL, 0);
+	for (i = 0; i < SPI_processed; i++)
+		accounts = lappend(accounts, TextDatumGetCString(em_get((int) i, 1, &isnull)));
+	return accounts;
+}
+
+/*
+ * earmark_refresh_limits(account): read the account's limits from the
+ * provider now (for sign-up flows, before the first admission).  Returns
+ * the number of limits read; 0 with the local provider, whose limits are
+ * the manual ones.
+ */
+Datum
+earmark_refresh_limits(PG_FUNCTION_ARGS)
+{
+	text	   *account = em_arg_name(fcinfo, 0, "account");
+	char	   *error = NULL;
+	int			n;
+
+	if (earmark_provider == EM_PROVIDER_LOCAL)
+		PG_RETURN_INT32(0);
+	SPI_connect();
+	n = em_refresh_account_limits(text_to_cstring(account), &error);
+	SPI_finish();
+	if (n < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_EARMARK_PROVIDER),
+				 errmsg("could not read the limits of account \"%s\" from the %s provider",
+						text_to_cstring(account), em_provider_name()),
+				 errdetail("%s", error),
+				 errhint("Admissions use the last limits read for up to earmark.limit_stale.")));
+	PG_RETURN_INT32(n);
+}

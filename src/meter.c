@@ -1,0 +1,317 @@
+/*-------------------------------------------------------------------------
+ *
+ * meter.c
+ *	  The reporter: sends each marked cycle's absolute total to the
+ *	  provider's meter.  A pass has three steps:
+ *	  1. claim (a transaction): up to earmark.report_batch marks, oldest
+ *	     first, with their cycle's total and ids.  Nothing is locked or
+ *	     deleted, so a worker killed after this step loses nothing.
+ *	  2. send (no transaction in the worker, no earmark lock anywhere):
+ *	     the totals, earmark.report_parallel requests at once.  A closed
+ *	     cycle is not sent.
+ *	  3. finish (a transaction): log every send in earmark.meter_send;
+ *	     delete the mark of a cycle the provider took, but only with the
+ *	     cycle's mark lock taken exclusively without waiting and only if
+ *	     the total has not moved since step 1 (ledger.c: every writer that
+ *	     may have found the mark holds that lock shared until it commits,
+ *	     so a mark is never deleted under usage it does not cover); move a
+ *	     closed cycle to earmark.meter_review; leave a failed cycle marked,
+ *	     behind the others; after a 429, no request before its reset.
+ *	  A repeated send sets the same total: absolute writes make every
+ *	  step safe to run twice.
+ *
+ *	  Tables: earmark.meter_mark, meter_send, meter_review, reporter_state,
+ *	  and reads of budget, budget_slot, usage_shard, account.  Locks: the
+ *	  mark lock (exclusive, never waited for) and the mark row deleted or
+ *	  updated under it; never a budget row.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+
+#include "earmark.h"
+#include "provider.h"
+
+PG_FUNCTION_INFO_V1(earmark_report);
+
+static EmStatement blocked_until = {
+	"SELECT blocked_until FROM earmark.reporter_state",
+	0, {InvalidOid}
+};
+
+static EmStatement claim_marks = {
+	"SELECT m.budget_id, b.account, b.feature, b.cycle_start, b.cycle_end, "
+	"       a.provider_customer, a.provider_agreement, " EM_CYCLE_TOTAL_SQL ", "
+	"       (SELECT x.total FROM earmark.meter_send x "
+	"         WHERE x.budget_id = m.budget_id AND x.ok ORDER BY x.send_id DESC LIMIT 1) "
+	"FROM earmark.meter_mark m "
+	"LEFT JOIN earmark.budget b ON b.budget_id = m.budget_id "
+	"LEFT JOIN earmark.account a ON a.account = b.account "
+	"ORDER BY m.marked_at, m.budget_id LIMIT $1",
+	1, {INT4OID}
+};
+
+static EmStatement log_send = {
+	"INSERT INTO earmark.meter_send (budget_id, total, origin, ok, http_status, error, duration_ms) "
+	"VALUES ($1, $2, $3, $4, $5, $6, $7)",
+	7, {INT8OID, INT8OID, TEXTOID, BOOLOID, INT4OID, TEXTOID, FLOAT8OID}
+};
+
+static EmStatement delete_mark = {
+	"DELETE FROM earmark.meter_mark WHERE budget_id = $1",
+	1, {INT8OID}
+};
+
+static EmStatement requeue_mark = {
+	"UPDATE earmark.meter_mark SET marked_at = pg_catalog.now() WHERE budget_id = $1",
+	1, {INT8OID}
+};
+
+static EmStatement note_review = {
+	"INSERT INTO earmark.meter_review AS r (budget_id, account, feature, cycle_start, cycle_end, "
+	"                                      ledger_total, last_sent, reason) "
+	"VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
+	"ON CONFLICT (budget_id) DO UPDATE SET ledger_total = excluded.ledger_total, "
+	"  last_sent = excluded.last_sent, reason = excluded.reason, last_noted = pg_catalog.now()",
+	8, {INT8OID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID, INT8OID, TEXTOID}
+};
+
+static EmStatement note_pass = {
+	"UPDATE earmark.reporter_state SET last_pass_at = pg_catalog.now(), "
+	"  last_pass_sent = $1, last_pass_failed = $2, last_error = $3, "
+	"  blocked_until = CASE WHEN $4 IS NULL THEN blocked_until "
+	"                       ELSE GREATEST(blocked_until, $4) END",
+	4, {INT4OID, INT4OID, TEXTOID, TIMESTAMPTZOID}
+};
+
+/*
+ * Step 1: the marked cycles, in memory of the caller's context.  Returns
+ * -1 while the provider's 429 reset has not passed.
+ */
+int
+em_report_claim(int max_cycles, TimestampTz now, EmMeterOp **ops_out,
+				MemoryContext cxt)
+{
+	Datum		arg;
+	bool		isnull;
+	EmMeterOp  *ops;
+	int			n;
+	int			i;
+	Datum		d;
+
+	em_exec(&blocked_until, NULL, NULL, 1);
+	d = em_get(0, 1, &isnull);
+	if (!isnull && DatumGetTimestampTz(d) > now)
+		return -1;
+
+	arg = Int32GetDatum(max_cycles);
+	em_exec(&claim_marks, &arg, NULL, 0);
+	n = (int) SPI_processed;
+	ops = MemoryContextAllocZero(cxt, sizeof(EmMeterOp) * Max(n, 1));
+	for (i = 0; i < n; i++)
+	{
+		EmMeterOp  *op = &ops[i];
+		MemoryContext old;
+
+		op->budget_id = em_get_int64(i, 1, 0);
+		(void) em_get(i, 2, &isnull);
+		if (isnull)
+		{
+			/* the cycle is gone (its account was deleted) */
+			op->account = NULL;
+			continue;
+		}
+		old = MemoryContextSwitchTo(cxt);
+		op->account = TextDatumGetCString(em_get(i, 2, &isnull));
+		op->feature = TextDatumGetCString(em_get(i, 3, &isnull));
+		op->cycle_start = DatumGetTimestampTz(em_get(i, 4, &isnull));
+		op->cycle_end = DatumGetTimestampTz(em_get(i, 5, &isnull));
+		op->closed = op->cycle_end <= now;
+		d = em_get(i, 6, &isnull);
+		op->customer = isnull ? NULL : TextDatumGetCString(d);
+		d = em_get(i, 7, &isnull);
+		op->agreement = isnull ? NULL : TextDatumGetCString(d);
+		op->total = em_get_int64(i, 8, 0);
+		d = em_get(i, 9, &isnull);
+		op->read_total = isnull ? -1 : DatumGetInt64(d);	/* last sent, for the review */
+		MemoryContextSwitchTo(old);
+	}
+	*ops_out = ops;
+	return n;
+}
+
+/* Step 2: send the open cycles' totals (no transaction needed). */
+void
+em_report_send(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg)
+{
+	EmMeterOp **open_ops = palloc(sizeof(EmMeterOp *) * Max(n, 1));
+	EmMeterOp  *batch;
+	int			m = 0;
+	int			i;
+
+	for (i = 0; i < n; i++)
+		if (ops[i].account != NULL && !ops[i].closed)
+			open_ops[m++] = &ops[i];
+	if (m == 0)
+		return;
+	batch = palloc(sizeof(EmMeterOp) * m);
+	for (i = 0; i < m; i++)
+		batch[i] = *open_ops[i];
+	em_meter_write(batch, m, tick, tick_arg);
+	for (i = 0; i < m; i++)
+	{
+		int64		last_sent = open_ops[i]->read_total;
+
+		*open_ops[i] = batch[i];
+		open_ops[i]->read_total = last_sent;
+	}
+}
+
+/* log one send (the reconciler's repairs too) */
+void
+em_log_send(EmMeterOp *op, const char *origin)
+{
+	Datum		args[7];
+	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+
+	args[0] = Int64GetDatum(op->budget_id);
+	args[1] = Int64GetDatum(op->total);
+	args[2] = CStringGetTextDatum(origin);
+	args[3] = BoolGetDatum(op->ok);
+	args[4] = Int32GetDatum((int32) op->http_status);
+	nulls[4] = op->http_status == 0 ? 'n' : ' ';
+	args[5] = op->error ? CStringGetTextDatum(op->error) : (Datum) 0;
+	nulls[5] = op->error ? ' ' : 'n';
+	args[6] = Float8GetDatum(op->elapsed_ms);
+	em_exec(&log_send, args, nulls, 0);
+}
+
+/*
+ * Step 3.  Returns the number of cycles the provider took; *failed the
+ * number it did not.
+ */
+int
+em_report_finish(EmMeterOp *ops, int n, TimestampTz now, int *failed)
+{
+	int			sent = 0;
+	int			i;
+	long		retry_after = -1;
+	bool		saw_429 = false;
+	char	   *last_error = NULL;
+	Datum		args[8];
+	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+
+	*failed = 0;
+	for (i = 0; i < n; i++)
+	{
+		EmMeterOp  *op = &ops[i];
+		Datum		arg = Int64GetDatum(op->budget_id);
+
+		if (op->account == NULL)
+		{
+			em_exec(&delete_mark, &arg, NULL, 0);
+			continue;
+		}
+		if (op->closed)
+		{
+			/* never written: listed for a person, who decides */
+			if (!em_mark_try_lock_exclusive(op->budget_id))
+				continue;
+			{
+				bool		found;
+
+				args[0] = arg;
+				args[1] = CStringGetTextDatum(op->account);
+				args[2] = CStringGetTextDatum(op->feature);
+				args[3] = TimestampTzGetDatum(op->cycle_start);
+				args[4] = TimestampTzGetDatum(op->cycle_end);
+				args[5] = Int64GetDatum(em_cycle_total(op->budget_id, &found));
+				args[6] = Int64GetDatum(op->read_total);
+				nulls[6] = op->read_total < 0 ? 'n' : ' ';
+				args[7] = CStringGetTextDatum("The cycle changed after it closed; a closed cycle is not written.");
+				em_exec(&note_review, args, nulls, 0);
+				nulls[6] = ' ';
+			}
+			em_exec(&delete_mark, &arg, NULL, 0);
+			continue;
+		}
+
+		em_log_send(op, "report");
+		if (op->ok)
+		{
+			bool		found;
+
+			sent++;
+			if (em_mark_try_lock_exclusive(op->budget_id) &&
+				em_cycle_total(op->budget_id, &found) == op->total)
+				em_exec(&delete_mark, &arg, NULL, 0);
+			/* else: usage arrived meanwhile, the mark stays for the next pass */
+		}
+		else
+		{
+			(*failed)++;
+			last_error = op->error;
+			if (op->http_status == 429 || op->retry_after >= 0)
+			{
+				saw_429 = saw_429 || op->http_status == 429;
+				retry_after = Max(retry_after, op->retry_after);
+			}
+			/* marked again: behind the cycles that are waiting */
+			if (em_mark_try_lock_exclusive(op->budget_id))
+				em_exec(&requeue_mark, &arg, NULL, 0);
+		}
+	}
+
+	args[0] = Int32GetDatum(sent);
+	args[1] = Int32GetDatum(*failed);
+	args[2] = last_error ? CStringGetTextDatum(last_error) : (Datum) 0;
+	nulls[2] = last_error ? ' ' : 'n';
+	nulls[3] = 'n';
+	if (saw_429)
+	{
+		/* no reset given: wait one report interval */
+		long		secs = retry_after >= 0 ? retry_after : earmark_report_interval_s;
+
+		args[3] = TimestampTzGetDatum(now + secs * USECS_PER_SEC);
+		nulls[3] = ' ';
+	}
+	em_exec(&note_pass, args, nulls, 0);
+	return sent;
+}
+
+/*
+ * earmark_report(max_cycles): one report pass now, in the caller's
+ * transaction (the worker runs the same steps in three).  Returns the
+ * number of cycles the provider took, or NULL while a 429's reset has not
+ * passed.
+ */
+Datum
+earmark_report(PG_FUNCTION_ARGS)
+{
+	int			max_cycles = PG_ARGISNULL(0) ? earmark_report_batch : PG_GETARG_INT32(0);
+	TimestampTz now = GetCurrentTimestamp();
+	EmMeterOp  *ops;
+	int			n;
+	int			failed;
+	int			sent;
+
+	if (max_cycles < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_cycles must be at least 1")));
+	SPI_connect();
+	n = em_report_claim(max_cycles, now, &ops, CurrentMemoryContext);
+	if (n < 0)
+	{
+		SPI_finish();
+		PG_RETURN_NULL();
+	}
+	em_report_send(ops, n, NULL, NULL);
+	sent = em_report_finish(ops, n, GetCurrentTimestamp(), &failed);
+	SPI_finish();
+	PG_RETURN_INT32(sent);
+}
