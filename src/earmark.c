@@ -195,35 +195,17 @@ _PG_init(void)
 							   NULL, NULL, NULL);
 
 	/*
-	 * Secrets: set in postgresql.conf (or ALTER SYSTEM), never per session;
-	 * hidden from SHOW, SHOW ALL and pg_settings for roles without
-	 * pg_read_all_settings.
+	 * Secrets are not settings: PostgreSQL logs every changed setting's new
+	 * value on a reload.  They live in a file only the server's user can
+	 * read; this setting only names it.
 	 */
-	DefineCustomStringVariable("earmark.provider_client_secret",
-							   "OAuth2 client secret of the kinde provider.",
-							   NULL,
-							   &earmark_provider_client_secret,
+	DefineCustomStringVariable("earmark.provider_secrets_file",
+							   "File with the provider's secrets: client_secret, token, hmac_secret (name = value lines).",
+							   "It must belong to the server's user and be readable by no one else; it is read at each use.",
+							   &earmark_provider_secrets_file,
 							   "",
 							   PGC_SIGHUP,
-							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
-							   NULL, NULL, NULL);
-
-	DefineCustomStringVariable("earmark.provider_token",
-							   "Bearer token the http provider expects.",
-							   NULL,
-							   &earmark_provider_token,
-							   "",
-							   PGC_SIGHUP,
-							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
-							   NULL, NULL, NULL);
-
-	DefineCustomStringVariable("earmark.provider_hmac_secret",
-							   "Key of the HMAC-SHA256 signature the http provider checks.",
-							   NULL,
-							   &earmark_provider_hmac_secret,
-							   "",
-							   PGC_SIGHUP,
-							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
+							   GUC_SUPERUSER_ONLY,
 							   NULL, NULL, NULL);
 
 	DefineCustomIntVariable("earmark.report_interval",
@@ -289,6 +271,7 @@ _PG_init(void)
 int
 em_exec(EmStatement *stmt, Datum *values, const char *nulls, long count)
 {
+	MemoryContext cxt = CurrentMemoryContext;
 	int			rc;
 
 	if (stmt->plan == NULL)
@@ -304,6 +287,8 @@ em_exec(EmStatement *stmt, Datum *values, const char *nulls, long count)
 	}
 
 	rc = SPI_execute_plan(stmt->plan, values, nulls, false, count);
+	/* SPI leaves its own context current; give the caller's back */
+	MemoryContextSwitchTo(cxt);
 	if (rc < 0)
 		elog(ERROR, "earmark: statement failed: %s", SPI_result_code_string(rc));
 	return rc;

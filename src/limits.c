@@ -169,20 +169,24 @@ em_refresh_account_limits(const char *account, char **error)
 	return n;
 }
 
-/* the accounts whose limits an admission asked for, as a List of char * */
+/* the accounts whose limits an admission asked for: a List of char *, in cxt */
 List *
-em_wanted_limit_accounts(int max)
+em_wanted_limit_accounts(int max, MemoryContext cxt)
 {
 	Datum		args[2];
 	List	   *accounts = NIL;
 	uint64		i;
 	bool		isnull;
+	MemoryContext old;
 
 	args[0] = TimestampTzGetDatum(GetCurrentTimestamp() - (int64) LIMIT_RETRY_S * USECS_PER_SEC);
 	args[1] = Int32GetDatum(max);
 	em_exec(&wanted_accounts, args, NULL, 0);
+	/* SPI leaves its own context current: the list outlives the call */
+	old = MemoryContextSwitchTo(cxt);
 	for (i = 0; i < SPI_processed; i++)
 		accounts = lappend(accounts, TextDatumGetCString(em_get((int) i, 1, &isnull)));
+	MemoryContextSwitchTo(old);
 	return accounts;
 }
 

@@ -14,9 +14,10 @@
  *	    an absolute total, GET /meter reads it, GET /limits lists limits;
  *	    a bearer token or an HMAC-SHA256 signature authenticates.
  *
- *	  Secrets (client secret, token, HMAC key) are superuser-only GUCs:
- *	  never shown to other roles, never put in a log line or an error
- *	  message here.  A provider's answer is untrusted text: it is parsed
+ *	  Secrets (client secret, token, HMAC key) are read from the file that
+ *	  earmark.provider_secrets_file names, at each use: never a setting
+ *	  (PostgreSQL logs a reloaded setting's value), never shown to any
+ *	  role, never put in a log line or an error message here.  A provider's answer is untrusted text: it is parsed
  *	  without raising (a malformed answer is a failed request).
  *
  *	  Takes no locks.  The local provider writes earmark.local_meter in
@@ -26,6 +27,9 @@
  */
 #include "postgres.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <openssl/hmac.h>
 #include <openssl/evp.h>
 
@@ -33,6 +37,7 @@
 #include "common/jsonapi.h"
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
+#include "storage/fd.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 #include "utils/json.h"
@@ -46,9 +51,7 @@
 int			earmark_provider = EM_PROVIDER_LOCAL;
 char	   *earmark_provider_url = NULL;
 char	   *earmark_provider_client_id = NULL;
-char	   *earmark_provider_client_secret = NULL;
-char	   *earmark_provider_token = NULL;
-char	   *earmark_provider_hmac_secret = NULL;
+char	   *earmark_provider_secrets_file = NULL;
 int			earmark_report_interval_s = 60;
 int			earmark_report_batch = 100;
 int			earmark_report_parallel = 10;
@@ -197,6 +200,81 @@ status_error(EmHttpRequest *r)
 }
 
 /* ---------------------------------------------------------------------
+ * Secrets
+ * ---------------------------------------------------------------------
+ */
+
+/*
+ * The value of "name" in the secrets file: "name = value" lines, "#"
+ * comments.  NULL when the file or the name is not there; *error when the
+ * file cannot be used (its text never goes into the message).
+ */
+static char *
+provider_secret(const char *name, char **error)
+{
+	const char *path = earmark_provider_secrets_file;
+	FILE	   *f;
+	struct stat st;
+	char		line[1024];
+	char	   *value = NULL;
+	size_t		nlen = strlen(name);
+
+	if (path == NULL || path[0] == '\0')
+		return NULL;
+	f = AllocateFile(path, "r");
+	if (f == NULL)
+	{
+		*error = psprintf("could not open earmark.provider_secrets_file \"%s\": %m", path);
+		return NULL;
+	}
+	if (fstat(fileno(f), &st) != 0 || (st.st_mode & (S_IRWXG | S_IRWXO)) != 0 ||
+		st.st_uid != geteuid())
+	{
+		FreeFile(f);
+		*error = psprintf("earmark.provider_secrets_file \"%s\" must belong to the server's user "
+						  "and be readable by no one else (chmod 600)", path);
+		return NULL;
+	}
+	while (fgets(line, sizeof(line), f) != NULL)
+	{
+		char	   *p = line;
+		char	   *end;
+
+		while (*p == ' ' || *p == '\t')
+			p++;
+		if (*p == '#' || strncmp(p, name, nlen) != 0)
+			continue;
+		p += nlen;
+		while (*p == ' ' || *p == '\t')
+			p++;
+		if (*p != '=')
+			continue;
+		p++;
+		while (*p == ' ' || *p == '\t')
+			p++;
+		end = p + strlen(p);
+		while (end > p && (end[-1] == '\n' || end[-1] == '\r' || end[-1] == ' ' || end[-1] == '\t'))
+			end--;
+		if (value)
+			pfree(value);
+		value = pnstrdup(p, end - p);
+	}
+	explicit_bzero(line, sizeof(line));
+	FreeFile(f);
+	return value && value[0] ? value : NULL;
+}
+
+static void
+forget_secret(char *s)
+{
+	if (s)
+	{
+		explicit_bzero(s, strlen(s));
+		pfree(s);
+	}
+}
+
+/* ---------------------------------------------------------------------
  * Authentication
  * ---------------------------------------------------------------------
  */
@@ -222,21 +300,25 @@ get_kinde_token(const char *base, char **error)
 	Jsonb	   *jb;
 	int64		expires_in = 0;
 	char	   *tok;
+	char	   *secret;
 
 	if (kinde_token && GetCurrentTimestamp() < kinde_token_until)
 		return kinde_token;
 	forget_kinde_token();
-	if (!earmark_provider_client_id || !earmark_provider_client_id[0] ||
-		!earmark_provider_client_secret || !earmark_provider_client_secret[0])
+	secret = provider_secret("client_secret", error);
+	if (*error)
+		return NULL;
+	if (!earmark_provider_client_id || !earmark_provider_client_id[0] || secret == NULL)
 	{
-		*error = pstrdup("earmark.provider_client_id and earmark.provider_client_secret must be set for the kinde provider");
+		*error = pstrdup("the kinde provider needs earmark.provider_client_id and a client_secret in earmark.provider_secrets_file");
 		return NULL;
 	}
 	initStringInfo(&form);
 	appendStringInfoString(&form, "grant_type=client_credentials&client_id=");
 	append_urlenc(&form, earmark_provider_client_id);
 	appendStringInfoString(&form, "&client_secret=");
-	append_urlenc(&form, earmark_provider_client_secret);
+	append_urlenc(&form, secret);
+	forget_secret(secret);
 	appendStringInfoString(&form, "&audience=");
 	append_urlenc(&form, psprintf("%s/api", base));
 
@@ -249,7 +331,7 @@ get_kinde_token(const char *base, char **error)
 	em_http_run(&req, 1, 1, earmark_http_timeout_ms, NULL, NULL);
 
 	/* the form holds the secret: gone before anything can be reported */
-	memset(form.data, 0, form.len);
+	explicit_bzero(form.data, form.len);
 	pfree(form.data);
 
 	if (req.error || req.status != 200)
@@ -287,15 +369,19 @@ url_path(const char *url)
  * The http provider's headers: a bearer token, and/or an HMAC-SHA256
  * signature over "timestamp.METHOD.path?query.body".
  */
-static void
-http_auth(EmHttpRequest *req)
+static bool
+http_auth(EmHttpRequest *req, char **error)
 {
 	int			h = 0;
+	char	   *token = provider_secret("token", error);
+	char	   *key = *error ? NULL : provider_secret("hmac_secret", error);
 
+	if (*error)
+		return false;
 	req->headers[h++] = "Accept: application/json";
-	if (earmark_provider_token && earmark_provider_token[0])
-		req->headers[h++] = psprintf("Authorization: Bearer %s", earmark_provider_token);
-	if (earmark_provider_hmac_secret && earmark_provider_hmac_secret[0])
+	if (token)
+		req->headers[h++] = psprintf("Authorization: Bearer %s", token);
+	if (key)
 	{
 		long		ts = (long) time(NULL);
 		char	   *msg = psprintf("%ld.%s.%s.%s", ts, req->method, url_path(req->url),
@@ -305,8 +391,7 @@ http_auth(EmHttpRequest *req)
 		char		hex[2 * EVP_MAX_MD_SIZE + 1];
 		unsigned int i;
 
-		if (HMAC(EVP_sha256(), earmark_provider_hmac_secret,
-				 (int) strlen(earmark_provider_hmac_secret),
+		if (HMAC(EVP_sha256(), key, (int) strlen(key),
 				 (unsigned char *) msg, strlen(msg), mac, &maclen) == NULL)
 			elog(ERROR, "earmark: HMAC-SHA256 failed");
 		for (i = 0; i < maclen; i++)
@@ -315,6 +400,9 @@ http_auth(EmHttpRequest *req)
 		req->headers[h++] = psprintf("X-Earmark-Signature: v1=%s", hex);
 	}
 	req->headers[h] = NULL;
+	forget_secret(token);
+	forget_secret(key);
+	return true;
 }
 
 /* ---------------------------------------------------------------------
@@ -397,8 +485,8 @@ build_write(EmMeterOp *op, const char *base, const char *token, EmHttpRequest *r
 	}
 	req->body = body.data;
 	req->content_type = "application/json";
-	if (earmark_provider == EM_PROVIDER_HTTP)
-		http_auth(req);
+	if (earmark_provider == EM_PROVIDER_HTTP && !http_auth(req, &op->error))
+		return false;
 	return true;
 }
 
@@ -555,7 +643,8 @@ em_meter_read(EmMeterOp *ops, int n)
 			appendStringInfoString(&url, "&cycle_start=");
 			append_urlenc(&url, iso_utc(op->cycle_start));
 			req->url = url.data;
-			http_auth(req);
+			if (!http_auth(req, &op->error))
+				continue;
 		}
 		which[m++] = i;
 	}
@@ -628,8 +717,8 @@ limits_page(const char *url, List **limits, char **last_id, bool *has_more,
 		req.headers[0] = "Accept: application/json";
 		req.headers[1] = psprintf("Authorization: Bearer %s", token);
 	}
-	else
-		http_auth(&req);
+	else if (!http_auth(&req, error))
+		return false;
 	em_http_run(&req, 1, 1, earmark_http_timeout_ms, NULL, NULL);
 	if (req.error || req.status != 200)
 	{

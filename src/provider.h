@@ -58,9 +58,7 @@ typedef enum EmProviderKind
 extern int	earmark_provider;	/* EmProviderKind */
 extern char *earmark_provider_url;
 extern char *earmark_provider_client_id;
-extern char *earmark_provider_client_secret;
-extern char *earmark_provider_token;
-extern char *earmark_provider_hmac_secret;
+extern char *earmark_provider_secrets_file;
 extern int	earmark_report_interval_s;
 extern int	earmark_report_batch;
 extern int	earmark_report_parallel;
@@ -133,7 +131,7 @@ extern EmLimitAge em_limit_age(bool has_row, bool provider_row, bool has_fetched
 							   TimestampTz fetched_at, TimestampTz now);
 extern void em_want_limits(text *account);
 extern int	em_refresh_account_limits(const char *account, char **error);
-extern List *em_wanted_limit_accounts(int max);
+extern List *em_wanted_limit_accounts(int max, MemoryContext cxt);
 
 /* ---------------------------------------------------------------------
  * Reporter (meter.c)

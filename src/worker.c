@@ -239,7 +239,10 @@ report_tick(void *arg)
 {
 	if (TimestampDifferenceExceeds(last_sweep, GetCurrentTimestamp(),
 								   earmark_sweep_interval_ms))
+	{
 		sweep_pass();
+		pgstat_report_activity(STATE_RUNNING, "earmark: sending totals to the meter");
+	}
 }
 
 /*
@@ -281,10 +284,8 @@ static int
 wanted_limits_fn(void *arg)
 {
 	LimitAccounts *l = (LimitAccounts *) arg;
-	MemoryContext old = MemoryContextSwitchTo(l->cxt);
 
-	l->accounts = em_wanted_limit_accounts(LIMIT_BATCH);
-	MemoryContextSwitchTo(old);
+	l->accounts = em_wanted_limit_accounts(LIMIT_BATCH, l->cxt);
 	return list_length(l->accounts);
 }
 

@@ -66,18 +66,6 @@ jwt() {
     echo "$h.$p.$s"
 }
 
-# sqlstate SQL...: "ok", or the SQLSTATE of the error the statements raise
-sqlstate() {
-    local args=() s out
-    for s in "$@"; do args+=(-c "$s"); done
-    if out=$("$EM_PGBIN/psql" -X -A -t -q -v ON_ERROR_STOP=1 -v VERBOSITY=verbose -d "$DB" "${args[@]}" 2>&1 >/dev/null); then
-        echo ok
-    else
-        echo "$out" | sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\):.*/\1/p' | head -1
-        echo "$out" | sed 's/^/# /' >&2
-    fi
-}
-
 receive() { echo "SELECT event_id || ' ' || inserted FROM earmark_inbox_receive_kinde('$1', '$2')"; }
 kinde_events() { q -d "$DB" -c "SELECT count(*) || '/' || coalesce(sum(seen_count), 0) FROM earmark.inbox_event WHERE source = 'kinde'"; }
 

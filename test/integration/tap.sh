@@ -41,6 +41,18 @@ wait_for() {
     done
 }
 
+# sqlstate SQL...: "ok", or the SQLSTATE of the error the statements raise
+sqlstate() {
+    local args=() s out
+    for s in "$@"; do args+=(-c "$s"); done
+    if out=$("$EM_PGBIN/psql" -X -A -t -q -v ON_ERROR_STOP=1 -v VERBOSITY=verbose -d "${DB:-postgres}" "${args[@]}" 2>&1 >/dev/null); then
+        echo ok
+    else
+        echo "$out" | sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\):.*/\1/p' | head -1
+        echo "$out" | sed 's/^/# /' >&2
+    fi
+}
+
 done_testing() {
     echo "1..$_tap_n"
     [ "$_tap_failed" -eq 0 ]

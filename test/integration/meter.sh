@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# The reporter, the providers and the limit cache against a real HTTP
+# provider on loopback (test/fake_provider.py), with the worker of the test
+# cluster doing the work:
+# - kinde: one OAuth2 token for many requests; absolute totals reach the
+#   meter; the Notch run (5,000 usage rows from 100 connections, all
+#   recorded, the meter equal to the ledger, reconcile "match"); usage
+#   after a report is carried by the next one; a repeated report leaves the
+#   meter unchanged; a 500 is re-marked and sent on a later pass; a 429 is
+#   honoured (no request before its RateLimit-Reset); a closed cycle goes to
+#   the review list and is never written; a hanging provider costs its
+#   timeout and sweeping goes on meanwhile; kill -9 of the worker in the
+#   middle of a report loses nothing;
+# - limits: entitlements read with paging; the provider down past the stale
+#   window refuses admissions with "limit unknown", and they are admitted
+#   again once it answers; earmark_refresh_limits for a new account;
+# - http: the generic provider with a bearer token and an HMAC signature;
+# - secrets: in a file only the server's user may read (refused otherwise),
+#   named by a setting a non-superuser cannot see, absent from the log.
+source "$(dirname "$0")/tap.sh"
+export PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning"
+DB=postgres
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+WORK=$(mktemp -d /tmp/earmark-meter.XXXXXX)
+chmod 755 "$WORK"
+FAKE_PID=
+SECRET="s3cret-$RANDOM-client"
+HMAC="hm4c-$RANDOM-key"
+
+settings=(earmark.provider earmark.kinde_domain earmark.provider_url earmark.provider_client_id
+          earmark.provider_secrets_file earmark.report_interval earmark.limit_fresh
+          earmark.limit_stale earmark.http_timeout)
+reset_settings() {
+    local s args=()
+    for s in "${settings[@]}"; do args+=(-c "ALTER SYSTEM RESET $s"); done
+    q -d postgres "${args[@]}" -c "SELECT pg_reload_conf()" >/dev/null 2>&1
+}
+cleanup() {
+    [ -n "$FAKE_PID" ] && { kill "$FAKE_PID" 2>/dev/null; wait "$FAKE_PID" 2>/dev/null; }
+    reset_settings
+    q -d postgres -c "DROP ROLE IF EXISTS meter_app" >/dev/null 2>&1
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# --- the fake provider --------------------------------------------------------
+python3 "$ROOT/test/fake_provider.py" --port-file "$WORK/port" --log "$WORK/requests.log" \
+    --client-id earmark-test --client-secret "$SECRET" --bearer btok --hmac-secret "$HMAC" &
+FAKE_PID=$!
+for i in $(seq 1 50); do [ -s "$WORK/port" ] && break; sleep 0.1; done
+BASE="http://127.0.0.1:$(cat "$WORK/port")"
+
+control() { curl -s -X POST "$BASE/_control" -H 'Content-Type: application/json' -d "$1" >/dev/null; }
+state() {  # state PYTHON-EXPRESSION over d (the fake's /_state)
+    curl -s "$BASE/_state" | python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"
+}
+meter() { state "int(d['kinde_meters'].get('$1|${2:-default}', -1))"; }
+writes() { state "d['writes'].get('$1|${2:-default}', 0)"; }
+ledger() { q -c "SELECT coalesce(sum(l.units), 0) FROM earmark.ledger l JOIN earmark.budget b USING (budget_id) WHERE b.account = '$1'"; }
+
+# wait_meter SECONDS AGREEMENT EXPECTED
+wait_meter() {
+    local deadline=$(( $(date +%s) + $1 )) got
+    while :; do
+        got=$(meter "$2")
+        [ "$got" == "$3" ] && { echo "$got"; return 0; }
+        [ "$(date +%s)" -ge "$deadline" ] && { echo "$got"; return 1; }
+        sleep 0.2
+    done
+}
+
+set_conf() {  # set_conf NAME VALUE ...
+    local args=()
+    while [ $# -gt 0 ]; do args+=(-c "ALTER SYSTEM SET $1 = '$2'"); shift 2; done
+    q -d postgres "${args[@]}" -c "SELECT pg_reload_conf()" >/dev/null
+    sleep 0.5
+}
+
+# secrets_file MODE LINES...: the provider's secrets, owned by the server's user
+secrets_file() {
+    local mode=$1
+    shift
+    printf '%s\n' "$@" >"$WORK/secrets"
+    if [ "$(id -u)" -eq 0 ]; then chown postgres "$WORK/secrets"; else sudo chown postgres "$WORK/secrets"; fi
+    if [ "$(id -u)" -eq 0 ]; then chmod "$mode" "$WORK/secrets"; else sudo chmod "$mode" "$WORK/secrets"; fi
+}
+secrets_file 600 "# earmark's provider secrets" "client_secret = $SECRET" "token = btok" "hmac_secret = $HMAC"
+
+q -c "CREATE EXTENSION IF NOT EXISTS earmark" >/dev/null
+q -c "TRUNCATE earmark.budget, earmark.job, earmark.ledger, earmark.meter_send, earmark.meter_review, earmark.evidence" \
+  -c "UPDATE earmark.reporter_state SET blocked_until = NULL" >/dev/null
+set_conf earmark.provider kinde earmark.kinde_domain "$BASE" \
+         earmark.provider_client_id earmark-test earmark.provider_secrets_file "$WORK/secrets" \
+         earmark.report_interval 1s
+wait_for 10 "SHOW earmark.provider" kinde >/dev/null
+
+# --- kinde: a total reaches the meter -----------------------------------------
+q -c "SELECT earmark_set_account('m_acct', NULL, 'cus_m', 'agr_m')" -c "SELECT earmark_set_limit('m_acct', NULL)" >/dev/null
+q -c "SELECT earmark_record_usage('m_acct', 40, 'first')" >/dev/null
+got=$(wait_meter 15 agr_m 40)
+is "$got" 40 "the worker sent the cycle's absolute total to the Kinde meter"
+q -c "SELECT earmark_record_usage('m_acct', 2, 'second')" >/dev/null
+got=$(wait_meter 15 agr_m 42)
+is "$got" 42 "usage after a report: the next report carries the new total"
+is "$(state "d['tokens_issued']")" 1 "one OAuth2 token served every request (cached until 60 s before it expires)"
+is "$(q -c "SELECT count(*) FROM earmark.meter_mark")" 0 "a cycle the provider took is no longer marked"
+
+# a repeated report: the same total again leaves the meter where it was
+before=$(writes agr_m)
+q -c "INSERT INTO earmark.meter_mark (budget_id) SELECT budget_id FROM earmark.budget WHERE account = 'm_acct'" >/dev/null
+wait_for 15 "SELECT count(*) FROM earmark.meter_mark" 0 >/dev/null
+is "$(writes agr_m)" "$((before + 1))" "a repeated report was written again"
+is "$(meter agr_m)" 42 "... and left the meter unchanged (absolute writes)"
+
+# --- the Notch run: 5,000 rows from 100 connections ---------------------------
+q -c "SELECT earmark_set_account('notch', NULL, 'cus_n', 'agr_n')" -c "SELECT earmark_set_limit('notch', NULL)" \
+  -c "DROP SEQUENCE IF EXISTS notch_click" -c "CREATE SEQUENCE notch_click" >/dev/null
+echo "SELECT earmark_record_usage('notch', 1, 'click-' || nextval('notch_click'));" >"$WORK/click.sql"
+"$EM_PGBIN/pgbench" -n -c 100 -j 4 -t 50 -f "$WORK/click.sql" postgres >"$WORK/pgbench.log" 2>&1
+ok $? "pgbench: 100 connections x 50 usage rows ran without an error" || sed 's/^/# /' "$WORK/pgbench.log" | tail -5
+is "$(q -c "SELECT count(*) || ' ' || sum(units) FROM earmark.ledger l JOIN earmark.budget b USING (budget_id) WHERE b.account = 'notch'")" \
+   "5000 5000" "all 5,000 usage rows were recorded, once each"
+shards=$(q -c "SELECT count(*) FROM earmark.usage_shard u JOIN earmark.budget b USING (budget_id) WHERE b.account = 'notch'")
+ok "$(( shards > 16 ? 0 : 1 ))" "the writers spread over the counter shards ($shards of 64 used)"
+got=$(wait_meter 20 agr_n 5000)
+is "$got" 5000 "the meter reads 5,000"
+is "$(q -c "SELECT verdict || ' ' || ledger_total || ' ' || provider_total FROM earmark_reconcile('notch')")" \
+   "match 5000 5000" "reconcile: match at 5,000 (ledger, counters, meter)"
+
+# --- a failed report is marked again and sent on a later pass -----------------
+control '{"fail": {"status": 500, "count": 1, "path": "/api/v1/billing/meter_usage", "method": "POST"}}'
+q -c "SELECT earmark_record_usage('m_acct', 8, 'third')" >/dev/null
+got=$(wait_meter 20 agr_m 50)
+is "$got" 50 "after a 500 the cycle was sent again on a later pass"
+is "$(q -c "SELECT string_agg(coalesce(http_status::text, '-') || ':' || ok, ',' ORDER BY send_id) FROM earmark.send_log WHERE account = 'm_acct' AND total = 50")" \
+   "500:false,200:true" "the send log shows the 500 and the later success"
+
+# --- 429: nothing before the reset ------------------------------------------
+control '{"rate_limit": {"count": 1, "reset": 3, "path": "/api/v1/billing/meter_usage"}}'
+q -c "SELECT earmark_record_usage('m_acct', 1, 'fourth')" >/dev/null
+got=$(wait_meter 25 agr_m 51)
+is "$got" 51 "after a 429 the total was sent once its reset had passed"
+gap=$(state "(lambda t: min([r['t'] for r in d['requests'] if r['path'] == '/api/v1/billing/meter_usage' and r['method'] == 'POST' and r['t'] > t] or [0]) - t)([r['t'] for r in d['requests'] if r['status'] == 429][-1])")
+ok "$(python3 -c "print(0 if $gap >= 2.9 else 1)")" "no meter request came before RateLimit-Reset (next one ${gap}s after the 429)"
+is "$(q -c "SELECT count(*) FROM earmark.send_log WHERE http_status = 429")" 1 "the 429 is in the send log"
+
+# --- a closed cycle goes to the review list, never to the meter ---------------
+q -c "SELECT earmark_set_account('closed_acct', NULL, 'cus_c', 'agr_c')" -c "SELECT earmark_set_limit('closed_acct', NULL)" \
+  -c "SELECT earmark_record_usage('closed_acct', 5, 'late', occurred_at => now() - interval '40 days')" >/dev/null
+got=$(wait_for 15 "SELECT ledger_total || ' ' || coalesce(last_sent::text, 'never') FROM earmark.review_list WHERE account = 'closed_acct'" "5 never")
+is "$got" "5 never" "a late usage in a closed cycle is on the review list"
+is "$(writes agr_c)" 0 "... and was never written to the meter"
+
+# --- a hanging provider costs its timeout; sweeping goes on -------------------
+set_conf earmark.http_timeout 4000
+control '{"hang": {"count": 1, "seconds": 6, "path": "/api/v1/billing/meter_usage"}}'
+q -c "SELECT earmark_record_usage('m_acct', 1, 'fifth')" >/dev/null
+wait_for 10 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND query = 'earmark: sending totals to the meter'" 1 >/dev/null
+ok $? "the worker is waiting on the hanging provider"
+job=$(q -c "SELECT job_id FROM earmark_reserve('m_acct', 10, 'hang-job', lease => '300 ms')")
+got=$(wait_for 3 "SELECT status FROM earmark.job WHERE job_id = $job" expired)
+is "$got" expired "a lease that passed meanwhile was swept while the provider hung"
+got=$(wait_meter 20 agr_m 52)
+is "$got" 52 "after the timeout the total was sent again"
+is "$(q -c "SELECT count(*) FROM earmark.send_log WHERE ok = false AND error ILIKE '%timed out%'")" 1 "the timed-out send is logged as an error"
+set_conf earmark.http_timeout 5000
+# the fake still applies the abandoned request when its hang ends: let it,
+# so that it lands before the next step (the same total, so harmless)
+sleep 3
+
+# --- kill -9 of the worker in the middle of a report --------------------------
+control '{"hang": {"count": 1, "seconds": 30, "path": "/api/v1/billing/meter_usage"}}'
+q -c "SELECT earmark_record_usage('m_acct', 3, 'sixth')" >/dev/null
+wait_for 10 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND query = 'earmark: sending totals to the meter'" 1 >/dev/null
+ok $? "the worker is in the middle of a report"
+old=$(q -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'earmark worker'")
+kill -9 "$old"
+sleep 1
+new=$(wait_for 40 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND pid <> $old" 1)
+is "$new" 1 "the postmaster restarted the worker after kill -9"
+got=$(wait_meter 30 agr_m 55)
+is "$got" 55 "the restarted worker sent the cycle: nothing was lost"
+is "$(ledger m_acct)" 55 "the ledger kept every committed row"
+is "$(q -c "SELECT verdict FROM earmark_reconcile('m_acct')")" match "reconcile after the crash: match"
+
+# --- limits: entitlements with paging, stale window, fail closed --------------
+control '{"set_entitlement": [{"customer": "cus_l", "feature": "default", "limit": 1000}, {"customer": "cus_l", "feature": "images", "limit": null}, {"customer": "cus_l", "feature": "video", "limit": 2147483647}]}'
+q -c "SELECT earmark_set_account('lim_acct', NULL, 'cus_l', 'agr_l')" >/dev/null
+is "$(q -c "SELECT earmark_refresh_limits('lim_acct')")" 3 "earmark_refresh_limits read three entitlements over two pages"
+is "$(q -c "SELECT string_agg(feature || '=' || coalesce(lim::text, 'unlimited'), ',' ORDER BY feature) FROM earmark.account_limit WHERE account = 'lim_acct'")" \
+   "default=1000,images=unlimited,video=unlimited" "null and 2147483647 both mean unlimited"
+is "$(q -c "SELECT count(*) FROM (SELECT 1 FROM jsonb_array_elements('$(curl -s "$BASE/_state")'::jsonb -> 'requests') r WHERE r ->> 'path' = '/api/v1/billing/entitlements') x")" 2 "two entitlement pages were read (starting_after while has_more)"
+is "$(q -c "SELECT admitted FROM earmark_reserve('lim_acct', 100, 'l1')")" t "an admission under a fresh provider limit"
+
+set_conf earmark.limit_fresh 1s earmark.limit_stale 4s
+control '{"down": true}'
+sleep 1.5
+is "$(q -c "SELECT admitted || ' ' || coalesce(reason, '') FROM earmark_reserve('lim_acct', 100, 'l2')")" "true " \
+   "a stale limit (past limit_fresh, within limit_stale) is still used"
+got=$(wait_for 10 "SELECT limits_error IS NOT NULL FROM earmark.account WHERE account = 'lim_acct'" t)
+is "$got" t "the worker tried to read the stale limit and recorded the failure"
+sleep 2.5
+is "$(q -c "SELECT admitted || ' ' || reason FROM earmark_reserve('lim_acct', 100, 'l3')")" "false limit unknown" \
+   "past the stale window with the provider down: refused, limit unknown (fail closed)"
+control '{"down": false}'
+got=$(wait_for 25 "SELECT admitted FROM earmark_reserve('lim_acct', 100, 'l4')" t)
+is "$got" t "once the provider answers, the worker reads the limit and admissions resume"
+set_conf earmark.limit_fresh 60s earmark.limit_stale 600s
+
+q -c "SELECT earmark_set_account('signup', NULL, 'cus_new', 'agr_new')" >/dev/null
+control '{"set_entitlement": {"customer": "cus_new", "feature": "default", "limit": 50}}'
+is "$(q -c "SELECT earmark_refresh_limits('signup')")" 1 "sign-up flow: earmark_refresh_limits reads the new account's limit"
+is "$(q -c "SELECT admitted || ' ' || remaining FROM earmark_reserve('signup', 20, 's1')")" "true 30" "... and its first admission uses it"
+control '{"down": true}'
+is "$(sqlstate "SELECT earmark_refresh_limits('signup')")" EM201 "earmark_refresh_limits with the provider down: EM201"
+control '{"down": false}'
+
+# --- the generic http provider: bearer token and HMAC signature --------------
+set_conf earmark.provider http earmark.provider_url "$BASE/generic"
+control '{"set_limit": {"account": "h_acct", "feature": "default", "limit": 700}}'
+q -c "SELECT earmark_set_account('h_acct')" >/dev/null
+is "$(q -c "SELECT earmark_refresh_limits('h_acct')")" 1 "http provider: limits read with a bearer token and a signature"
+q -c "SELECT earmark_record_usage('h_acct', 11, 'h1')" >/dev/null
+cs=$(q -c "SELECT to_char(cycle_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') FROM earmark.budget WHERE account = 'h_acct'")
+got=""; for i in $(seq 1 50); do got=$(state "d['generic_meters'].get('h_acct|default|$cs', -1)"); [ "$got" = 11 ] && break; sleep 0.2; done
+is "$got" 11 "http provider: the absolute total was PUT, signed"
+is "$(q -c "SELECT verdict FROM earmark_reconcile('h_acct')")" match "http provider: read back for reconcile"
+secrets_file 600 "token = btok" "hmac_secret = wrong-key"
+q -c "SELECT earmark_record_usage('h_acct', 1, 'h2')" >/dev/null
+got=$(wait_for 10 "SELECT http_status FROM earmark.send_log WHERE account = 'h_acct' AND NOT ok ORDER BY send_id DESC LIMIT 1" 401)
+is "$got" 401 "a wrong signature is refused by the provider (401) and logged"
+secrets_file 644 "token = btok" "hmac_secret = $HMAC"
+got=$(wait_for 10 "SELECT error LIKE '%readable by no one else%' FROM earmark.send_log WHERE account = 'h_acct' AND NOT ok ORDER BY send_id DESC LIMIT 1" t)
+is "$got" t "a secrets file others may read is refused, and no request is made"
+secrets_file 600 "token = btok" "hmac_secret = $HMAC"
+got=$(wait_for 10 "SELECT count(*) FROM earmark.meter_mark m JOIN earmark.budget b USING (budget_id) WHERE b.account = 'h_acct'" 0)
+is "$got" 0 "with the right key again the cycle is sent"
+
+# --- secrets ------------------------------------------------------------------
+q -c "DROP ROLE IF EXISTS meter_app" -c "CREATE ROLE meter_app LOGIN IN ROLE earmark_admin" >/dev/null
+is "$(sqlstate "SET ROLE meter_app" "SHOW earmark.provider_secrets_file")" 42501 "a non-superuser cannot SHOW where the secrets file is"
+is "$(q -c "SET ROLE meter_app" -c "SELECT count(*) FROM pg_settings WHERE name = 'earmark.provider_secrets_file'")" 0 \
+   "nor see it in pg_settings"
+is "$(sqlstate "SET ROLE meter_app" "SELECT pg_read_file('$WORK/secrets')")" 42501 "nor read the file"
+is "$(q -c "SET ROLE meter_app" -c "SELECT count(*) FROM pg_settings WHERE name = 'earmark.provider'")" 1 "(the provider itself is visible)"
+logged=$(grep -c -e "$SECRET" -e "$HMAC" "$EM_BASE/server.log" 2>/dev/null | awk -F: '{s += $NF} END {print s + 0}')
+is "$logged" 0 "no secret appears in the server log"
+is "$(q -c "SELECT count(*) FROM pg_settings WHERE setting LIKE '%$SECRET%' OR setting LIKE '%$HMAC%'")" 0 "no setting holds a secret"
+
+done_testing
