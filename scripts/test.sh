@@ -17,7 +17,10 @@ set +e
 
 em_setup || exit 1
 em_start_cluster "${EM_TEST_PORT:-55432}" \
-    "shared_preload_libraries = 'earmark'" \
+    "shared_preload_libraries = 'earmark,pg_cron'" \
+    "cron.database_name = 'postgres'" \
+    "cron.use_background_workers = on" \
+    "max_worker_processes = 16" \
     "earmark.database = 'postgres'" \
     "earmark.sweep_interval = '200ms'" \
     "log_min_messages = warning" || exit 1
