@@ -684,6 +684,15 @@ CREATE VIEW earmark.send_log AS
            x.http_status, x.error, x.duration_ms, x.sent_at, x.budget_id
       FROM earmark.meter_send x LEFT JOIN earmark.budget b USING (budget_id);
 
+-- The worker's backend, seen with the extension owner's rights: other roles
+-- see no backend_type of another user's process in pg_stat_activity.
+CREATE FUNCTION earmark.workers_running() RETURNS bigint
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE backend_type = 'earmark worker' $$;
+REVOKE ALL ON FUNCTION earmark.workers_running() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION earmark.workers_running() TO earmark_admin;
+
 CREATE VIEW earmark.worker_status AS
     SELECT (SELECT pg_catalog.count(*) FROM earmark.meter_mark) AS marked_cycles,
            (SELECT pg_catalog.min(marked_at) FROM earmark.meter_mark) AS oldest_mark,
@@ -693,8 +702,7 @@ CREATE VIEW earmark.worker_status AS
            (SELECT pg_catalog.count(*) FROM earmark.meter_review) AS cycles_to_review,
            (SELECT pg_catalog.count(*) FROM earmark.account WHERE limits_wanted_at IS NOT NULL) AS limits_wanted,
            (SELECT pg_catalog.count(*) FROM earmark.inbox_event WHERE status = 'dead') AS dead_events,
-           (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity
-             WHERE backend_type = 'earmark worker') AS workers_running
+           earmark.workers_running() AS workers_running
       FROM earmark.reporter_state r;
 
 REVOKE ALL ON earmark.review_list, earmark.send_log, earmark.worker_status FROM PUBLIC;

@@ -13,6 +13,7 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
@@ -140,7 +141,7 @@ _PG_init(void)
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("earmark.http_timeout",
-							"Longest a request to the provider may take (the key set fetch).",
+							"Longest one request to the provider may take: meter writes and reads, limits, tokens, the key set.",
 							NULL,
 							&earmark_http_timeout_ms,
 							5000, 100, 60000,
@@ -292,6 +293,24 @@ em_exec(EmStatement *stmt, Datum *values, const char *nulls, long count)
 	if (rc < 0)
 		elog(ERROR, "earmark: statement failed: %s", SPI_result_code_string(rc));
 	return rc;
+}
+
+/*
+ * The reporter and the reconciler compare totals with what concurrent
+ * writers committed a moment ago: that needs a snapshot per statement.
+ * Under REPEATABLE READ a mark could be deleted for usage the report never
+ * saw, so they refuse to run there.
+ */
+void
+em_require_read_committed(const char *what)
+{
+	if (IsolationUsesXactSnapshot())
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_TRANSACTION_STATE),
+				 errmsg("%s must run in a READ COMMITTED transaction", what),
+				 errdetail("It compares totals with what other sessions committed since it started; "
+						   "a transaction snapshot would hide that."),
+				 errhint("Call it outside a REPEATABLE READ or SERIALIZABLE transaction.")));
 }
 
 Datum

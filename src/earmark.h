@@ -39,6 +39,13 @@
 /* first key of the meter mark locks ("emmk"), see ledger.c */
 #define EARMARK_MARK_CLASS		0x656d6d6b
 
+/*
+ * The most units one earmark_record_usage call records (10^15): far past
+ * any real usage, and small enough that a cycle's counters stay far from
+ * bigint's end.
+ */
+#define EARMARK_MAX_UNITS		INT64CONST(1000000000000000)
+
 /* counter rows per cycle for recorded usage */
 #define EARMARK_USAGE_SHARDS	64
 
@@ -69,6 +76,8 @@ extern int	em_exec(EmStatement *stmt, Datum *values, const char *nulls,
 /* result access for the last em_exec */
 extern Datum em_get(int row, int col, bool *isnull);
 extern int64 em_get_int64(int row, int col, int64 if_null);
+
+extern void em_require_read_committed(const char *what);
 
 /* argument checks: they raise the documented SQLSTATE or return the value */
 extern text *em_arg_name(FunctionCallInfo fcinfo, int argno, const char *what);

@@ -113,10 +113,14 @@ header_cb(char *buffer, size_t size, size_t nitems, void *userdata)
 			secs = strtol(p, &end, 10);
 			if (end == p)
 			{
+				/* Retry-After as an HTTP date */
 				time_t		when = curl_getdate(p, NULL);
 
 				secs = when > 0 ? (long) (when - time(NULL)) : -1;
 			}
+			else if (secs > 1000000000L)
+				/* a reset given as a Unix time, not as seconds from now */
+				secs = Max(secs - (long) time(NULL), 0L);
 			if (secs >= 0)
 				t->retry_after = Max(t->retry_after, Min(secs, 86400L));
 		}

@@ -14,9 +14,10 @@
  *	  - the account's advisory lock, shared (as reserve takes it), so that
  *	    earmark_set_account cannot move the anchor while usage is written
  *	    into a cycle computed from it;
- *	  - a correction (negative units) locks the budget row FOR NO KEY
- *	    UPDATE: corrections of one cycle queue, so two of them cannot both
- *	    pass the check that the total stays at or above zero;
+ *	  - a correction (negative units) updates the budget row (to itself):
+ *	    corrections of one cycle queue, so two of them cannot both pass the
+ *	    check that the total stays at or above zero, and one whose snapshot
+ *	    is older than another's commit fails with 40001;
  *	  - the cycle's mark lock, shared (em_mark_lock): held by every writer
  *	    that may find the mark already there, until it commits.  The
  *	    reporter deletes a mark only with that lock taken exclusively and
@@ -75,8 +76,14 @@ static EmStatement create_budget = {
 	5, {TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT4OID}
 };
 
+/*
+ * A correction updates its budget row (to itself): corrections of one cycle
+ * queue on it, and under REPEATABLE READ or SERIALIZABLE a correction whose
+ * snapshot missed another's commit fails with 40001 instead of checking an
+ * old total.
+ */
 static EmStatement lock_budget_for_correction = {
-	"SELECT 1 FROM earmark.budget WHERE budget_id = $1 FOR NO KEY UPDATE",
+	"UPDATE earmark.budget SET used = used WHERE budget_id = $1",
 	1, {INT8OID}
 };
 
@@ -214,10 +221,12 @@ earmark_record_usage(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("units must not be zero"),
 				 errhint("A correction is a negative number of units.")));
-	if (units == PG_INT64_MIN)
+	if (units > EARMARK_MAX_UNITS || units < -EARMARK_MAX_UNITS)
 		ereport(ERROR,
 				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
-				 errmsg("units is out of range")));
+				 errmsg("units is out of range"),
+				 errdetail("One call records at most " INT64_FORMAT " units either way.",
+						   EARMARK_MAX_UNITS)));
 	if (TIMESTAMP_NOT_FINITE(occurred_at))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

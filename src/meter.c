@@ -29,6 +29,7 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
@@ -232,7 +233,8 @@ em_report_finish(EmMeterOp *ops, int n, TimestampTz now, int *failed)
 				args[5] = Int64GetDatum(em_cycle_total(op->budget_id, &found));
 				args[6] = Int64GetDatum(op->read_total);
 				nulls[6] = op->read_total < 0 ? 'n' : ' ';
-				args[7] = CStringGetTextDatum("The cycle changed after it closed; a closed cycle is not written.");
+				args[7] = CStringGetTextDatum("The cycle closed before its last total reached the meter; "
+											  "a closed cycle is not written.");
 				em_exec(&note_review, args, nulls, 0);
 				nulls[6] = ' ';
 			}
@@ -255,9 +257,10 @@ em_report_finish(EmMeterOp *ops, int n, TimestampTz now, int *failed)
 		{
 			(*failed)++;
 			last_error = op->error;
-			if (op->http_status == 429 || op->retry_after >= 0)
+			/* the 429 itself, and the requests held back after it */
+			if (op->http_status == 429)
 			{
-				saw_429 = saw_429 || op->http_status == 429;
+				saw_429 = true;
 				retry_after = Max(retry_after, op->retry_after);
 			}
 			/* marked again: behind the cycles that are waiting */
@@ -303,6 +306,7 @@ earmark_report(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("max_cycles must be at least 1")));
+	em_require_read_committed("earmark_report");
 	SPI_connect();
 	n = em_report_claim(max_cycles, now, &ops, CurrentMemoryContext);
 	if (n < 0)

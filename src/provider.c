@@ -279,16 +279,26 @@ forget_secret(char *s)
  * ---------------------------------------------------------------------
  */
 
-/* Kinde's access token, kept in this process until 60 s before it expires */
+/*
+ * Kinde's access token, kept in this process until 60 s before it expires,
+ * and only for the domain and client it was issued to.
+ */
 static char *kinde_token = NULL;
+static char *kinde_token_for = NULL;	/* "domain client_id" */
 static TimestampTz kinde_token_until = 0;
 
 static void
 forget_kinde_token(void)
 {
 	if (kinde_token)
+	{
+		explicit_bzero(kinde_token, strlen(kinde_token));
 		pfree(kinde_token);
+	}
+	if (kinde_token_for)
+		pfree(kinde_token_for);
 	kinde_token = NULL;
+	kinde_token_for = NULL;
 	kinde_token_until = 0;
 }
 
@@ -302,7 +312,11 @@ get_kinde_token(const char *base, char **error)
 	char	   *tok;
 	char	   *secret;
 
-	if (kinde_token && GetCurrentTimestamp() < kinde_token_until)
+	char	   *issued_for = psprintf("%s %s", base,
+									  earmark_provider_client_id ? earmark_provider_client_id : "");
+
+	if (kinde_token && GetCurrentTimestamp() < kinde_token_until &&
+		strcmp(kinde_token_for, issued_for) == 0)
 		return kinde_token;
 	forget_kinde_token();
 	secret = provider_secret("client_secret", error);
@@ -349,6 +363,7 @@ get_kinde_token(const char *base, char **error)
 	if (!value_int64(member(&jb->root, "expires_in"), &expires_in))
 		expires_in = 0;
 	kinde_token = MemoryContextStrdup(TopMemoryContext, tok);
+	kinde_token_for = MemoryContextStrdup(TopMemoryContext, issued_for);
 	/* kept until 60 s before it expires, as the provider's clock counts */
 	kinde_token_until = GetCurrentTimestamp() +
 		Max(expires_in - 60, 0) * USECS_PER_SEC;

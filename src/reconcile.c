@@ -17,11 +17,22 @@
  *	  numbers as the cycle's last evidence adds no row.
  *
  *	  Tables: reads ledger, budget, budget_slot, usage_shard, meter_send,
- *	  account; writes evidence, meter_send (repairs) and, to rebuild,
- *	  usage_shard and budget.  Locks: no lock at all during the provider
- *	  calls; a rebuild locks its budget row FOR UPDATE (then its slots and
- *	  shards) after every call of the cycle is done, so the counters cannot
- *	  move while they are rebuilt.
+ *	  account; writes evidence, meter_send (repairs), meter_mark and, to
+ *	  rebuild, usage_shard and budget.  Locks: no lock at all during the
+ *	  provider calls.  A rebuild, after every call of the cycle is done,
+ *	  locks the budget row FOR UPDATE and then takes the cycle's mark lock
+ *	  exclusively without waiting (ledger.c: every writer of the cycle
+ *	  holds it shared until it commits): with both, no counter can move
+ *	  while it is rebuilt.  When the mark lock is busy the rebuild is left
+ *	  for the next run (never a wait: a settle holds the mark lock while it
+ *	  waits for the budget row).  A repair takes the mark lock shared, as
+ *	  any writer of a mark does.
+ *
+ *	  The provider is read before the ledger: a usage (and its report)
+ *	  landing in between makes the ledger look ahead, and the repair then
+ *	  writes the newer total, never an older one.  A report of a newer
+ *	  total racing the repair's write is covered by marking the cycle
+ *	  after a repair: the reporter sends its current total once more.
  *
  *-------------------------------------------------------------------------
  */
@@ -79,8 +90,14 @@ static EmStatement lock_for_rebuild = {
 /*
  * Rebuild the counters from the ledger: the keyed rows into one shard, the
  * job rows into the budget row (the slots keep their own used; the budget
- * row takes the difference, as an expiry into the budget row does).
+ * row takes the difference, as an expiry into the budget row does).  Two
+ * statements: the shards' delete must be done before the insert.
  */
+static EmStatement clear_shards = {
+	"DELETE FROM earmark.usage_shard WHERE budget_id = $1",
+	1, {INT8OID}
+};
+
 static EmStatement rebuild_counters = {
 	"WITH k AS (SELECT coalesce(pg_catalog.sum(units), 0)::bigint AS units FROM earmark.ledger "
 	"            WHERE budget_id = $1 AND job_id IS NULL),"
@@ -88,11 +105,16 @@ static EmStatement rebuild_counters = {
 	"            WHERE budget_id = $1 AND job_id IS NOT NULL),"
 	"     s AS (SELECT coalesce(pg_catalog.sum(used), 0)::bigint AS used FROM earmark.budget_slot "
 	"            WHERE budget_id = $1),"
-	"     d AS (DELETE FROM earmark.usage_shard WHERE budget_id = $1),"
 	"     i AS (INSERT INTO earmark.usage_shard (budget_id, shard, units) "
 	"           SELECT $1, 0, k.units FROM k WHERE k.units <> 0) "
 	"UPDATE earmark.budget SET used = (SELECT units FROM j) - (SELECT used FROM s) "
 	"WHERE budget_id = $1",
+	1, {INT8OID}
+};
+
+/* after a repair the reporter sends the cycle once more (see repair) */
+static EmStatement mark_cycle = {
+	"INSERT INTO earmark.meter_mark (budget_id) VALUES ($1) ON CONFLICT DO NOTHING",
 	1, {INT8OID}
 };
 
@@ -211,6 +233,17 @@ repair(Check *c)
 				 errhint("A write that the provider accepted is not proof; check the provider's meter.")));
 	c->repaired = true;
 	c->read_back = r.read_total;
+
+	/*
+	 * A report of a newer total may have landed just before this write:
+	 * mark the cycle, so that the reporter sends its total once more.
+	 */
+	{
+		Datum		arg = Int64GetDatum(c->op.budget_id);
+
+		em_mark_lock(c->op.budget_id);
+		em_exec(&mark_cycle, &arg, NULL, 0);
+	}
 }
 
 static void
@@ -287,6 +320,7 @@ earmark_reconcile(PG_FUNCTION_ARGS)
 	int64		after = 0;
 	MemoryContext page_cxt;
 
+	em_require_read_committed("earmark_reconcile");
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC | MAT_SRF_BLESS);
 	page_cxt = AllocSetContextCreate(CurrentMemoryContext, "earmark reconcile page",
 									 ALLOCSET_DEFAULT_SIZES);
@@ -338,8 +372,15 @@ earmark_reconcile(PG_FUNCTION_ARGS)
 		}
 		after = checks[n - 1].op.budget_id;
 
-		/* the record first, then the copy: a usage arriving between only
-		 * makes the meter look ahead of an older ledger total, never behind */
+		/* the provider's totals, a page at a time (no lock is held) */
+		reads = palloc(sizeof(EmMeterOp) * n);
+		for (i = 0; i < n; i++)
+			reads[i] = checks[i].op;
+		em_meter_read(reads, n);
+		for (i = 0; i < n; i++)
+			checks[i].op = reads[i];
+
+		/* then the record (see the header: never an older total) */
 		for (i = 0; i < n; i++)
 		{
 			Check	   *c = &checks[i];
@@ -358,14 +399,6 @@ earmark_reconcile(PG_FUNCTION_ARGS)
 			c->last_send_error = isnull ? NULL : TextDatumGetCString(d);
 		}
 
-		/* the provider's totals, a page at a time (no lock is held) */
-		reads = palloc(sizeof(EmMeterOp) * n);
-		for (i = 0; i < n; i++)
-			reads[i] = checks[i].op;
-		em_meter_read(reads, n);
-		for (i = 0; i < n; i++)
-			checks[i].op = reads[i];
-
 		for (i = 0; i < n; i++)
 		{
 			Check	   *c = &checks[i];
@@ -375,18 +408,29 @@ earmark_reconcile(PG_FUNCTION_ARGS)
 				strcmp(c->verdict, "under_billed") == 0)
 				repair(c);
 
-			/* counters last: the only lock, after every provider call */
+			/* counters last: the only locks, after every provider call */
 			if (c->counters != c->ledger)
 			{
 				args[0] = Int64GetDatum(c->op.budget_id);
 				em_exec(&lock_for_rebuild, args, NULL, 1);
-				em_exec(&rebuild_counters, args, NULL, 0);
-				c->rebuilt = true;
-				ereport(WARNING,
-						(errmsg("the counters of account \"%s\", feature \"%s\" differed from the ledger and were rebuilt",
-								c->op.account, c->op.feature),
-						 errdetail("Counters " INT64_FORMAT ", ledger " INT64_FORMAT ".",
-								   c->counters, c->ledger)));
+				if (em_mark_try_lock_exclusive(c->op.budget_id))
+				{
+					em_exec(&clear_shards, args, NULL, 0);
+					em_exec(&rebuild_counters, args, NULL, 0);
+					c->rebuilt = true;
+					ereport(WARNING,
+							(errmsg("the counters of account \"%s\", feature \"%s\" differed from the ledger and were rebuilt",
+									c->op.account, c->op.feature),
+							 errdetail("Counters " INT64_FORMAT ", ledger " INT64_FORMAT ".",
+									   c->counters, c->ledger)));
+				}
+				else
+					ereport(WARNING,
+							(errmsg("the counters of account \"%s\", feature \"%s\" differ from the ledger",
+									c->op.account, c->op.feature),
+							 errdetail("Counters " INT64_FORMAT ", ledger " INT64_FORMAT "; usage was being written, "
+									   "so they were not rebuilt.", c->counters, c->ledger),
+							 errhint("Run earmark_reconcile again.")));
 			}
 			keep_evidence(c, rsinfo);
 		}

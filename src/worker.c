@@ -258,7 +258,8 @@ report_pass(void)
 	memset(&p, 0, sizeof(p));
 	p.cxt = AllocSetContextCreate(TopMemoryContext, "earmark report pass",
 								  ALLOCSET_DEFAULT_SIZES);
-	if (run_pass("earmark: claiming marked cycles", report_claim_fn, &p) > 0)
+	/* a pass with nothing to send is still recorded (worker_status) */
+	if (run_pass("earmark: claiming marked cycles", report_claim_fn, &p) >= 0)
 	{
 		if (earmark_provider != EM_PROVIDER_LOCAL)
 		{
@@ -318,8 +319,13 @@ limits_pass(void)
 	{
 		foreach(lc, l.accounts)
 		{
-			(void) run_pass("earmark: reading limits from the provider",
-							refresh_limits_fn, lfirst(lc));
+			/*
+			 * A provider that fails once is not asked again this pass: each
+			 * attempt may cost earmark.http_timeout, and sweeping waits.
+			 */
+			if (run_pass("earmark: reading limits from the provider",
+						 refresh_limits_fn, lfirst(lc)) < 0)
+				break;
 			CHECK_FOR_INTERRUPTS();
 		}
 	}
@@ -382,6 +388,8 @@ earmark_worker_main(Datum main_arg)
 	 */
 	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
 	SetConfigOption("application_name", "earmark worker", PGC_USERSET, PGC_S_OVERRIDE);
+	/* a snapshot per statement, whatever the cluster's default (meter.c) */
+	SetConfigOption("default_transaction_isolation", "read committed", PGC_SUSET, PGC_S_OVERRIDE);
 
 	ereport(LOG,
 			(errmsg("earmark worker started in database \"%s\"", earmark_database)));
