@@ -353,3 +353,18 @@ SELECT pg_temp.state() = :'before' AS nothing_changed;
 SELECT earmark_record_usage('small', 6, 's-1');
 SELECT earmark_report();
 SELECT account, total FROM earmark.local_meter WHERE account IN ('huge', 'small') ORDER BY account;
+
+-- 11. The reporter and the reconciler compare totals with what writers
+--     committed a moment ago: under a transaction snapshot they refuse
+--     (25000) and change nothing.
+SELECT earmark_record_usage('small', 1, 's-2');
+SELECT pg_temp.state() AS before \gset
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT pg_temp.try($$SELECT earmark_report()$$);
+SELECT pg_temp.try($$SELECT count(*) FROM earmark_reconcile()$$);
+COMMIT;
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+SELECT pg_temp.try($$SELECT earmark_report()$$);
+COMMIT;
+SELECT pg_temp.state() = :'before' AS nothing_changed;
+SELECT earmark_report();

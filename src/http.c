@@ -343,6 +343,9 @@ em_http_run(EmHttpRequest *reqs, int n, int parallel, int timeout_ms,
 			interrupted = true;
 			break;
 		}
+		/* a transfer just ended and another may start: no waiting */
+		if (next < n && running < parallel && !saw_429)
+			continue;
 		curl_multi_poll(multi, NULL, 0, 100, NULL);
 
 		/* libcurl is off the stack here */

@@ -203,9 +203,20 @@ earmark_refresh_limits(PG_FUNCTION_ARGS)
 	char	   *error = NULL;
 	int			n;
 
-	if (earmark_provider == EM_PROVIDER_LOCAL)
-		PG_RETURN_INT32(0);
 	SPI_connect();
+	if (earmark_provider == EM_PROVIDER_LOCAL)
+	{
+		/* nothing to read, but an unknown account is an error everywhere */
+		Datum		arg = PointerGetDatum(account);
+
+		em_exec(&account_customer, &arg, NULL, 1);
+		if (SPI_processed == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_EARMARK_UNKNOWN_ACCOUNT),
+					 errmsg("account \"%s\" does not exist", text_to_cstring(account))));
+		SPI_finish();
+		PG_RETURN_INT32(0);
+	}
 	n = em_refresh_account_limits(text_to_cstring(account), &error);
 	SPI_finish();
 	if (n < 0)

@@ -662,6 +662,9 @@ def main():
 
     class Server(http.server.ThreadingHTTPServer):
         daemon_threads = True
+        # a listen backlog of 5 (the default) drops the SYNs of a client
+        # that opens 10 connections at once, which then waits 1 s to retry
+        request_queue_size = 128
 
         def handle_error(self, request, client_address):
             if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
