@@ -2,7 +2,7 @@
 EXTENSION = earmark
 MODULE_big = earmark
 OBJS = src/earmark.o src/account.o src/gate.o src/escrow.o src/ledger.o src/meter.o src/reconcile.o src/limits.o src/provider.o src/inbox.o src/worker.o src/sigverify.o src/http.o src/intake.o
-DATA = src/earmark--0.1.0.sql
+DATA = src/earmark--0.1.0.sql src/earmark--0.2.0.sql src/earmark--0.1.0--0.2.0.sql
 PGFILEDESC = "earmark - usage limits that hold under concurrency"
 
 PG_CPPFLAGS = -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare

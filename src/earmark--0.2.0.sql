@@ -1,4 +1,4 @@
-/* earmark install script, version 0.1.0
+/* earmark install script, version 0.2.0
  *
  * Tables live in schema "earmark" and are written only through the API
  * functions, which are SECURITY DEFINER with a pinned search_path.  Callers
@@ -37,15 +37,16 @@ CREATE TABLE earmark.account (
     plan_changed_at     timestamptz,
     -- escrow slots for this account's budgets (NULL: earmark.escrow_slots)
     escrow_slots        int CHECK (escrow_slots BETWEEN 0 AND 256),
+    created_at          timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    updated_at          timestamptz NOT NULL DEFAULT pg_catalog.now(),
     -- the limit cache (provider kinde or http): when the provider's limits
     -- were last read, when an admission found them stale and asked the
-    -- worker for a refresh, and the last failed read
+    -- worker for a refresh, and the last failed read.  (Added in 0.2.0
+    -- after updated_at, where ALTER EXTENSION UPDATE puts them too.)
     limits_fetched_at   timestamptz,
     limits_wanted_at    timestamptz,
     limits_tried_at     timestamptz,
     limits_error        text,
-    created_at          timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    updated_at          timestamptz NOT NULL DEFAULT pg_catalog.now(),
     CONSTRAINT account_name_ok CHECK (account <> '' AND pg_catalog.length(account) <= 255)
 );
 
@@ -141,12 +142,13 @@ CREATE TABLE earmark.job (
     UNIQUE (account, idempotency_key)
 ) WITH (fillfactor = 70);
 
--- The sweeper and reserve's reclaim look for open holds.  lease_until is
--- deliberately not indexed: every charge renews it, and an unindexed
--- column keeps that update HOT.
+-- The worker's limits pass looks for accounts an admission flagged.
 CREATE INDEX account_limits_wanted ON earmark.account (limits_wanted_at)
     WHERE limits_wanted_at IS NOT NULL;
 
+-- The sweeper and reserve's reclaim look for open holds.  lease_until is
+-- deliberately not indexed: every charge renews it, and an unindexed
+-- column keeps that update HOT.
 CREATE INDEX job_open ON earmark.job (budget_id)
     WHERE status IN ('running', 'capped');
 
@@ -160,10 +162,11 @@ CREATE TABLE earmark.ledger (
     budget_id       bigint NOT NULL,
     units           bigint NOT NULL,
     job_id          bigint UNIQUE,                      -- a settled job's row, or
-    account         text,                               -- the key's account and
-    entry_key       text,                               -- the caller's key
+    entry_key       text,                               -- the caller's key and
     occurred_at     timestamptz NOT NULL,
-    recorded_at     timestamptz NOT NULL DEFAULT pg_catalog.now()
+    recorded_at     timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    account         text                                -- the key's account (added
+                                                        -- in 0.2.0, hence last)
 );
 CREATE INDEX ledger_budget ON earmark.ledger (budget_id);
 CREATE UNIQUE INDEX ledger_entry_key ON earmark.ledger (account, entry_key)
@@ -801,3 +804,42 @@ SELECT 'unmarked_change', b.account, b.feature, b.cycle_start,
 $$;
 REVOKE ALL ON FUNCTION earmark_check() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION earmark_check() TO earmark_admin;
+
+------------------------------------------------------------------------------
+-- Backups: what pg_dump keeps
+------------------------------------------------------------------------------
+
+-- pg_dump leaves an extension's tables to CREATE EXTENSION and dumps no
+-- rows of them, except those of the tables registered here: the billing
+-- state.  A restore creates the extension, then loads these rows into it.
+-- Left out: earmark.jwks (a cache the worker fetches again) and
+-- earmark.reporter_state (the reporter's last pass; its one row is the
+-- install's).  The built-in handler row is the install's too, so only the
+-- other handlers are dumped.  The identity sequences go with their tables:
+-- after a restore new ids follow the restored ones.
+SELECT pg_catalog.pg_extension_config_dump('earmark.account', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.account_limit', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.plan_limit', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.budget', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.budget_slot', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.job', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.ledger', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.usage_shard', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.meter_mark', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.meter_send', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.meter_review', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.local_meter', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.evidence', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.inbox_event', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.inbox_receipt', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.inbox_handler',
+                                           'WHERE event_type <> ''customer.plan_changed''');
+SELECT pg_catalog.pg_extension_config_dump('earmark.webhook_secret', '');
+-- (one call a statement: each updates the extension's catalog row)
+SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('earmark.budget', 'budget_id')::regclass, '');
+SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('earmark.job', 'job_id')::regclass, '');
+SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('earmark.ledger', 'entry_id')::regclass, '');
+SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('earmark.meter_send', 'send_id')::regclass, '');
+SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('earmark.evidence', 'evidence_id')::regclass, '');
+SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('earmark.inbox_event', 'event_id')::regclass, '');
+SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('earmark.inbox_receipt', 'receipt_id')::regclass, '');
