@@ -34,6 +34,7 @@
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "tcop/utility.h"
+#include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
 #include "catalog/pg_type.h"
@@ -70,6 +71,37 @@ em_register_worker(void)
 typedef int (*PassFn) (void *arg);
 
 /*
+ * The library works on the schema of its own version only.  Between a
+ * server restart with a new library and ALTER EXTENSION earmark UPDATE the
+ * worker waits (one warning, not one error a pass).
+ */
+static bool
+schema_is_current(void)
+{
+	static bool warned = false;
+	bool		isnull;
+	char	   *version;
+
+	if (SPI_execute("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'earmark'",
+					true, 1) != SPI_OK_SELECT || SPI_processed != 1)
+		return false;
+	version = TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[0],
+												SPI_tuptable->tupdesc, 1, &isnull));
+	if (strcmp(version, EARMARK_VERSION) == 0)
+	{
+		warned = false;
+		return true;
+	}
+	if (!warned)
+		ereport(WARNING,
+				(errmsg("earmark worker waits: the extension in database \"%s\" is version %s, the library is %s",
+						earmark_database, version, EARMARK_VERSION),
+				 errhint("Run ALTER EXTENSION earmark UPDATE in that database.")));
+	warned = true;
+	return false;
+}
+
+/*
  * Run fn in a transaction of its own, with the earmark extension present.
  * Returns fn's result, or -1 when the extension is not installed in this
  * database or the pass failed: the error is logged and rolled back, and
@@ -91,7 +123,8 @@ run_pass(const char *activity, PassFn fn, void *arg)
 		if (OidIsValid(get_extension_oid("earmark", true)))
 		{
 			SPI_connect();
-			n = fn(arg);
+			if (schema_is_current())
+				n = fn(arg);
 			SPI_finish();
 		}
 		PopActiveSnapshot();
