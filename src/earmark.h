@@ -94,7 +94,7 @@ extern void em_cycle_bounds(TimestampTz anchor, bool has_anchor, TimestampTz at,
 							TimestampTz *start, TimestampTz *end);
 
 /* gate (gate.c) */
-extern int	em_sweep(int max_jobs);
+extern int	em_sweep(int max_jobs, bool wait_first);
 #define EARMARK_RECLAIM_BATCH	1000
 extern int64 em_expire_budget_jobs(int64 budget_id, TimestampTz now, int max,
 								   int64 *released, int64 *charged);

@@ -15,9 +15,9 @@
  *	    rate limit then updates the account row: budget before account, as
  *	    in earmark_set_account.  Creating a cycle's budget row first takes
  *	    the account's advisory lock shared (see account.c).
- *	  - sweep locks a budget row (waiting only for the first budget of a
- *	    call, with SKIP LOCKED for the rest), then its dead job rows with
- *	    SKIP LOCKED.
+ *	  - sweep locks a budget row (earmark_sweep waits only for the first
+ *	    budget of a call, the worker for none: SKIP LOCKED), then its dead
+ *	    job rows with SKIP LOCKED.
  *	  - charge and heartbeat lock one job row and nothing else.
  *	  - earmark_set_account: advisory lock, budget rows, account row.
  *	  - settle locks the job row, then updates (and so locks) its budget.
@@ -1133,12 +1133,14 @@ earmark_settle(PG_FUNCTION_ARGS)
 
 /*
  * Settle up to max_jobs holds whose lease has passed, as 'expired' at the
- * use they recorded.  Runs inside the caller's SPI connection.  The first
- * budget is waited for; the others are skipped when another session holds
- * them, so a sweep never waits while it holds a budget lock.
+ * use they recorded.  Runs inside the caller's SPI connection.  With
+ * wait_first (earmark_sweep) the first budget is waited for; every other
+ * one (and with !wait_first, the worker's, every one) is skipped when
+ * another session holds it, so a sweep never waits while it holds a
+ * budget lock, and the worker never waits at all.
  */
 int
-em_sweep(int max_jobs)
+em_sweep(int max_jobs, bool wait_first)
 {
 	TimestampTz now = GetCurrentTimestamp();
 	Datum		args[2];
@@ -1162,7 +1164,7 @@ em_sweep(int max_jobs)
 		int64		n;
 
 		args[0] = Int64GetDatum(budgets[i]);
-		em_exec(i == 0 ? &lock_budget_wait : &lock_budget_skip, args, NULL, 1);
+		em_exec(i == 0 && wait_first ? &lock_budget_wait : &lock_budget_skip, args, NULL, 1);
 		if (SPI_processed == 0)
 			continue;
 		n = em_expire_budget_jobs(budgets[i], now, max_jobs - done,
@@ -1195,7 +1197,7 @@ earmark_sweep(PG_FUNCTION_ARGS)
 	check_positive(max_jobs, "max_jobs");
 
 	SPI_connect();
-	n = em_sweep(max_jobs);
+	n = em_sweep(max_jobs, true);
 	SPI_finish();
 	PG_RETURN_INT32(n);
 }

@@ -10,8 +10,9 @@
  *	  jobs so that no lock is held for long, then applies the inbox events
  *	  that have a handler (em_inbox_claim, em_inbox_apply: one transaction
  *	  to claim, one per event to apply it with its mark).  The locks are
- *	  those of gate.c and inbox.c: the sweep never waits for a job row and
- *	  waits for at most one budget row per transaction; claims skip locked
+ *	  those of gate.c and inbox.c: the sweep waits for no job row and no
+ *	  budget row (an application's open transaction delays only its own
+ *	  budget's sweep, never the worker); claims skip locked
  *	  events.  Once a minute it checks whether the cached JWKS is older than
  *	  earmark.jwks_refresh and fetches it again (the HTTP call holds no
  *	  earmark row lock).
@@ -148,7 +149,13 @@ run_pass(const char *activity, PassFn fn, void *arg)
 static int
 sweep_fn(void *arg)
 {
-	return em_sweep(SWEEP_BATCH);
+	/*
+	 * Never wait for a budget row: an application transaction that keeps
+	 * one locked would stop every other sweep, the inbox and the reporter.
+	 * A skipped budget is swept on a later pass (or reclaimed by the next
+	 * reserve that needs its room).
+	 */
+	return em_sweep(SWEEP_BATCH, false);
 }
 
 /* events claimed for the handlers in one pass */
