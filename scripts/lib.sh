@@ -13,7 +13,8 @@ EM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 EM_PGBIN=/usr/lib/postgresql/15/bin
 EM_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-client-15 postgresql-15-pgtap
              postgresql-15-cron libcurl4-openssl-dev libssl-dev libpq-dev
-             libtap-parser-sourcehandler-pgtap-perl make gcc python3 openssl)
+             libtap-parser-sourcehandler-pgtap-perl make gcc python3 openssl
+             clang libclang-rt-14-dev)
 # the unprivileged user the server runs as (PostgreSQL refuses root)
 EM_PGUSER=${EM_PGUSER:-postgres}
 

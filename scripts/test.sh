@@ -6,25 +6,18 @@
 # Installs what is missing (apt), builds and installs earmark, starts a
 # PostgreSQL 15 cluster as an unprivileged user with earmark preloaded, and
 # runs pg_regress (sql/), the isolation specs (test/isolation), pgTAP
-# (test/pgtap) and the integration scripts (test/integration).  Ends with
-# one line "N passed, N failed" and a non-zero exit status on any failure.
+# (test/pgtap) and the integration scripts (test/integration), then the
+# libFuzzer targets (test/fuzz, built with AddressSanitizer and
+# UndefinedBehaviorSanitizer).  Ends with one line "N passed, N failed" and
+# a non-zero exit status on any failure.
 #
 # Counting: one per pg_regress file, one per isolation spec, one per pgTAP
-# assertion, one per integration assertion.
+# assertion, one per integration assertion, one per fuzz target.
 
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 set +e
 
-em_setup || exit 1
-em_start_cluster "${EM_TEST_PORT:-55432}" \
-    "shared_preload_libraries = 'earmark,pg_cron'" \
-    "cron.database_name = 'postgres'" \
-    "cron.use_background_workers = on" \
-    "max_worker_processes = 16" \
-    "earmark.database = 'postgres'" \
-    "earmark.sweep_interval = '200ms'" \
-    "log_min_messages = warning" || exit 1
-export EM_DATA EM_BASE EM_SOCK EM_PORT EM_ROOT
+em_install_packages || exit 1
 
 PGXS_DIR=$(dirname "$("$EM_PGBIN/pg_config" --pgxs)")/..
 PASSED=0
@@ -44,60 +37,90 @@ count_regress() {
     em_log "$2: $p passed, $f failed"
 }
 
-# --- pg_regress ----------------------------------------------------------
-regress_tests=$(cd sql && ls *.sql 2>/dev/null | sed 's/\.sql$//' | sort)
-if [ -n "$regress_tests" ]; then
-    em_log "pg_regress: $(echo $regress_tests | wc -w) files"
-    "$PGXS_DIR/test/regress/pg_regress" --inputdir=. --outputdir="$OUT/regress" \
-        --bindir="$EM_PGBIN" --load-extension=earmark --dbname=earmark_regress \
-        $regress_tests >"$OUT/regress.log" 2>&1
-    cat "$OUT/regress.log"
-    [ -f "$OUT/regress/regression.diffs" ] && head -200 "$OUT/regress/regression.diffs"
-    count_regress "$OUT/regress.log" pg_regress
-fi
+start_test_cluster() {
+    em_start_cluster "${EM_TEST_PORT:-55432}" \
+        "shared_preload_libraries = 'earmark,pg_cron'" \
+        "cron.database_name = 'postgres'" \
+        "cron.use_background_workers = on" \
+        "max_worker_processes = 16" \
+        "earmark.database = 'postgres'" \
+        "earmark.sweep_interval = '200ms'" \
+        "log_min_messages = warning" || return 1
+    export EM_DATA EM_BASE EM_SOCK EM_PORT EM_ROOT
+}
 
-# --- isolation -----------------------------------------------------------
-iso_tests=$(cd test/isolation/specs 2>/dev/null && ls *.spec 2>/dev/null | sed 's/\.spec$//' | sort)
-if [ -n "$iso_tests" ]; then
-    em_log "isolation: $(echo $iso_tests | wc -w) specs"
-    "$PGXS_DIR/test/isolation/pg_isolation_regress" --inputdir=test/isolation \
-        --outputdir="$OUT/isolation" --bindir="$EM_PGBIN" --load-extension=earmark \
-        --dbname=earmark_isolation $iso_tests >"$OUT/isolation.log" 2>&1
-    cat "$OUT/isolation.log"
-    [ -f "$OUT/isolation/regression.diffs" ] && head -200 "$OUT/isolation/regression.diffs"
-    count_regress "$OUT/isolation.log" isolation
-fi
+# run_layers NAME: every layer against the running cluster
+run_layers() {
+    local OUT=$OUT/$1 t rc p f
+    mkdir -p "$OUT"
+    chmod 777 "$OUT"
+    # --- pg_regress ----------------------------------------------------------
+    regress_tests=$(cd sql && ls *.sql 2>/dev/null | sed 's/\.sql$//' | sort)
+    if [ -n "$regress_tests" ]; then
+        em_log "pg_regress: $(echo $regress_tests | wc -w) files"
+        "$PGXS_DIR/test/regress/pg_regress" --inputdir=. --outputdir="$OUT/regress" \
+            --bindir="$EM_PGBIN" --load-extension=earmark --dbname=earmark_regress \
+            $regress_tests >"$OUT/regress.log" 2>&1
+        cat "$OUT/regress.log"
+        [ -f "$OUT/regress/regression.diffs" ] && head -200 "$OUT/regress/regression.diffs"
+        count_regress "$OUT/regress.log" pg_regress
+    fi
 
-# --- pgTAP ---------------------------------------------------------------
-if ls test/pgtap/*.sql >/dev/null 2>&1; then
-    em_log "pgTAP"
-    em_psql -d postgres -c "DROP DATABASE IF EXISTS earmark_tap" -c "CREATE DATABASE earmark_tap"
-    em_psql -d earmark_tap -c "CREATE EXTENSION pgtap" -c "CREATE EXTENSION earmark"
-    pg_prove --verbose -d earmark_tap test/pgtap/*.sql >"$OUT/pgtap.log" 2>&1
-    grep -vE '^ok ' "$OUT/pgtap.log"
-    p=$(grep -cE '^ok ' "$OUT/pgtap.log")
-    f=$(grep -cE '^not ok ' "$OUT/pgtap.log")
-    # a file that dies before its plan is done counts as one failure
-    if ! grep -q '^Result: PASS' "$OUT/pgtap.log" && [ "$f" -eq 0 ]; then f=1; fi
-    count "$p" "$f"
-    em_log "pgTAP: $p passed, $f failed"
-fi
+    # --- isolation -----------------------------------------------------------
+    iso_tests=$(cd test/isolation/specs 2>/dev/null && ls *.spec 2>/dev/null | sed 's/\.spec$//' | sort)
+    if [ -n "$iso_tests" ]; then
+        em_log "isolation: $(echo $iso_tests | wc -w) specs"
+        "$PGXS_DIR/test/isolation/pg_isolation_regress" --inputdir=test/isolation \
+            --outputdir="$OUT/isolation" --bindir="$EM_PGBIN" --load-extension=earmark \
+            --dbname=earmark_isolation $iso_tests >"$OUT/isolation.log" 2>&1
+        cat "$OUT/isolation.log"
+        [ -f "$OUT/isolation/regression.diffs" ] && head -200 "$OUT/isolation/regression.diffs"
+        count_regress "$OUT/isolation.log" isolation
+    fi
 
-# --- integration ---------------------------------------------------------
-if ls test/integration/*.sh >/dev/null 2>&1; then
-    for t in test/integration/*.sh; do
-        [ "$(basename "$t")" = tap.sh ] && continue
-        em_log "integration: $t"
-        timeout 900 bash "$t" >"$OUT/int.log" 2>&1
-        rc=$?
-        cat "$OUT/int.log"
-        p=$(grep -cE '^ok ' "$OUT/int.log")
-        f=$(grep -cE '^not ok ' "$OUT/int.log")
-        # a script that dies without reporting a failure still fails once
-        if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    # --- pgTAP ---------------------------------------------------------------
+    if ls test/pgtap/*.sql >/dev/null 2>&1; then
+        em_log "pgTAP"
+        em_psql -d postgres -c "DROP DATABASE IF EXISTS earmark_tap" -c "CREATE DATABASE earmark_tap"
+        em_psql -d earmark_tap -c "CREATE EXTENSION pgtap" -c "CREATE EXTENSION earmark"
+        pg_prove --verbose -d earmark_tap test/pgtap/*.sql >"$OUT/pgtap.log" 2>&1
+        grep -vE '^ok ' "$OUT/pgtap.log"
+        p=$(grep -cE '^ok ' "$OUT/pgtap.log")
+        f=$(grep -cE '^not ok ' "$OUT/pgtap.log")
+        # a file that dies before its plan is done counts as one failure
+        if ! grep -q '^Result: PASS' "$OUT/pgtap.log" && [ "$f" -eq 0 ]; then f=1; fi
         count "$p" "$f"
-    done
-fi
+        em_log "pgTAP: $p passed, $f failed"
+    fi
+
+    # --- integration ---------------------------------------------------------
+    if ls test/integration/*.sh >/dev/null 2>&1; then
+        for t in test/integration/*.sh; do
+            [ "$(basename "$t")" = tap.sh ] && continue
+            em_log "integration: $t"
+            timeout 900 bash "$t" >"$OUT/int.log" 2>&1
+            rc=$?
+            cat "$OUT/int.log"
+            p=$(grep -cE '^ok ' "$OUT/int.log")
+            f=$(grep -cE '^not ok ' "$OUT/int.log")
+            # a script that dies without reporting a failure still fails once
+            if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+            count "$p" "$f"
+        done
+    fi
+}
+
+# --- the layers ------------------------------------------------------------
+em_build || exit 1
+start_test_cluster || exit 1
+run_layers plain
+
+# --- libFuzzer over the C parsers and verifiers (no server needed) ----------
+em_log "libFuzzer: test/fuzz/run.sh"
+timeout 600 bash test/fuzz/run.sh >"$OUT/fuzz.log" 2>&1 ||
+    grep -q '^not ok ' "$OUT/fuzz.log" || echo 'not ok - test/fuzz/run.sh died' >>"$OUT/fuzz.log"
+cat "$OUT/fuzz.log"
+count "$(grep -cE '^ok ' "$OUT/fuzz.log")" "$(grep -cE '^not ok ' "$OUT/fuzz.log")"
 
 if [ "$FAILED" -ne 0 ]; then
     em_log "server log tail:"

@@ -353,3 +353,34 @@ SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('ea
 SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('earmark.evidence', 'evidence_id')::regclass, '');
 SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('earmark.inbox_event', 'event_id')::regclass, '');
 SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('earmark.inbox_receipt', 'receipt_id')::regclass, '');
+
+-- earmark_set_plan_limit checks its arguments as the C functions do
+CREATE OR REPLACE FUNCTION earmark_set_plan_limit(plan text, lim bigint, feature text DEFAULT 'default')
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- the same argument rules as the C functions' names and limits
+    IF plan IS NULL OR feature IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', CASE WHEN plan IS NULL THEN 'plan' ELSE 'feature' END
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF plan = '' OR feature = '' THEN
+        RAISE EXCEPTION '% must not be empty', CASE WHEN plan = '' THEN 'plan' ELSE 'feature' END
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF length(plan) > 255 OR length(feature) > 255 THEN
+        RAISE EXCEPTION '% is too long', CASE WHEN length(plan) > 255 THEN 'plan' ELSE 'feature' END
+            USING ERRCODE = 'string_data_right_truncation',
+                  DETAIL = 'The most is 255 characters.';
+    END IF;
+    IF lim < 0 THEN
+        RAISE EXCEPTION 'lim must not be negative' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'NULL means unlimited.';
+    END IF;
+    INSERT INTO earmark.plan_limit AS p (plan, feature, lim)
+    VALUES (earmark_set_plan_limit.plan, earmark_set_plan_limit.feature, earmark_set_plan_limit.lim)
+    ON CONFLICT ON CONSTRAINT plan_limit_pkey DO UPDATE SET lim = excluded.lim;
+END
+$$;

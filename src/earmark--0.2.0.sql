@@ -466,11 +466,32 @@ REVOKE ALL ON earmark.plan_limit FROM PUBLIC;
 
 CREATE FUNCTION earmark_set_plan_limit(plan text, lim bigint, feature text DEFAULT 'default')
 RETURNS void
-LANGUAGE sql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    INSERT INTO earmark.plan_limit AS p (plan, feature, lim) VALUES ($1, $3, $2)
-    ON CONFLICT (plan, feature) DO UPDATE SET lim = excluded.lim
+BEGIN
+    -- the same argument rules as the C functions' names and limits
+    IF plan IS NULL OR feature IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', CASE WHEN plan IS NULL THEN 'plan' ELSE 'feature' END
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF plan = '' OR feature = '' THEN
+        RAISE EXCEPTION '% must not be empty', CASE WHEN plan = '' THEN 'plan' ELSE 'feature' END
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF length(plan) > 255 OR length(feature) > 255 THEN
+        RAISE EXCEPTION '% is too long', CASE WHEN length(plan) > 255 THEN 'plan' ELSE 'feature' END
+            USING ERRCODE = 'string_data_right_truncation',
+                  DETAIL = 'The most is 255 characters.';
+    END IF;
+    IF lim < 0 THEN
+        RAISE EXCEPTION 'lim must not be negative' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'NULL means unlimited.';
+    END IF;
+    INSERT INTO earmark.plan_limit AS p (plan, feature, lim)
+    VALUES (earmark_set_plan_limit.plan, earmark_set_plan_limit.feature, earmark_set_plan_limit.lim)
+    ON CONFLICT ON CONSTRAINT plan_limit_pkey DO UPDATE SET lim = excluded.lim;
+END
 $$;
 
 -- The built-in handler of the provider's plan change

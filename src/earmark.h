@@ -111,6 +111,16 @@ extern int64 em_expire_budget_jobs(int64 budget_id, TimestampTz now, int max,
 	"        + coalesce((SELECT pg_catalog.sum(u.units) FROM earmark.usage_shard u " \
 	"                     WHERE u.budget_id = b.budget_id), 0)::bigint)"
 
+/*
+ * The same as numeric, which cannot overflow: for readers of many cycles
+ * (the reporter), where one cycle past bigint must not fail the rest.
+ */
+#define EM_CYCLE_TOTAL_NUMERIC_SQL \
+	"(b.used + coalesce((SELECT pg_catalog.sum(s.used) FROM earmark.budget_slot s " \
+	"                     WHERE s.budget_id = b.budget_id), 0) " \
+	"        + coalesce((SELECT pg_catalog.sum(u.units) FROM earmark.usage_shard u " \
+	"                     WHERE u.budget_id = b.budget_id), 0))"
+
 /* ledger (ledger.c) */
 extern void em_mark_lock(int64 budget_id);
 extern bool em_mark_try_lock_exclusive(int64 budget_id);

@@ -44,14 +44,17 @@ static EmStatement blocked_until = {
 	0, {InvalidOid}
 };
 
+/* a total past bigint reads as NULL here: that cycle fails, not the pass */
 static EmStatement claim_marks = {
 	"SELECT m.budget_id, b.account, b.feature, b.cycle_start, b.cycle_end, "
-	"       a.provider_customer, a.provider_agreement, " EM_CYCLE_TOTAL_SQL ", "
+	"       a.provider_customer, a.provider_agreement, "
+	"       CASE WHEN t.tot <= 9223372036854775807 THEN t.tot::bigint END, "
 	"       (SELECT x.total FROM earmark.meter_send x "
 	"         WHERE x.budget_id = m.budget_id AND x.ok ORDER BY x.send_id DESC LIMIT 1) "
 	"FROM earmark.meter_mark m "
 	"LEFT JOIN earmark.budget b ON b.budget_id = m.budget_id "
 	"LEFT JOIN earmark.account a ON a.account = b.account "
+	"LEFT JOIN LATERAL (SELECT " EM_CYCLE_TOTAL_NUMERIC_SQL " AS tot) t ON true "
 	"ORDER BY m.marked_at, m.budget_id LIMIT $1",
 	1, {INT4OID}
 };
@@ -136,7 +139,9 @@ em_report_claim(int max_cycles, TimestampTz now, EmMeterOp **ops_out,
 		op->customer = isnull ? NULL : TextDatumGetCString(d);
 		d = em_get(i, 7, &isnull);
 		op->agreement = isnull ? NULL : TextDatumGetCString(d);
+		(void) em_get(i, 8, &isnull);
 		op->total = em_get_int64(i, 8, 0);
+		op->too_large = isnull;
 		d = em_get(i, 9, &isnull);
 		op->read_total = isnull ? -1 : DatumGetInt64(d);	/* last sent, for the review */
 		MemoryContextSwitchTo(old);
@@ -155,7 +160,7 @@ em_report_send(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg)
 	int			i;
 
 	for (i = 0; i < n; i++)
-		if (ops[i].account != NULL && !ops[i].closed)
+		if (ops[i].account != NULL && !ops[i].closed && !ops[i].too_large)
 			open_ops[m++] = &ops[i];
 	if (m == 0)
 		return;
@@ -217,7 +222,13 @@ em_report_finish(EmMeterOp *ops, int n, TimestampTz now, int *failed)
 			em_exec(&delete_mark, &arg, NULL, 0);
 			continue;
 		}
-		if (op->closed)
+		if (op->too_large)
+		{
+			/* logged and marked again, behind the others: it blocks nobody */
+			op->ok = false;
+			op->error = "the cycle's total is past the largest bigint: not sent";
+		}
+		else if (op->closed)
 		{
 			/* never written: listed for a person, who decides */
 			if (!em_mark_try_lock_exclusive(op->budget_id))

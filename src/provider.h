@@ -79,6 +79,7 @@ typedef struct EmMeterOp
 	TimestampTz cycle_start;
 	TimestampTz cycle_end;
 	bool		closed;			/* the cycle has ended */
+	bool		too_large;		/* its total does not fit a bigint */
 	int64		total;			/* a write: the total to set */
 	/* out */
 	bool		ok;				/* written, or read */

@@ -25,6 +25,7 @@
 #include <openssl/evp.h>
 #include <openssl/param_build.h>
 
+#include "common/int.h"
 #include "datatype/timestamp.h"
 
 #include "sigverify.h"
@@ -260,11 +261,22 @@ em_webhook_verify(const EmWebhookMessage *msg, const EmWebhookKey *keys,
 	if (!parse_unix_seconds(msg->timestamp, msg->timestamp_len, &sent))
 		return EM_WEBHOOK_BAD_TIMESTAMP;
 
-	sent_us = (sent - UNIX_TO_PG_EPOCH_SECS) * USECS_PER_SEC;
-	if (now - sent_us > tolerance_us)
-		return EM_WEBHOOK_TOO_OLD;
-	if (sent_us - now > tolerance_us)
-		return EM_WEBHOOK_TOO_NEW;
+	/*
+	 * Differences checked for overflow: "now" may be any timestamp (the
+	 * "at" argument), and a difference that does not fit is far outside
+	 * any tolerance.
+	 */
+	{
+		int64		age;
+
+		sent_us = (sent - UNIX_TO_PG_EPOCH_SECS) * USECS_PER_SEC;
+		if (pg_sub_s64_overflow(now, sent_us, &age))
+			return now > sent_us ? EM_WEBHOOK_TOO_OLD : EM_WEBHOOK_TOO_NEW;
+		if (age > tolerance_us)
+			return EM_WEBHOOK_TOO_OLD;
+		if (age < -tolerance_us)
+			return EM_WEBHOOK_TOO_NEW;
+	}
 
 	for (k = 0; k < nkeys; k++)
 	{
