@@ -368,3 +368,21 @@ SELECT pg_temp.try($$SELECT earmark_report()$$);
 COMMIT;
 SELECT pg_temp.state() = :'before' AS nothing_changed;
 SELECT earmark_report();
+
+-- 12. Escrow: usage recorded without a hold takes its part of the limit
+--     before the slots hand out room.  Four slots, limit 1,000: a reserve
+--     of 100 cuts the slots, 900 are recorded, and the next reserves find
+--     no room (they go to the slow path, which cuts the slots again from
+--     what is left); the books never pass the limit.
+SET earmark.rate_limit = 0;
+SELECT earmark_set_account('esc', pg_temp.mid_anchor());
+SELECT earmark_set_limit('esc', 1000);
+SELECT earmark_set_escrow('esc', 4);
+SELECT admitted, remaining FROM earmark_reserve('esc', 100, 'e-1');
+SELECT count(*) > 0 AS slots_cut FROM earmark.budget_slot s JOIN earmark.budget b USING (budget_id) WHERE b.account = 'esc';
+SELECT earmark_record_usage('esc', 900, 'esc-usage');
+SELECT admitted, remaining, reason FROM earmark_reserve('esc', 100, 'e-2');
+SELECT admitted, remaining, reason FROM earmark_reserve('esc', 1, 'e-3');
+SELECT used, held, remaining FROM earmark_budget('esc');
+SELECT used + held <= 1000 AS within_limit FROM earmark_budget('esc');
+RESET earmark.rate_limit;

@@ -28,7 +28,11 @@
  *	  lacks room.
  *
  *	  A limit change: the fast path only uses a slot whose gen is the
- *	  budget's slot_gen while the account's limit still equals slot_lim.
+ *	  budget's slot_gen while the account's limit, less the usage recorded
+ *	  without a hold (earmark_record_usage's counter rows), still equals
+ *	  slot_lim.  So recorded usage that committed before an admission's
+ *	  snapshot also sends it to the slow path, which cuts the slots again
+ *	  from what is left: the slots never hand out room that usage took.
  *	  The first admission after a change finds no usable slot, rebalances,
  *	  bumps the generation and re-cuts the rooms it can lock to the new
  *	  limit; the others stop admitting until a later rebalance takes them.
@@ -85,7 +89,9 @@ static EmStatement fast_admit = {
 	"  JOIN earmark.budget_slot s ON s.budget_id = b.budget_id AND s.gen = b.slot_gen"
 	"  WHERE b.account = $1 AND b.feature = $2 AND b.cycle_start = $3"
 	"    AND s.slot < b.slots AND b.slot_gen > 0"
-	"    AND l.lim IS NOT DISTINCT FROM b.slot_lim AND s.room >= $5"
+	"    AND GREATEST(l.lim - coalesce((SELECT pg_catalog.sum(u.units) FROM earmark.usage_shard u"
+	"                                    WHERE u.budget_id = b.budget_id), 0), 0)"
+	"        IS NOT DISTINCT FROM b.slot_lim AND s.room >= $5"
 	"  ORDER BY pg_catalog.random() LIMIT 1 FOR UPDATE OF s SKIP LOCKED),"
 	" j AS ("
 	"  INSERT INTO earmark.job (budget_id, account, feature, idempotency_key, amount, lease, lease_until, created_at, slot)"
