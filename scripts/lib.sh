@@ -14,7 +14,7 @@ EM_PGBIN=/usr/lib/postgresql/15/bin
 EM_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-client-15 postgresql-15-pgtap
              postgresql-15-cron libcurl4-openssl-dev libssl-dev libpq-dev
              libtap-parser-sourcehandler-pgtap-perl make gcc python3 openssl
-             clang libclang-rt-14-dev)
+             clang libclang-rt-14-dev valgrind)
 # the unprivileged user the server runs as (PostgreSQL refuses root)
 EM_PGUSER=${EM_PGUSER:-postgres}
 
@@ -75,7 +75,9 @@ em_start_cluster() {
         echo "log_line_prefix = '%m [%p] %b '"
         for line in "$@"; do echo "$line"; done
     } | em_as_pg tee -a "$EM_DATA/postgresql.conf" >/dev/null
-    em_as_pg "$EM_PGBIN/pg_ctl" -D "$EM_DATA" -l "$EM_BASE/server.log" -w -t 60 start >/dev/null
+    # EM_PG_WRAPPER: a program pg_ctl starts instead of postgres (valgrind)
+    em_as_pg "$EM_PGBIN/pg_ctl" -D "$EM_DATA" -l "$EM_BASE/server.log" -w -t 120 \
+        ${EM_PG_WRAPPER:+-p "$EM_PG_WRAPPER"} start >/dev/null
     export PGHOST=$EM_SOCK PGPORT=$EM_PORT PGUSER=postgres
     trap em_stop_cluster EXIT
     em_log "cluster up: socket $EM_SOCK, port $EM_PORT"

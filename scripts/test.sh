@@ -122,6 +122,46 @@ timeout 600 bash test/fuzz/run.sh >"$OUT/fuzz.log" 2>&1 ||
 cat "$OUT/fuzz.log"
 count "$(grep -cE '^ok ' "$OUT/fuzz.log")" "$(grep -cE '^not ok ' "$OUT/fuzz.log")"
 
+# --- valgrind: pg_regress and the isolation specs, every backend under -------
+# memcheck.  Their results are not counted (valgrind's slowdown passes the
+# short leases some tests rely on); what counts is that no memcheck error
+# is earmark's (test/valgrind/check.py: its stack reaches earmark's code
+# before PostgreSQL's).  Errors of PostgreSQL itself (without suppressions,
+# e.g. uninitialised padding written to WAL) are not ours to judge.
+if [ "${EM_VALGRIND:-1}" = 1 ]; then
+    em_log "valgrind: pg_regress and the isolation specs under memcheck"
+    VG=$OUT/valgrind
+    mkdir -p "$VG"
+    chmod 777 "$VG"
+    printf '#!/bin/sh\nexec valgrind --quiet --num-callers=40 --log-file=%s/vg.%%p.log %s/postgres "$@"\n' \
+        "$VG" "$EM_PGBIN" >"$VG/postgres"
+    chmod 755 "$VG/postgres"
+    em_stop_cluster
+    if EM_PG_WRAPPER=$VG/postgres start_test_cluster; then
+        "$PGXS_DIR/test/regress/pg_regress" --inputdir=. --outputdir="$VG/regress" \
+            --bindir="$EM_PGBIN" --load-extension=earmark --dbname=earmark_regress \
+            $(cd sql && ls *.sql | sed 's/\.sql$//' | sort) >"$VG/regress.log" 2>&1
+        "$PGXS_DIR/test/isolation/pg_isolation_regress" --inputdir=test/isolation \
+            --outputdir="$VG/isolation" --bindir="$EM_PGBIN" --load-extension=earmark \
+            --dbname=earmark_isolation $(cd test/isolation/specs && ls *.spec | sed 's/\.spec$//' | sort) \
+            >"$VG/isolation.log" 2>&1
+        em_stop_cluster
+        grep -hE '\.\.\. (ok|FAILED)' "$VG/regress.log" "$VG/isolation.log" | sed 's/^/# valgrind run: /'
+        logs=$(ls "$VG"/vg.*.log 2>/dev/null | wc -l)
+        if [ "$logs" -gt 20 ]; then echo "ok - valgrind: $logs processes ran under memcheck"; count 1 0
+        else echo "not ok - valgrind: only $logs processes ran under memcheck"; count 0 1; fi
+        if python3 test/valgrind/check.py "$VG"/vg.*.log >"$VG/ours.txt"; then
+            echo "ok - valgrind: no memcheck error in earmark's code"; count 1 0
+        else
+            echo "not ok - valgrind: memcheck errors in earmark's code"; count 0 1
+            head -120 "$VG/ours.txt"
+        fi
+    else
+        echo "not ok - valgrind: the server did not start under memcheck"; count 0 1
+        tail -20 "$EM_BASE/server.log"
+    fi
+fi
+
 if [ "$FAILED" -ne 0 ]; then
     em_log "server log tail:"
     tail -50 "$EM_BASE/server.log" >&2
