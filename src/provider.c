@@ -451,6 +451,26 @@ local_args(EmMeterOp *op, Datum *args)
  * ---------------------------------------------------------------------
  */
 
+/*
+ * The provider's base URL and, for kinde, an access token; false with
+ * *error when either cannot be had (then no request is made).
+ */
+static bool
+provider_connect(const char **base, const char **token, char **error)
+{
+	*token = NULL;
+	*base = base_url();
+	if (*base == NULL)
+	{
+		*error = psprintf("%s is not set", earmark_provider == EM_PROVIDER_KINDE ?
+						  "earmark.kinde_domain" : "earmark.provider_url");
+		return false;
+	}
+	if (earmark_provider == EM_PROVIDER_KINDE)
+		*token = get_kinde_token(*base, error);
+	return *error == NULL;
+}
+
 /* fill req for op; false (with op->error) when it cannot be sent */
 static bool
 build_write(EmMeterOp *op, const char *base, const char *token, EmHttpRequest *req)
@@ -537,13 +557,7 @@ em_meter_write(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg)
 		return;
 	}
 
-	base = base_url();
-	if (base == NULL)
-		error = psprintf("%s is not set", earmark_provider == EM_PROVIDER_KINDE ?
-						 "earmark.kinde_domain" : "earmark.provider_url");
-	else if (earmark_provider == EM_PROVIDER_KINDE)
-		token = get_kinde_token(base, &error);
-	if (error)
+	if (!provider_connect(&base, &token, &error))
 	{
 		for (i = 0; i < n; i++)
 			ops[i].error = error;
@@ -605,13 +619,7 @@ em_meter_read(EmMeterOp *ops, int n)
 		return;
 	}
 
-	base = base_url();
-	if (base == NULL)
-		error = psprintf("%s is not set", earmark_provider == EM_PROVIDER_KINDE ?
-						 "earmark.kinde_domain" : "earmark.provider_url");
-	else if (earmark_provider == EM_PROVIDER_KINDE)
-		token = get_kinde_token(base, &error);
-	if (error)
+	if (!provider_connect(&base, &token, &error))
 	{
 		for (i = 0; i < n; i++)
 			ops[i].error = error;
@@ -709,8 +717,8 @@ new_limit(const char *feature, bool unlimited, int64 lim)
 
 /* one page of limits; false with *error on failure */
 static bool
-limits_page(const char *url, List **limits, char **last_id, bool *has_more,
-			char **error)
+limits_page(const char *url, const char *token, List **limits, char **last_id,
+			bool *has_more, char **error)
 {
 	EmHttpRequest req;
 	Jsonb	   *jb;
@@ -725,10 +733,6 @@ limits_page(const char *url, List **limits, char **last_id, bool *has_more,
 	req.url = url;
 	if (kinde)
 	{
-		const char *token = get_kinde_token(base_url(), error);
-
-		if (token == NULL)
-			return false;
 		req.headers[0] = "Accept: application/json";
 		req.headers[1] = psprintf("Authorization: Bearer %s", token);
 	}
@@ -807,7 +811,8 @@ limits_page(const char *url, List **limits, char **last_id, bool *has_more,
 List *
 em_provider_limits(const char *account, const char *customer, char **error)
 {
-	const char *base = base_url();
+	const char *base;
+	const char *token;
 	List	   *limits = NIL;
 	char	   *last_id = NULL;
 	bool		has_more = true;
@@ -819,17 +824,13 @@ em_provider_limits(const char *account, const char *customer, char **error)
 		*error = pstrdup("the local provider has no limits to read: set them with earmark_set_limit");
 		return NIL;
 	}
-	if (base == NULL)
-	{
-		*error = psprintf("%s is not set", earmark_provider == EM_PROVIDER_KINDE ?
-						  "earmark.kinde_domain" : "earmark.provider_url");
-		return NIL;
-	}
 	if (earmark_provider == EM_PROVIDER_KINDE && customer == NULL)
 	{
 		*error = psprintf("account \"%s\" has no provider_customer", account);
 		return NIL;
 	}
+	if (!provider_connect(&base, &token, error))
+		return NIL;
 
 	for (page = 0; has_more; page++)
 	{
@@ -864,7 +865,7 @@ em_provider_limits(const char *account, const char *customer, char **error)
 		{
 			char	   *before = last_id;
 
-			if (!limits_page(url.data, &limits, &last_id, &has_more, error))
+			if (!limits_page(url.data, token, &limits, &last_id, &has_more, error))
 				return NIL;
 			if (has_more && last_id == before)
 			{
