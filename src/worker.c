@@ -76,6 +76,11 @@ typedef int (*PassFn) (void *arg);
  * server restart with a new library and ALTER EXTENSION earmark UPDATE the
  * worker waits (one warning, not one error a pass).
  */
+static EmStatement extension_version = {
+	"SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'earmark'",
+	0, {InvalidOid}
+};
+
 static bool
 schema_is_current(void)
 {
@@ -83,11 +88,11 @@ schema_is_current(void)
 	bool		isnull;
 	char	   *version;
 
-	if (SPI_execute("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'earmark'",
-					true, 1) != SPI_OK_SELECT || SPI_processed != 1)
+	/* a saved plan: this runs before every pass */
+	em_exec(&extension_version, NULL, NULL, 1);
+	if (SPI_processed != 1)
 		return false;
-	version = TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[0],
-												SPI_tuptable->tupdesc, 1, &isnull));
+	version = TextDatumGetCString(em_get(0, 1, &isnull));
 	if (strcmp(version, EARMARK_VERSION) == 0)
 	{
 		warned = false;
