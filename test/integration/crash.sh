@@ -87,6 +87,7 @@ crash_pid() {
     r=$(reinits)
     w=$(worker_pid)
     as_root kill -9 "$1" || return 1
+    FIG_FAULTS=$((FIG_FAULTS + 1))
     after_crash "$r" "$w"
 }
 
@@ -111,6 +112,17 @@ check_clean() {
     n=$(printf '%s\n' "$out" | head -1)
     is "$n" 0 "$1: earmark_check() finds no violated invariant"
     printf '%s\n' "$out" | tail -n +2 | sed '/^$/d; s/^/#   earmark_check: /'
+}
+
+# The figures, printed as a table at the end: for each scenario the writes
+# acknowledged to clients before or during its faults, the faults injected,
+# those of the acknowledged writes found missing afterwards, and the
+# scenario's failed checks.
+FIG=()
+FIG_FAULTS=0
+fig_begin() { FIG_FAILED=$_tap_failed; FIG_FAULTS=0; }
+fig_end() {     # fig_end SCENARIO ACKNOWLEDGED LOST
+    FIG+=("| $1 | $2 | $FIG_FAULTS | $3 | $(( _tap_failed - FIG_FAILED )) |")
 }
 
 # start_holder -c SQL...: a session that takes a lock and keeps its
@@ -232,6 +244,7 @@ check_clean "before any fault"
 
 # === 1. kill -9 of a backend in the middle of each call =======================
 diag "1. kill -9 in the middle of reserve, charge, settle, record_usage and an inbox handler"
+fig_begin
 $P -c "SELECT earmark_set_limit('crash_k', 100000)" -c "SELECT earmark_set_limit('crash_k', 100000, 'f2')" >/dev/null
 J1=$($P -c "SELECT job_id FROM earmark_reserve('crash_k', 1000, 'k-j1', lease => '1 hour')")
 J2=$($P -c "SELECT job_id FROM earmark_reserve('crash_k', 1000, 'k-j2', lease => '1 hour')")
@@ -337,9 +350,20 @@ is "$got" "applied 2 1" "inbox: once its lease passed the event was applied on a
 is "$($P -c "SELECT result FROM earmark.inbox_event WHERE event_id = $EV")" "applied on attempt 2" "inbox: the handler's result is kept"
 is "$(fp crash_k)" "$base" "inbox: the gate's committed work is intact"
 check_clean "kill -9 of the worker in a handler"
+# the ten writes acknowledged before the faults: five reserves, the charges
+# of J1 (100) and J5 (50), J5's settlement, two usage rows
+LOST1=$($P -c "SELECT (5 - (SELECT count(*) FROM earmark.job WHERE job_id IN ($J1, $J2, $J3, $J4, $J5)))
+                    + (SELECT count(*) FROM earmark.job WHERE job_id = $J1 AND used < 100)
+                    + 2 * (SELECT count(*) FROM (SELECT 1) x WHERE NOT EXISTS
+                             (SELECT 1 FROM earmark.ledger WHERE job_id = $J5 AND units = 50))
+                    + (2 - (SELECT count(*) FROM earmark.ledger WHERE account = 'crash_k' AND
+                             (entry_key, units) IN (('k-u0', 9), ('k-u0-f2', 4))))")
+is "$LOST1" 0 "kill -9: none of the ten writes acknowledged before the faults is missing"
+fig_end "1. kill -9 of a backend in reserve, charge, settle, record_usage; of the worker in an inbox handler" 10 "$LOST1"
 
 # === 2. immediate shutdown during a load run ==================================
 diag "2. pg_ctl stop -m immediate in the middle of a load run ($LOAD_CLIENTS clients)"
+fig_begin
 for i in 1 2 3 4; do echo "SELECT earmark_set_limit('crash_l$i', 20000);"; done | $P >/dev/null
 
 # gen_batch CLIENT FIRST N: N operations, each in its own transaction; the
@@ -470,9 +494,12 @@ is "$($P -c "SELECT count(*) FROM crash_effect f WHERE NOT EXISTS (SELECT 1 FROM
    "load: no effect without its event"
 diag "load: $($P -c "SELECT count(*) || ' events stored, ' || count(*) FILTER (WHERE attempts > 1) || ' of them applied after a retry' FROM earmark.inbox_event WHERE source = 'crash' AND event_type = 'crash.load'")"
 check_clean "immediate shutdowns during the load run"
+FIG_FAULTS=$FAULTS
+fig_end "2. pg_ctl stop -m immediate during a load run of reserves, settles, usage and webhooks ($LOAD_CLIENTS clients)" "$OPS" "$LOST"
 
 # === 3. the worker killed three times while a slow provider fails ============
 diag "3. kill -9 of the worker, three times, during reports to a slow failing provider"
+fig_begin
 SECRET="crash-$RANDOM-secret"
 python3 "$ROOT/test/fake_provider.py" --port-file "$WORK/port" --log "$WORK/requests.log" \
     --client-id earmark-crash --client-secret "$SECRET" &
@@ -526,6 +553,7 @@ for k in 1 2 3; do
     ok $? "worker kill $k: kill -9; the cluster restarted with a new worker"
 done
 for a in 1 2 3; do $P -c "SELECT earmark_record_usage('crash_m$a', 100, 'm-last')" >/dev/null; done
+METER_BAD=0
 for a in 1 2 3; do
     want=$(ledger "crash_m$a")
     got=""
@@ -537,6 +565,7 @@ for a in 1 2 3; do
         sleep 0.3
     done
     is "$got" "$want" "worker kills: the meter of crash_m$a equals its ledger total ($want)"
+    [ "$got" == "$want" ] || METER_BAD=$((METER_BAD + 1))
 done
 got=$(wait_for 60 "SELECT count(*) FROM earmark.meter_mark m JOIN earmark.budget b USING (budget_id) WHERE b.account LIKE 'crash\_m%'" 0)
 is "$got" 0 "worker kills: no mark left"
@@ -545,12 +574,16 @@ is "$(state "len([r for r in d['requests'] if r['status'] == 500])")" 3 "worker 
 is "$(for a in 1 2 3; do $P -c "SELECT verdict FROM earmark_reconcile('crash_m$a')"; done | paste -sd' ')" \
    "match match match" "worker kills: reconcile reads back a meter equal to the ledger for each account"
 check_clean "worker killed three times during reports"
+FIG_FAULTS=$KILLS
+fig_end "3. kill -9 of the worker during reports to a slow provider that fails (usage rows; lost = meters not equal to their ledger)" \
+    "$($P -c "SELECT count(*) FROM earmark.ledger WHERE account LIKE 'crash\_m%'")" "$METER_BAD"
 reset_settings
 kill "$FAKE_PID" 2>/dev/null; wait "$FAKE_PID" 2>/dev/null; FAKE_PID=
 wait_for 15 "SHOW earmark.provider" local >/dev/null
 
 # === 4. a long application transaction holding a reserve while the sweeper runs
 diag "4. an uncommitted reserve outlives its lease while the sweeper runs"
+fig_begin
 $P -c "SELECT earmark_set_limit('crash_long', 10000)" -c "SELECT earmark_set_limit('crash_long2', 10000)" >/dev/null
 LOG_AT=$(stat -c %s "$EM_BASE/server.log")
 mkfifo "$WORK/a.in"
@@ -593,9 +626,11 @@ logged=$(tail -c +$((LOG_AT + 1)) "$EM_BASE/server.log" | grep -E '(ERROR|FATAL|
 is "$(printf '%s' "$logged" | grep -c .)" 0 "long transaction: nothing was logged as an error meanwhile"
 [ -n "$logged" ] && printf '%s\n' "$logged" | head -5 | sed 's/^/#   /'
 check_clean "a long transaction across the sweeper"
+fig_end "4. a long application transaction holds a reserve past its lease while the sweeper runs (no fault; two reserves with a charge each)" 4 0
 
 # === 5. an open application transaction on one budget never stalls the worker
 diag "5. a budget row held by an open transaction, with a dead hold on it"
+fig_begin
 $P -c "SELECT earmark_set_limit('crash_stall_a', 10000)" -c "SELECT earmark_set_limit('crash_stall_b', 10000)" >/dev/null
 JS=$($P -c "SELECT job_id FROM earmark_reserve('crash_stall_a', 10, 'stall-dead', lease => '3 seconds')")
 mkfifo "$WORK/s.in"
@@ -619,6 +654,15 @@ reap "$STALL"
 got=$(wait_for 15 "SELECT status FROM earmark.job WHERE job_id = $JS" expired)
 is "$got" expired "stall: once the transaction ends, that hold is swept too"
 check_clean "an open transaction on a budget with a dead hold"
+fig_end "5. an idle application transaction holds a budget row with a dead hold on it (no fault; its reserves)" 3 0
+
+diag ""
+diag "Figures of this run:"
+diag ""
+diag "| scenario | writes acknowledged | faults injected | acknowledged writes lost | failed checks |"
+diag "| --- | ---: | ---: | ---: | ---: |"
+for row in "${FIG[@]}"; do diag "$row"; done
+diag ""
 
 diag "crash.sh ran in $(( $(date +%s) - T_START )) s"
 done_testing
