@@ -160,11 +160,22 @@ typedef struct EscrowOutcome
 
 typedef EscrowResult (*EscrowAdmitFn) (void *arg, EscrowBudget *b, int64 amount);
 
+/* a budget's numbers as escrow's fast path saw them (em_escrow_fast) */
+typedef struct EscrowNumbers
+{
+	int64		used;
+	int64		held;
+	int64		lim;
+	bool		unlimited;
+} EscrowNumbers;
+
 extern EscrowResult em_escrow_fast(text *account, text *feature,
 								   TimestampTz cycle_start, text *key,
 								   int64 amount, Interval *lease,
 								   TimestampTz lease_until, TimestampTz now,
-								   int64 *job_id);
+								   int slots, int64 *job_id,
+								   EscrowNumbers *numbers);
+extern int	em_random_slot(int slots);
 extern void em_escrow_rebalance(EscrowBudget *b, int64 amount, TimestampTz now,
 								EscrowAdmitFn admit_outside, void *admit_arg,
 								EscrowOutcome *out);

@@ -62,6 +62,7 @@
 
 #include "catalog/pg_type.h"
 #include "common/int.h"
+#include "common/pg_prng.h"
 #include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -82,41 +83,82 @@ PG_FUNCTION_INFO_V1(earmark_set_escrow);
  * The fast path
  * ---------------------------------------------------------------------
  */
+/*
+ * The free slot: the first slot from a random start ($9) upward, then from
+ * 0, that is of the budget's generation, has the room, and no other
+ * transaction holds.  Each probe walks the primary key (budget_id, slot)
+ * in order and stops at the first such slot, so an admission reads a slot
+ * or two, not all of them (an ORDER BY random() over every slot did, and
+ * on a hot budget that was most of the fast path's cost).  COALESCE runs
+ * the second probe only when the first found nothing.  Each probe's FOR
+ * UPDATE re-checks room and generation on the slot's newest version
+ * (READ COMMITTED), so a slot drained meanwhile is passed over.
+ */
+#define FREE_SLOT_PROBE(from_to) \
+	"(SELECT t.slot FROM earmark.budget_slot t" \
+	" WHERE t.budget_id = b.budget_id AND " from_to \
+	"   AND t.slot < b.slots AND t.gen = b.slot_gen AND t.room >= $5" \
+	" ORDER BY t.slot LIMIT 1 FOR UPDATE SKIP LOCKED)"
+
 static EmStatement fast_admit = {
 	"WITH s AS ("
-	"  SELECT s.budget_id, s.slot FROM earmark.budget b"
+	"  SELECT b.budget_id, b.used, b.held, l.lim, r.recorded, coalesce("
+	FREE_SLOT_PROBE("t.slot >= $9") ", " FREE_SLOT_PROBE("t.slot < $9") ") AS slot"
+	"  FROM earmark.budget b"
 	"  JOIN earmark.account_limit l ON l.account = b.account AND l.feature = b.feature"
-	"  JOIN earmark.budget_slot s ON s.budget_id = b.budget_id AND s.gen = b.slot_gen"
-	"  WHERE b.account = $1 AND b.feature = $2 AND b.cycle_start = $3"
-	"    AND s.slot < b.slots AND b.slot_gen > 0"
-	"    AND GREATEST(l.lim - coalesce((SELECT pg_catalog.sum(u.units) FROM earmark.usage_shard u"
-	"                                    WHERE u.budget_id = b.budget_id), 0), 0)"
-	"        IS NOT DISTINCT FROM b.slot_lim AND s.room >= $5"
-	"  ORDER BY pg_catalog.random() LIMIT 1 FOR UPDATE OF s SKIP LOCKED),"
+	"  CROSS JOIN LATERAL (SELECT coalesce(pg_catalog.sum(u.units), 0)::bigint AS recorded"
+	"                      FROM earmark.usage_shard u WHERE u.budget_id = b.budget_id) r"
+	"  WHERE b.account = $1 AND b.feature = $2 AND b.cycle_start = $3 AND b.slot_gen > 0"
+	"    AND GREATEST(l.lim - r.recorded, 0) IS NOT DISTINCT FROM b.slot_lim),"
 	" j AS ("
 	"  INSERT INTO earmark.job (budget_id, account, feature, idempotency_key, amount, lease, lease_until, created_at, slot)"
-	"  SELECT s.budget_id, $1, $2, $4, $5, $6, $7, $8, s.slot FROM s"
+	"  SELECT s.budget_id, $1, $2, $4, $5, $6, $7, $8, s.slot FROM s WHERE s.slot IS NOT NULL"
 	"  ON CONFLICT (account, idempotency_key) DO NOTHING RETURNING job_id, budget_id, slot),"
 	" u AS ("
 	"  UPDATE earmark.budget_slot t SET room = t.room - $5, held = t.held + $5"
 	"  FROM j WHERE t.budget_id = j.budget_id AND t.slot = j.slot) "
-	"SELECT (SELECT slot FROM s), (SELECT job_id FROM j)",
-	8, {TEXTOID, TEXTOID, TIMESTAMPTZOID, TEXTOID, INT8OID, INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+	"SELECT s.slot, (SELECT job_id FROM j), "
+	"       s.used + s.recorded + coalesce(x.used, 0), s.held + coalesce(x.held, 0), s.lim "
+	"FROM (SELECT 1) AS one LEFT JOIN s ON true "
+	"LEFT JOIN LATERAL (SELECT pg_catalog.sum(t.used)::bigint AS used, pg_catalog.sum(t.held)::bigint AS held"
+	"                   FROM earmark.budget_slot t WHERE t.budget_id = s.budget_id AND s.slot IS NOT NULL) x ON true",
+	9, {TEXTOID, TEXTOID, TIMESTAMPTZOID, TEXTOID, INT8OID, INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+	INT4OID}
 };
+
+/*
+ * Where a search for a free slot starts: a slot of 0 .. slots - 1 at
+ * random, so that concurrent sessions spread over the slots instead of
+ * all probing slot 0 first.  (Slots beyond the budget's count are never
+ * free; the wrap-around probe covers a count that changed meanwhile.)
+ */
+int
+em_random_slot(int slots)
+{
+	if (slots <= 1)
+		return 0;
+	return (int) pg_prng_uint64_range(&pg_global_prng_state, 0, (uint64) slots - 1);
+}
 
 /*
  * Try to admit through a free slot of the cycle's budget.  Returns
  * ESCROW_NO_SLOT when no slot with enough room could be had (the caller
  * takes the slow path), ESCROW_ADMITTED with *job_id, or ESCROW_KEY_TAKEN
- * when a concurrent reserve with the same key won.
+ * when a concurrent reserve with the same key won.  On admission, *used
+ * and *held are the budget's totals (slots and recorded usage included,
+ * this hold not yet) as the statement's snapshot saw them, and *lim its
+ * limit, *unlimited when it has none: what reserve's "remaining" is
+ * computed from, without another look at the slots.
  */
 EscrowResult
 em_escrow_fast(text *account, text *feature, TimestampTz cycle_start,
 			   text *key, int64 amount, Interval *lease,
-			   TimestampTz lease_until, TimestampTz now, int64 *job_id)
+			   TimestampTz lease_until, TimestampTz now, int slots,
+			   int64 *job_id, EscrowNumbers *numbers)
 {
-	Datum		args[8];
+	Datum		args[9];
 	bool		isnull;
+	Datum		lim;
 
 	args[0] = PointerGetDatum(account);
 	args[1] = PointerGetDatum(feature);
@@ -126,12 +168,19 @@ em_escrow_fast(text *account, text *feature, TimestampTz cycle_start,
 	args[5] = IntervalPGetDatum(lease);
 	args[6] = TimestampTzGetDatum(lease_until);
 	args[7] = TimestampTzGetDatum(now);
+	args[8] = Int32GetDatum(em_random_slot(slots));
 	em_exec(&fast_admit, args, NULL, 1);
 	(void) em_get(0, 1, &isnull);
 	if (isnull)
 		return ESCROW_NO_SLOT;
 	*job_id = DatumGetInt64(em_get(0, 2, &isnull));
-	return isnull ? ESCROW_KEY_TAKEN : ESCROW_ADMITTED;
+	if (isnull)
+		return ESCROW_KEY_TAKEN;
+	numbers->used = em_get_int64(0, 3, 0);
+	numbers->held = em_get_int64(0, 4, 0);
+	lim = em_get(0, 5, &numbers->unlimited);
+	numbers->lim = numbers->unlimited ? 0 : DatumGetInt64(lim);
+	return ESCROW_ADMITTED;
 }
 
 /* ---------------------------------------------------------------------

@@ -191,9 +191,13 @@ static EmStatement expire_jobs = {
 	3, {INT8OID, TIMESTAMPTZOID, INT4OID}
 };
 
+/* (the budget's slot count only for a hold taken from a slot: settle
+ * starts its search for a free slot at a random one of them) */
 static EmStatement lock_job = {
-	"SELECT budget_id, amount, used, status, lease_until, lease, last_step, slot "
-	"FROM earmark.job WHERE job_id = $1 FOR UPDATE",
+	"SELECT budget_id, amount, used, status, lease_until, lease, last_step, slot, "
+	"       CASE WHEN slot IS NOT NULL THEN "
+	"         (SELECT b.slots FROM earmark.budget b WHERE b.budget_id = j.budget_id) END "
+	"FROM earmark.job j WHERE job_id = $1 FOR UPDATE",
 	1, {INT8OID}
 };
 
@@ -225,8 +229,9 @@ static EmStatement job_exists = {
  *
  * settle_slot_job is the same for a hold taken from an escrow slot: it
  * settles into whichever slot of the budget is free (held to used, the
- * rest to room), so that it never queues behind the admissions using the
- * slot it came from; when every slot is busy it settles into the budget
+ * rest to room; the first free one from a random start, $8, as escrow.c's
+ * fast path searches), so that it never queues behind the admissions
+ * using the slot it came from; when every slot is busy it settles into the budget
  * row, as an expiry does.  Either way no slot's allocation (room + held +
  * used) changes, which is what the limit's books rest on (escrow.c); a
  * row's own held may go below zero, only the sums count.
@@ -243,8 +248,11 @@ static EmStatement settle_job = {
 };
 
 static EmStatement settle_slot_job = {
-	"WITH f AS (SELECT (SELECT slot FROM earmark.budget_slot WHERE budget_id = $7 "
-	"                   ORDER BY pg_catalog.random() LIMIT 1 FOR UPDATE SKIP LOCKED) AS slot),"
+	"WITH f AS (SELECT coalesce("
+	"    (SELECT slot FROM earmark.budget_slot WHERE budget_id = $7 AND slot >= $8 "
+	"      ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED),"
+	"    (SELECT slot FROM earmark.budget_slot WHERE budget_id = $7 AND slot < $8 "
+	"      ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED)) AS slot),"
 	" bs AS (UPDATE earmark.budget_slot t SET held = t.held - $6, used = t.used + $4, "
 	"        room = t.room + ($6 - $4) FROM f WHERE t.budget_id = $7 AND t.slot = f.slot RETURNING 1),"
 	" bb AS (UPDATE earmark.budget SET held = held - $6, used = used + $4 "
@@ -256,7 +264,7 @@ static EmStatement settle_slot_job = {
 	"          AND (EXISTS (SELECT 1 FROM bs) OR EXISTS (SELECT 1 FROM bb)) RETURNING 1)"
 	"INSERT INTO earmark.meter_mark (budget_id) SELECT $7 WHERE EXISTS (SELECT 1 FROM l) "
 	"ON CONFLICT DO NOTHING",
-	7, {INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID, INT8OID, INT8OID}
+	8, {INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID, INT8OID, INT8OID, INT4OID}
 };
 
 static EmStatement expired_budgets = {
@@ -677,15 +685,22 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 	{
 		int64		job_id;
 		EscrowResult r;
+		EscrowNumbers n;
 
 		em_cycle_bounds(anchor, has_anchor, now, &start, &end);
 		r = em_escrow_fast(account, feature, start, key, amount, lease,
-						   add_interval(now, lease), now, &job_id);
+						   add_interval(now, lease), now, escrow_slots, &job_id, &n);
 		if (r == ESCROW_ADMITTED)
 		{
+			int64		held;
+
 			result->admitted = true;
 			result->job_id = job_id;
-			remaining_for_job(job_id, result);
+			result->unlimited = n.unlimited;
+			/* the numbers are from before this hold */
+			if (pg_add_s64_overflow(n.held, amount, &held))
+				held = PG_INT64_MAX;
+			result->remaining = n.unlimited ? 0 : room_left(false, n.lim, n.used, held);
 			return;
 		}
 		if (r == ESCROW_KEY_TAKEN)
@@ -1052,7 +1067,7 @@ earmark_settle(PG_FUNCTION_ARGS)
 	int64		used_arg = has_used ? PG_GETARG_INT64(1) : 0;
 	char	   *outcome;
 	TimestampTz now = GetCurrentTimestamp();
-	Datum		args[7];
+	Datum		args[8];
 	bool		isnull;
 	int64		charged = 0;
 	int64		released = 0;
@@ -1113,6 +1128,12 @@ earmark_settle(PG_FUNCTION_ARGS)
 		args[4] = Int64GetDatum(released);
 		args[5] = Int64GetDatum(amount);
 		args[6] = Int64GetDatum(budget_id);
+		if (has_slot)
+		{
+			Datum		nslots = em_get(0, 9, &isnull);
+
+			args[7] = Int32GetDatum(em_random_slot(isnull ? 0 : DatumGetInt32(nslots)));
+		}
 		if (charged > 0)
 			em_mark_lock(budget_id);	/* see ledger.c */
 		em_exec(has_slot ? &settle_slot_job : &settle_job, args, NULL, 0);
