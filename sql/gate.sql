@@ -170,3 +170,22 @@ WHERE b.held <> (SELECT coalesce(sum(amount), 0) FROM earmark.job j
                  WHERE j.budget_id = b.budget_id AND j.status IN ('running', 'capped'));
 SELECT b.account FROM earmark.budget b JOIN earmark.account_limit l USING (account, feature)
 WHERE b.used + b.held > l.lim;
+
+-- 12. Charges at the edges: the tokens that exactly fill the hold are not
+--     capped, one more is; bigint's largest is capped, not an overflow; a
+--     charge of nothing on a full job changes nothing; each charge of a
+--     running job renews its lease.
+SELECT earmark_set_limit('edge', 1000);
+SELECT job_id AS edge1 FROM earmark_reserve('edge', 100, 'edge-1', lease => '1 hour') \gset
+UPDATE earmark.job SET lease_until = lease_until - interval '30 minutes' WHERE job_id = :edge1;
+SELECT * FROM earmark_charge(:edge1, 60);
+SELECT lease_until > now() + interval '59 minutes' AS renewed FROM earmark.job WHERE job_id = :edge1;
+SELECT * FROM earmark_charge(:edge1, 40);        -- exactly the rest
+SELECT * FROM earmark_charge(:edge1, 0);
+SELECT job_id AS edge2 FROM earmark_reserve('edge', 100, 'edge-2') \gset
+SELECT * FROM earmark_charge(:edge2, 101);       -- one over: capped at 100
+SELECT job_id AS edge3 FROM earmark_reserve('edge', 100, 'edge-3') \gset
+SELECT * FROM earmark_charge(:edge3, 7, 1);
+SELECT * FROM earmark_charge(:edge3, 9223372036854775807, 2);
+SELECT * FROM earmark_charge(:edge3, 1, 3);      -- capped: nothing more
+SELECT idempotency_key, used, last_step, status FROM earmark.job WHERE account = 'edge' ORDER BY job_id;

@@ -201,6 +201,24 @@ static EmStatement lock_job = {
 	1, {INT8OID}
 };
 
+/*
+ * A charge that changes nothing but the use, the step and the lease (the
+ * job is running, its lease has not passed, the tokens fit, the step is
+ * new): one UPDATE, which takes the row lock itself, instead of a locking
+ * read and an update (a statement and a WAL record fewer).  Under READ
+ * COMMITTED a concurrent settle makes the UPDATE re-check its conditions
+ * on the settled row, so it finds nothing and the caller takes the general
+ * path.  "$2 <= amount - used" cannot overflow as "used + $2" could.
+ */
+static EmStatement charge_fits = {
+	"UPDATE earmark.job SET used = used + $2, last_step = coalesce($3, last_step), "
+	"       lease_until = $4 + lease "
+	"WHERE job_id = $1 AND status = 'running' AND lease_until >= $4 AND $2 <= amount - used "
+	"  AND ($3 IS NULL OR last_step IS NULL OR $3 > last_step) "
+	"RETURNING amount - used",
+	4, {INT8OID, INT8OID, INT8OID, TIMESTAMPTZOID}
+};
+
 static EmStatement write_charge = {
 	"UPDATE earmark.job SET used = $2, last_step = coalesce($3, last_step), "
 	"status = $4, lease_until = $5 WHERE job_id = $1",
@@ -972,6 +990,24 @@ earmark_charge(PG_FUNCTION_ARGS)
 
 	SPI_connect();
 	args[0] = Int64GetDatum(job_id);
+	args[1] = Int64GetDatum(tokens);
+	args[2] = Int64GetDatum(step);
+	nulls[2] = has_step ? ' ' : 'n';
+	args[3] = TimestampTzGetDatum(now);
+	em_exec(&charge_fits, args, nulls, 1);
+	if (SPI_processed == 1)
+	{
+		values[2] = Int64GetDatum(em_get_int64(0, 1, 0));
+		SPI_finish();
+		values[0] = Int64GetDatum(tokens);
+		values[1] = BoolGetDatum(false);
+		values[3] = CStringGetTextDatum("running");
+		em_return_row(fcinfo, values, rnulls);
+		return (Datum) 0;
+	}
+	nulls[2] = ' ';
+
+	/* capped, a repeated step, a dead lease, settled, or unknown */
 	em_exec(&lock_job, args, NULL, 1);
 	if (SPI_processed == 0)
 		unknown_job(job_id);
