@@ -78,6 +78,8 @@ for s in "${SCEN[@]}"; do
         em_many)   style="lw 2 pt 5 lc rgb '#1f77b4'" ;;
         ref_hot)   style="lw 2 dt 3 pt 6 lc rgb '#ff7f0e'" ;;
         ref_many)  style="lw 2 dt 3 pt 4 lc rgb '#2ca02c'" ;;
+        floor_many) style="lw 1 dt 4 pt 1 lc rgb '#7f7f7f'" ;;
+        floor_design) style="lw 1 dt 5 pt 2 lc rgb '#17becf'" ;;
     esac
     plots+=("'$DAT' using 1:$col with linespoints $style title '${BENCH_NAME[$s]}'")
     col=$((col + 1))

@@ -15,6 +15,14 @@
 #   earmark, 10,000 accounts          pgbench/earmark_many.sql
 #   reference, 1 hot account          pgbench/ref_hot.sql (reference.sql)
 #   reference, 10,000 accounts        pgbench/ref_many.sql
+#   floor, 10,000 accounts            pgbench/floor_many.sql (floor.sql):
+#                                     three one-row updates a job and no
+#                                     gate, a ceiling for any gate
+#   design floor, 10,000 accounts     pgbench/floor_design.sql: the writes
+#                                     the design asks for (job row, held,
+#                                     use, status, ledger row), no check:
+#                                     a ceiling for any implementation
+#                                     (BENCH_FLOOR=0 leaves both out)
 # each once with synchronous_commit on (the default) and once off
 # (PGOPTIONS='-c synchronous_commit=off').  Limits are 10^15: finite, never
 # reached.  earmark.rate_limit = 0 (the rate limit is one row per account
@@ -165,6 +173,14 @@ LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 # --- the table ------------------------------------------------------------
 read -r -a modes <<<"$SYNC_MODES"
 tps() { echo "${TPS[$1,$2]:-n/a}"; }
+# table_head FIRST COLUMN ALIGN [LAST]: a markdown table's header, one
+# COLUMN per synchronous_commit mode (@ in COLUMN is the mode)
+table_head() {
+    local hdr="| $1 |" sep="| --- |" sync
+    for sync in "${modes[@]}"; do hdr="$hdr ${2//@/$sync} |"; sep="$sep $3 |"; done
+    if [ -n "${4:-}" ]; then hdr="$hdr $4 |"; sep="$sep --- |"; fi
+    echo "$hdr"; echo "$sep"
+}
 row_ratio() {   # row_ratio LABEL A B OP TARGET
     local label=$1 a=$2 b=$3 op=$4 target=$5 m r line
     line="| $label |"
@@ -188,9 +204,7 @@ echo "Load average (1, 5, 15 min) before: $LOAD_BEFORE; after: $LOAD_AFTER."
 [ "$BENCH_ESCROW" = 1 ] || echo "Escrow: earmark_set_escrow(text,int) is missing in this build; its scenarios were skipped."
 [ -z "${BENCH_BOOKS_BAD:-}" ] || echo "**Books wrong after: ${BENCH_BOOKS_BAD}** (see the log above)."
 echo
-hdr="| scenario |"; sep="| --- |"
-for sync in "${modes[@]}"; do hdr="$hdr jobs/s, synchronous_commit $sync |"; sep="$sep ---: |"; done
-echo "$hdr"; echo "$sep"
+table_head scenario "jobs/s, synchronous_commit @" "---:"
 for s in "${SCEN[@]}"; do
     line="| ${BENCH_NAME[$s]} |"
     for sync in "${modes[@]}"; do line="$line $(tps "$s" "$sync") (${LAT[$s,$sync]:-n/a} ms) |"; done
@@ -203,9 +217,7 @@ echo "Cost of a job: server CPU (the backends' user + system time, read from the
 echo "reaped children, so it includes any autovacuum worker that ended during the run) and WAL"
 echo "written, each divided by the jobs pgbench completed:"
 echo
-hdr="| scenario |"; sep="| --- |"
-for sync in "${modes[@]}"; do hdr="$hdr CPU ms / job, sync $sync | WAL bytes (records, full pages) / job, sync $sync |"; sep="$sep ---: | ---: |"; done
-echo "$hdr"; echo "$sep"
+table_head scenario "CPU ms / job, sync @ | WAL bytes (records, full pages) / job, sync @" "---: | ---:"
 for s in "${SCEN[@]}"; do
     line="| ${BENCH_NAME[$s]} |"
     for sync in "${modes[@]}"; do line="$line ${CPU[$s,$sync]:-n/a} | ${WAL[$s,$sync]:-n/a} |"; done
@@ -216,18 +228,14 @@ echo "What the $CLIENTS backends were doing (pg_stat_activity sampled every 0.5 
 echo "without a wait event, Client:ClientRead = idle between statements, Lock:* = queued for a"
 echo "row lock, IO:WALSync / LWLock:WALWrite = the commit's WAL flush):"
 echo
-hdr="| scenario |"; sep="| --- |"
-for sync in "${modes[@]}"; do hdr="$hdr synchronous_commit $sync |"; sep="$sep --- |"; done
-echo "$hdr"; echo "$sep"
+table_head scenario "synchronous_commit @" "---"
 for s in "${SCEN[@]}"; do
     line="| ${BENCH_NAME[$s]} |"
     for sync in "${modes[@]}"; do line="$line ${WAITS[$s,$sync]:-n/a} |"; done
     echo "$line"
 done
 echo
-hdr="| target |"; sep="| --- |"
-for sync in "${modes[@]}"; do hdr="$hdr synchronous_commit $sync |"; sep="$sep ---: |"; done
-echo "$hdr target |"; echo "$sep --- |"
+table_head target "synchronous_commit @" "---:" target
 row_ratio "hot: earmark / reference, 1 account" em_hot ref_hot ">=" 5
 for s in "${SCEN[@]}"; do
     case $s in em_escrow*) row_ratio "hot: earmark escrow ${s#em_escrow} slots / reference, 1 account" "$s" ref_hot ">=" 5 ;; esac
@@ -237,6 +245,39 @@ for s in "${SCEN[@]}"; do
     case $s in em_escrow*) row_ratio "hot: earmark escrow ${s#em_escrow} slots, 1 account / earmark 10,000 accounts" "$s" em_many ">=" 0.7 ;; esac
 done
 row_ratio "10,000 accounts: earmark / reference" em_many ref_many ">=" 1.5
+if [ -n "${BENCH_NAME[floor_many]:-}" ]; then
+    # the floor (floor.sql) bounds every gate from above: a target ratio
+    # the floor does not reach is out of reach for any implementation
+    echo
+    echo "The ceilings (floor.sql), against the same reference: the floor (three one-row updates a job,"
+    echo "no gate) and the design floor (the writes the gate's design asks for, without a check). A ratio"
+    echo "below the target means no gate (floor), or no implementation of the design (design floor), can"
+    echo "meet it under this load on this machine."
+    echo
+    table_head ceiling "synchronous_commit @" "---:" target
+    ceiling_row() {   # ceiling_row LABEL A B TARGET
+        local line="| $1 |" r
+        for sync in "${modes[@]}"; do
+            r=$(bench_ratio "${TPS[$2,$sync]:-0}" "${TPS[$3,$sync]:-0}")
+            if [ "$r" = n/a ]; then line="$line n/a |"
+            elif [ "$(bench_mark "$r" ">=" "$4")" = pass ]; then line="$line ${r}× (within reach) |"
+            else line="$line ${r}× (out of reach) |"; fi
+        done
+        echo "$line >= $4× |"
+    }
+    ceiling_row "floor / reference, 1 hot account" floor_many ref_hot 5
+    ceiling_row "floor / reference, 10,000 accounts" floor_many ref_many 1.5
+    ceiling_row "design floor / reference, 1 hot account" floor_design ref_hot 5
+    ceiling_row "design floor / reference, 10,000 accounts" floor_design ref_many 1.5
+    share_row() {     # share_row LABEL A FLOOR: A's share of a floor
+        local line="| $1 |"
+        for sync in "${modes[@]}"; do line="$line $(bench_ratio "${TPS[$2,$sync]:-0}" "${TPS[$3,$sync]:-0}")× |"; done
+        echo "$line |"
+    }
+    for s in "${SCEN[@]}"; do
+        case $s in em_*|ref_*) share_row "${BENCH_NAME[$s]} / design floor" "$s" floor_design ;; esac
+    done
+fi
 echo
 echo "| sweeper | result | target |"
 echo "| --- | ---: | --- |"

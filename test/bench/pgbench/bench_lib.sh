@@ -8,7 +8,8 @@
 #   hot_escrowN  one hot account with N escrow slots, for each N in
 #                BENCH_ESCROW_SLOTS ("16 64"; earmark only, when
 #                earmark_set_escrow exists)
-#   a1..a10000   10,000 accounts, one picked at random a job
+#   a1..a10000   10,000 accounts, one picked at random a job (also in
+#                floor.acct, the floor's table: see floor.sql)
 # Every limit is BENCH_LIMIT (10^15): finite, so the limit arithmetic runs,
 # and never reached, so nothing is refused.
 
@@ -36,6 +37,8 @@ bench_load() {
     em_psql -d "$BENCH_DB" -c "CREATE EXTENSION IF NOT EXISTS earmark" >/dev/null
     em_psql -d "$BENCH_DB" -f "$BENCH_DIR/reference.sql" >/dev/null 2>&1 \
         || em_psql -d "$BENCH_DB" -f "$BENCH_DIR/reference.sql"
+    em_psql -d "$BENCH_DB" -f "$BENCH_DIR/floor.sql" >/dev/null
+    bq "INSERT INTO floor.acct SELECT 'a' || i FROM generate_series(1, $BENCH_ACCOUNTS) i ON CONFLICT DO NOTHING" >/dev/null
     # (jit off here: a lateral chain of the API's set-returning functions is
     # estimated at 1000 rows a call, and would be compiled)
     local escrow_accounts="" n
@@ -93,6 +96,17 @@ bench_scenarios() {
     BENCH_ARGS[em_many]="earmark_many.sql"
     BENCH_NAME[ref_many]="reference (PL/pgSQL), 10,000 accounts"
     BENCH_ARGS[ref_many]="ref_many.sql"
+    # the floors (floor.sql): three one-row updates a job, and the writes
+    # the design asks for without a check; ceilings for any gate, and for
+    # any implementation of the design.  BENCH_FLOOR=0 leaves them out
+    if [ "${BENCH_FLOOR:-1}" = 1 ]; then
+        BENCH_SCEN+=(floor_many)
+        BENCH_NAME[floor_many]="floor (3 one-row updates, no gate), 10,000 accounts"
+        BENCH_ARGS[floor_many]="floor_many.sql"
+        BENCH_SCEN+=(floor_design)
+        BENCH_NAME[floor_design]="design floor (the writes the design asks for, no checks), 10,000 accounts"
+        BENCH_ARGS[floor_design]="floor_design.sql"
+    fi
 }
 
 # History: BENCH_HISTORY (50,000) settled jobs in each system, spread over
