@@ -57,6 +57,8 @@ server_env() {
 }
 mapfile -t SERVER_ENV < <(server_env)
 pgctl() { (cd "$EM_BASE" && as_pg env "${SERVER_ENV[@]}" "$EM_PGBIN/pg_ctl" -D "$EM_DATA" "$@"); }
+# a restart starts the server the way the runner did (EM_PG_WRAPPER: under valgrind)
+pgctl_start() { pgctl -l "$EM_BASE/server.log" -w -t 300 ${EM_PG_WRAPPER:+-p "$EM_PG_WRAPPER"} start; }
 
 server_up() {   # server_up [SECONDS]: wait until the server accepts connections
     local deadline=$(( $(date +%s) + ${1:-120} ))
@@ -186,7 +188,7 @@ cleanup() {
     wait 2>/dev/null
     # the server may have been left down by a failure in the middle
     if ! pgctl status >/dev/null 2>&1; then
-        pgctl -l "$EM_BASE/server.log" -w -t 120 start >/dev/null 2>&1
+        pgctl_start >/dev/null 2>&1
     fi
     server_up 60
     reset_settings
@@ -441,7 +443,7 @@ for f in 1 2; do
     pgctl stop -m immediate -w >/dev/null 2>&1
     ok $? "load: fault $f: pg_ctl stop -m immediate in the middle of the run"
     FAULTS=$((FAULTS + 1))
-    pgctl -l "$EM_BASE/server.log" -w -t 120 start >/dev/null 2>&1
+    pgctl_start >/dev/null 2>&1
     ok $? "load: fault $f: the server started again (crash recovery)"
     server_up 120
 done
