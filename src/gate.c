@@ -191,8 +191,11 @@ static EmStatement expire_jobs = {
 	3, {INT8OID, TIMESTAMPTZOID, INT4OID}
 };
 
-/* (the budget's slot count only for a hold taken from a slot: settle
- * starts its search for a free slot at a random one of them) */
+/*
+ * The job row, locked.  The last column is the budget's slot count, read
+ * only for a hold taken from a slot: settle starts its search for a free
+ * slot at a random one of them.
+ */
 static EmStatement lock_job = {
 	"SELECT budget_id, amount, used, status, lease_until, lease, last_step, slot, "
 	"       CASE WHEN slot IS NOT NULL THEN "
@@ -249,8 +252,8 @@ static EmStatement job_exists = {
  * settles into whichever slot of the budget is free (held to used, the
  * rest to room; the first free one from a random start, $8, as escrow.c's
  * fast path searches), so that it never queues behind the admissions
- * using the slot it came from; when every slot is busy it settles into the budget
- * row, as an expiry does.  Either way no slot's allocation (room + held +
+ * using the slot it came from; when every slot is busy it settles into the
+ * budget row, as an expiry does.  Either way no slot's allocation (room + held +
  * used) changes, which is what the limit's books rest on (escrow.c); a
  * row's own held may go below zero, only the sums count.
  */
