@@ -131,7 +131,7 @@ count "$(grep -cE '^ok ' "$OUT/fuzz.log")" "$(grep -cE '^not ok ' "$OUT/fuzz.log
 # PostgreSQL's).  Errors of PostgreSQL itself (without suppressions, e.g.
 # uninitialised padding written to WAL) are not ours to judge.  The load
 # scripts run smaller under memcheck (5,000 bad calls instead of 100,000; 10
-# escrow clients); crash.sh (about 12 minutes under memcheck, its restarts
+# escrow clients); crash.sh (about 14 minutes under memcheck, its restarts
 # keep the wrapper) and lab.sh (4 minutes, the gate's paths again) are left
 # to EM_VALGRIND_SCRIPTS.
 VG_SCRIPTS=${EM_VALGRIND_SCRIPTS:-meter reconcile inbox_worker jwt worker upgrade fuzz_sql escrow_stress engine_room}

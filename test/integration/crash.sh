@@ -151,6 +151,18 @@ victim_waiting() {
     $P -c "SELECT pid FROM pg_stat_activity WHERE application_name = 'crash_victim'"
 }
 
+# kill_victim CALL LIKE WAITING: once the victim waits (LIKE, as for
+# victim_waiting), kill -9 its backend, wait for the cluster, and reap the
+# holder and the victim; two assertions, "CALL: WAITING" and the restart
+kill_victim() {
+    local pid
+    pid=$(victim_waiting "$2")
+    ok $? "$1: $3"
+    crash_pid "$pid"
+    ok $? "$1: kill -9 of that backend; the cluster restarted with a new worker"
+    reap "$HOLDER" "$VICTIM"
+}
+
 # fp ACCOUNT: every number of the account a transaction could change
 fp() {
     $P -c "SELECT concat_ws(' | ',
@@ -266,11 +278,7 @@ base=$(fp crash_k)
 start_holder -c "SELECT 1 FROM earmark.budget WHERE budget_id = $BF FOR UPDATE"
 start_victim -c "SELECT admitted FROM earmark_reserve('crash_k', 100, 'k-res-a', lease => '1 hour')" \
              -c "SELECT admitted FROM earmark_reserve('crash_k', 200, 'k-res-b', 'f2', '1 hour')"
-pid=$(victim_waiting '%k-res-b%')
-ok $? "reserve: the transaction took a hold, and its second reserve waits for the budget row"
-crash_pid "$pid"
-ok $? "reserve: kill -9 of that backend; the cluster restarted with a new worker"
-reap "$HOLDER" "$VICTIM"
+kill_victim reserve '%k-res-b%' "the transaction took a hold, and its second reserve waits for the budget row"
 is "$(head -1 "$WORK/victim.out")" t "reserve: (its first reserve had been admitted in the transaction)"
 is "$($P -c "SELECT count(*) FROM earmark.job WHERE account = 'crash_k' AND idempotency_key LIKE 'k-res-%'")" 0 \
    "reserve: the killed transaction left no job"
@@ -284,11 +292,7 @@ check_clean "kill -9 in reserve"
 base=$(fp crash_k)
 start_holder -c "SELECT 1 FROM earmark.job WHERE job_id = $J2 FOR UPDATE"
 start_victim -c "SELECT charged FROM earmark_charge($J1, 30, 2)" -c "SELECT charged FROM earmark_charge($J2, 40, 1)"
-pid=$(victim_waiting "%earmark_charge($J2,%")
-ok $? "charge: the transaction charged one job, and waits to charge another"
-crash_pid "$pid"
-ok $? "charge: kill -9 of that backend; the cluster restarted with a new worker"
-reap "$HOLDER" "$VICTIM"
+kill_victim charge "%earmark_charge($J2,%" "the transaction charged one job, and waits to charge another"
 is "$(head -1 "$WORK/victim.out")" 30 "charge: (its first charge had been recorded in the transaction)"
 is "$(fp crash_k)" "$base" "charge: no use, step or lease change on either job, nothing else changed"
 is "$($P -c "SELECT charged || ' ' || room FROM earmark_charge($J1, 30, 2)")" "30 870" \
@@ -300,11 +304,7 @@ check_clean "kill -9 in charge"
 base=$(fp crash_k)
 start_holder -c "SELECT 1 FROM earmark.budget WHERE budget_id = $BD FOR UPDATE"
 start_victim -c "SELECT status FROM earmark_settle($J4, 60)" -c "SELECT status FROM earmark_settle($J3, 70)"
-pid=$(victim_waiting "%earmark_settle($J3,%")
-ok $? "settle: the transaction settled one job, and waits in the settle of another"
-crash_pid "$pid"
-ok $? "settle: kill -9 of that backend; the cluster restarted with a new worker"
-reap "$HOLDER" "$VICTIM"
+kill_victim settle "%earmark_settle($J3,%" "the transaction settled one job, and waits in the settle of another"
 is "$(head -1 "$WORK/victim.out")" completed "settle: (its first settle had been done in the transaction)"
 is "$($P -c "SELECT string_agg(status || ' ' || coalesce(charged::text, '-'), ', ' ORDER BY job_id) FROM earmark.job WHERE job_id IN ($J3, $J4)")" \
    "running -, running -" "settle: both jobs are still open"
@@ -321,11 +321,7 @@ $P -c "INSERT INTO earmark.usage_shard (budget_id, shard, units) SELECT $BD, g, 
 base=$(fp crash_k)
 start_holder -c "SELECT 1 FROM earmark.usage_shard WHERE budget_id = $BD FOR UPDATE"
 start_victim -c "SELECT earmark_record_usage('crash_k', 5, 'k-use-a', 'f2')" -c "SELECT earmark_record_usage('crash_k', 7, 'k-use-b')"
-pid=$(victim_waiting '%k-use-b%')
-ok $? "record_usage: the transaction recorded usage, and waits in a second call for its counter row"
-crash_pid "$pid"
-ok $? "record_usage: kill -9 of that backend; the cluster restarted with a new worker"
-reap "$HOLDER" "$VICTIM"
+kill_victim record_usage '%k-use-b%' "the transaction recorded usage, and waits in a second call for its counter row"
 is "$(head -1 "$WORK/victim.out")" t "record_usage: (its first call had written its row in the transaction)"
 is "$($P -c "SELECT count(*) FROM earmark.ledger WHERE account = 'crash_k' AND entry_key LIKE 'k-use-%'")" 0 \
    "record_usage: no ledger row of either key"

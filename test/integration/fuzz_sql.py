@@ -1093,17 +1093,9 @@ class Gen:
             if r.random() < 0.1:
                 return Val(NULL, "null-ok" if kind == "lease" else "null")
             return c.interval()
-        if kind == "job":
+        if kind in ("job", "event"):
             if not bad:
-                return Val(REF % ("job:" + c.pick(JOBS)))
-            if r.random() < 0.15:
-                return Val(NULL, "null")
-            v = c.bigint(False)
-            v.cls = "unknown_id"
-            return v
-        if kind == "event":
-            if not bad:
-                return Val(REF % ("event:" + c.pick(EVENTS)))
+                return Val(REF % (kind + ":" + c.pick(JOBS if kind == "job" else EVENTS)))
             if r.random() < 0.15:
                 return Val(NULL, "null")
             v = c.bigint(False)
