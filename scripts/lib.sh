@@ -10,7 +10,17 @@
 set -euo pipefail
 
 EM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-EM_PGBIN=/usr/lib/postgresql/15/bin
+# EM_PREFIX: a private copy of PostgreSQL 15 (bin, lib, share) to build and
+# run against instead of the system's, so that several checkouts can each
+# install their own earmark.so side by side (PostgreSQL finds its lib and
+# share directories relative to its binaries).  Made on first use.
+EM_PREFIX=${EM_PREFIX:-}
+if [ -n "$EM_PREFIX" ]; then
+    EM_PGBIN=$EM_PREFIX/usr/lib/postgresql/15/bin
+else
+    EM_PGBIN=${EM_PGBIN:-/usr/lib/postgresql/15/bin}
+fi
+export EM_PGBIN
 EM_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-client-15 postgresql-15-pgtap
              postgresql-15-cron libcurl4-openssl-dev libssl-dev libpq-dev
              libtap-parser-sourcehandler-pgtap-perl make gcc python3 openssl
@@ -38,12 +48,32 @@ em_install_packages() {
     # Debian's package starts a cluster of its own on 5432; ours is private
     # and does not need it.
     id "$EM_PGUSER" >/dev/null 2>&1 || em_sudo useradd --system --create-home "$EM_PGUSER"
+    em_make_prefix
+}
+
+# em_make_prefix: copy the system's PostgreSQL 15 into EM_PREFIX (once)
+em_make_prefix() {
+    [ -z "$EM_PREFIX" ] && return 0
+    [ -x "$EM_PGBIN/postgres" ] && return 0
+    em_log "copying PostgreSQL 15 into $EM_PREFIX"
+    mkdir -p "$EM_PREFIX/usr/lib/postgresql" "$EM_PREFIX/usr/share/postgresql"
+    cp -a /usr/lib/postgresql/15 "$EM_PREFIX/usr/lib/postgresql/"
+    cp -a /usr/share/postgresql/15 "$EM_PREFIX/usr/share/postgresql/"
+    chmod -R a+rX "$EM_PREFIX"
 }
 
 em_build() {
     em_log "building earmark"
-    make -C "$EM_ROOT" -s with_llvm=no PG_CONFIG="$EM_PGBIN/pg_config" >/dev/null
-    em_sudo make -C "$EM_ROOT" -s with_llvm=no PG_CONFIG="$EM_PGBIN/pg_config" install >/dev/null
+    em_make_prefix
+    # built against the system's headers and PGXS; installed into EM_PREFIX
+    # when one is set
+    make -C "$EM_ROOT" -s with_llvm=no PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config >/dev/null
+    if [ -n "$EM_PREFIX" ]; then
+        make -C "$EM_ROOT" -s with_llvm=no PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config \
+            DESTDIR="$EM_PREFIX" install >/dev/null
+    else
+        em_sudo make -C "$EM_ROOT" -s with_llvm=no PG_CONFIG="$EM_PGBIN/pg_config" install >/dev/null
+    fi
 }
 
 em_setup() {

@@ -19,12 +19,17 @@ set +e
 
 em_install_packages || exit 1
 
-PGXS_DIR=$(dirname "$("$EM_PGBIN/pg_config" --pgxs)")/..
 PASSED=0
 FAILED=0
 OUT=$(mktemp -d /tmp/earmark-test-out.XXXXXX)
 chmod 777 "$OUT"
 cd "$EM_ROOT"
+
+# EM_LAYERS picks layers for a quicker loop (default: all of them):
+#   EM_LAYERS="regress isolation pgtap integration fuzz valgrind"
+# EM_INTEGRATION picks integration scripts by name (e.g. "meter worker").
+EM_LAYERS=${EM_LAYERS:-regress isolation pgtap integration fuzz valgrind}
+layer() { case " $EM_LAYERS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 count() { PASSED=$((PASSED + $1)); FAILED=$((FAILED + $2)); }
 
@@ -56,7 +61,7 @@ run_layers() {
     chmod 777 "$OUT"
     # --- pg_regress ----------------------------------------------------------
     regress_tests=$(cd sql && ls *.sql 2>/dev/null | sed 's/\.sql$//' | sort)
-    if [ -n "$regress_tests" ]; then
+    if [ -n "$regress_tests" ] && layer regress; then
         em_log "pg_regress: $(echo $regress_tests | wc -w) files"
         "$PGXS_DIR/test/regress/pg_regress" --inputdir=. --outputdir="$OUT/regress" \
             --bindir="$EM_PGBIN" --load-extension=earmark --dbname=earmark_regress \
@@ -68,7 +73,7 @@ run_layers() {
 
     # --- isolation -----------------------------------------------------------
     iso_tests=$(cd test/isolation/specs 2>/dev/null && ls *.spec 2>/dev/null | sed 's/\.spec$//' | sort)
-    if [ -n "$iso_tests" ]; then
+    if [ -n "$iso_tests" ] && layer isolation; then
         em_log "isolation: $(echo $iso_tests | wc -w) specs"
         "$PGXS_DIR/test/isolation/pg_isolation_regress" --inputdir=test/isolation \
             --outputdir="$OUT/isolation" --bindir="$EM_PGBIN" --load-extension=earmark \
@@ -79,7 +84,7 @@ run_layers() {
     fi
 
     # --- pgTAP ---------------------------------------------------------------
-    if ls test/pgtap/*.sql >/dev/null 2>&1; then
+    if ls test/pgtap/*.sql >/dev/null 2>&1 && layer pgtap; then
         em_log "pgTAP"
         em_psql -d postgres -c "DROP DATABASE IF EXISTS earmark_tap" -c "CREATE DATABASE earmark_tap"
         em_psql -d earmark_tap -c "CREATE EXTENSION pgtap" -c "CREATE EXTENSION earmark"
@@ -94,9 +99,12 @@ run_layers() {
     fi
 
     # --- integration ---------------------------------------------------------
-    if ls test/integration/*.sh >/dev/null 2>&1; then
+    if ls test/integration/*.sh >/dev/null 2>&1 && layer integration; then
         for t in test/integration/*.sh; do
             [ "$(basename "$t")" = tap.sh ] && continue
+            if [ -n "${EM_INTEGRATION:-}" ]; then
+                case " $EM_INTEGRATION " in *" $(basename "$t" .sh) "*) ;; *) continue ;; esac
+            fi
             em_log "integration: $t"
             timeout 900 bash "$t" >"$OUT/int.log" 2>&1
             rc=$?
@@ -112,15 +120,18 @@ run_layers() {
 
 # --- the layers ------------------------------------------------------------
 em_build || exit 1
+PGXS_DIR=$(dirname "$("$EM_PGBIN/pg_config" --pgxs)")/..
 start_test_cluster || exit 1
 run_layers plain
 
 # --- libFuzzer over the C parsers and verifiers (no server needed) ----------
+if layer fuzz; then
 em_log "libFuzzer: test/fuzz/run.sh"
 timeout 600 bash test/fuzz/run.sh >"$OUT/fuzz.log" 2>&1 ||
     grep -q '^not ok ' "$OUT/fuzz.log" || echo 'not ok - test/fuzz/run.sh died' >>"$OUT/fuzz.log"
 cat "$OUT/fuzz.log"
 count "$(grep -cE '^ok ' "$OUT/fuzz.log")" "$(grep -cE '^not ok ' "$OUT/fuzz.log")"
+fi
 
 # --- valgrind: pg_regress, the isolation specs, pgTAP and the integration ---
 # scripts (EM_VALGRIND_SCRIPTS) again, with every server process under
@@ -135,7 +146,7 @@ count "$(grep -cE '^ok ' "$OUT/fuzz.log")" "$(grep -cE '^not ok ' "$OUT/fuzz.log
 # keep the wrapper) and lab.sh (4 minutes, the gate's paths again) are left
 # to EM_VALGRIND_SCRIPTS.
 VG_SCRIPTS=${EM_VALGRIND_SCRIPTS:-meter reconcile inbox_worker jwt worker upgrade fuzz_sql escrow_stress engine_room}
-if [ "${EM_VALGRIND:-1}" = 1 ]; then
+if [ "${EM_VALGRIND:-1}" = 1 ] && layer valgrind; then
     em_log "valgrind: pg_regress, the isolation specs, pgTAP and integration ($VG_SCRIPTS) under memcheck"
     VG=$OUT/valgrind
     mkdir -p "$VG"
