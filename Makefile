@@ -2,7 +2,12 @@
 EXTENSION = earmark
 MODULE_big = earmark
 OBJS = src/earmark.o src/account.o src/gate.o src/escrow.o src/ledger.o src/meter.o src/reconcile.o src/limits.o src/provider.o src/inbox.o src/worker.o src/sigverify.o src/http.o src/intake.o
-DATA = src/earmark--0.1.0.sql src/earmark--0.2.0.sql src/earmark--0.1.0--0.2.0.sql
+# The current version's install script is built from its one source,
+# src/earmark.sql; earlier versions install from 0.1.0's script and the
+# upgrade scripts (PostgreSQL follows the update path).
+EARMARK_VERSION = $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" earmark.control)
+DATA = src/earmark--0.1.0.sql src/earmark--0.1.0--0.2.0.sql src/earmark--0.2.0--0.3.0.sql
+DATA_built = earmark--$(EARMARK_VERSION).sql
 PGFILEDESC = "earmark - usage limits that hold under concurrency"
 
 PG_CPPFLAGS = -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
@@ -20,3 +25,6 @@ include $(PGXS)
 
 # every object depends on the shared headers
 $(OBJS): src/earmark.h src/sigverify.h src/provider.h
+
+earmark--$(EARMARK_VERSION).sql: src/earmark.sql
+	cp $< $@

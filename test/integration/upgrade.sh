@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Upgrades and backups, each in databases of its own (the worker's
 # database is not touched):
-# - ALTER EXTENSION earmark UPDATE from 0.1.0 (the first release) to 0.2.0
-#   with 0.1.0-era data in place: the schema is then exactly a fresh 0.2.0
-#   install's (a normalised pg_dump --binary-upgrade --schema-only of both,
+# - ALTER EXTENSION earmark UPDATE from 0.1.0 (the first release) to the
+#   current version with 0.1.0-era data in place: the schema is then exactly
+#   a fresh install's (a normalised pg_dump --binary-upgrade --schema-only of both,
 #   and the tables pg_dump keeps), every row is still there, and the gate,
 #   the sweeper, the usage ledger, the inbox, the reporter and the
 #   reconciler work on the old rows with earmark_check() clean.  The data
 #   is written by INSERTs as the superuser: the installed earmark.so is
-#   0.2.0's and expects 0.2.0's tables.
+#   the current version's and expects its tables.
 # - pg_dump / pg_restore: the billing state is in the dump (its tables are
 #   registered with pg_extension_config_dump) and comes back with CREATE
 #   EXTENSION: the same rows and sequence positions, new ids after the old
@@ -16,7 +16,7 @@
 source "$(dirname "$0")/tap.sh"
 export PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning"
 OLD=earmark_up_from_010
-FRESH=earmark_up_fresh_020
+FRESH=earmark_up_fresh
 RESTORED=earmark_up_restored
 WORK=$(mktemp -d /tmp/earmark-upgrade.XXXXXX)
 chmod 755 "$WORK"
@@ -85,9 +85,9 @@ is "$(q -d postgres -c "SHOW earmark.provider")" local "the cluster uses the loc
 is "$(q -d postgres -c "SELECT default_version || ' ' || (SELECT string_agg(version, ',' ORDER BY version)
                                                             FROM pg_available_extension_versions WHERE name = 'earmark')
                         FROM pg_available_extensions WHERE name = 'earmark'")" \
-   "0.2.0 0.1.0,0.2.0" "0.2.0 is the default version; 0.1.0 can still be installed"
-is "$(q -d postgres -c "SELECT string_agg(source || '->' || target, ',') FROM pg_extension_update_paths('earmark')
-                        WHERE path IS NOT NULL")" "0.1.0->0.2.0" "an update path leads from 0.1.0 to 0.2.0"
+   "0.3.0 0.1.0,0.2.0,0.3.0" "0.3.0 is the default version; 0.1.0 and 0.2.0 can still be installed"
+is "$(q -d postgres -c "SELECT string_agg(source || '->' || target, ',' ORDER BY source, target) FROM pg_extension_update_paths('earmark')
+                        WHERE path IS NOT NULL")" "0.1.0->0.2.0,0.1.0->0.3.0,0.2.0->0.3.0" "update paths lead from 0.1.0 and 0.2.0 to 0.3.0"
 
 # --- 0.1.0 with its data -------------------------------------------------------
 q -d postgres -c "CREATE DATABASE $OLD" -c "CREATE DATABASE $FRESH" >/dev/null
@@ -179,15 +179,15 @@ is "$(echo "$before" | cut -d'|' -f1,2 | tr '|\n' '= ' | sed 's/ $//')" \
    "the 0.1.0 tables hold the rows written"
 
 # --- the update ------------------------------------------------------------------
-q -d "$OLD" -c "ALTER EXTENSION earmark UPDATE TO '0.2.0'" >/dev/null
-ok $? "ALTER EXTENSION earmark UPDATE TO '0.2.0' with data in place"
-is "$(q -d "$OLD" -c "SELECT extversion FROM pg_extension WHERE extname = 'earmark'")" 0.2.0 "extversion is 0.2.0"
+q -d "$OLD" -c "ALTER EXTENSION earmark UPDATE TO '0.2.0'" -c "ALTER EXTENSION earmark UPDATE TO '0.3.0'" >/dev/null
+ok $? "ALTER EXTENSION earmark UPDATE TO '0.2.0', then TO '0.3.0', with data in place"
+is "$(q -d "$OLD" -c "SELECT extversion FROM pg_extension WHERE extname = 'earmark'")" 0.3.0 "extversion is 0.3.0"
 
 q -d "$FRESH" -c "CREATE EXTENSION earmark" >/dev/null
 schema "$OLD" >"$WORK/updated.sql"
 schema "$FRESH" >"$WORK/fresh.sql"
 diff -u "$WORK/fresh.sql" "$WORK/updated.sql" >"$WORK/schema.diff"
-ok $? "the updated schema is exactly a fresh 0.2.0 install's (tables, columns in order, defaults, constraints, indexes, triggers, functions, views, privileges, extension members)"
+ok $? "the updated schema is exactly a fresh 0.3.0 install's (tables, columns in order, defaults, constraints, indexes, triggers, functions, views, privileges, extension members)"
 [ -s "$WORK/schema.diff" ] && sed 's/^/# /' "$WORK/schema.diff" | head -80
 n_tables=$(grep -c '^CREATE TABLE earmark\.' "$WORK/fresh.sql")
 n_functions=$(grep -c '^CREATE FUNCTION' "$WORK/fresh.sql")
@@ -199,7 +199,7 @@ is "$(config "$OLD")" "$(config "$FRESH")" "the same tables, sequences and filte
 after=$(sums "$OLD" "$OLDCOLS")
 is "$after" "$before" "every 0.1.0 row is still there, unchanged (row counts and checksums of every table)"
 is "$(q -d "$OLD" -c "SELECT count(*) FILTER (WHERE account IS NOT NULL) || '/' || count(*) FROM earmark.ledger")" \
-   "0/5" "the old ledger rows are job rows: no account, as 0.2.0 writes them"
+   "0/5" "the old ledger rows are job rows: no account, as 0.2.0 and 0.3.0 write them"
 is "$(q -d "$OLD" -c "SELECT count(*) FROM earmark.account WHERE num_nonnulls(limits_fetched_at, limits_wanted_at, limits_tried_at, limits_error) > 0")" \
    0 "the limit cache starts empty"
 is "$(q -d "$OLD" -c "SELECT count(*) FROM earmark.reporter_state")" 1 "the reporter's state row exists"
@@ -293,7 +293,7 @@ q -d postgres -c "CREATE DATABASE $RESTORED" >/dev/null
 "$EM_PGBIN/pg_restore" --exit-on-error -d "$RESTORED" "$WORK/earmark.dump" 2>"$WORK/restore.err"
 ok $? "pg_restore into a new database: CREATE EXTENSION runs, then the rows load, without an error"
 [ -s "$WORK/restore.err" ] && sed 's/^/# /' "$WORK/restore.err" | head -20
-is "$(q -d "$RESTORED" -c "SELECT extversion FROM pg_extension WHERE extname = 'earmark'")" 0.2.0 "the restored extension is 0.2.0"
+is "$(q -d "$RESTORED" -c "SELECT extversion FROM pg_extension WHERE extname = 'earmark'")" 0.3.0 "the restored extension is 0.3.0"
 
 dst_sums=$(sums "$RESTORED" "$NEWCOLS")
 is "$(echo "$dst_sums" | grep -v '^jwks|\|^reporter_state|')" "$(echo "$src_sums" | grep -v '^jwks|\|^reporter_state|')" \

@@ -1,4 +1,8 @@
-/* earmark install script, version 0.2.0
+/* earmark install script: the one source of the current version's install
+ * script (the Makefile copies it to earmark--<version>.sql).  A change to
+ * it goes into the upgrade script from the last released version too, and
+ * test/integration/upgrade.sh proves the two give the same schema.
+ *
  *
  * Tables live in schema "earmark" and are written only through the API
  * functions, which are SECURITY DEFINER with a pinned search_path.  Callers
