@@ -21,7 +21,9 @@ em_install_packages || exit 1
 
 PASSED=0
 FAILED=0
-OUT=$(mktemp -d /tmp/earmark-test-out.XXXXXX)
+OUT=${EM_OUT:-$(mktemp -d /tmp/earmark-test-out.XXXXXX)}
+mkdir -p "$OUT"
+em_log "test output in $OUT"
 chmod 777 "$OUT"
 cd "$EM_ROOT"
 
@@ -33,13 +35,18 @@ layer() { case " $EM_LAYERS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 count() { PASSED=$((PASSED + $1)); FAILED=$((FAILED + $2)); }
 
-# pg_regress prints "ok"/"FAILED" per test (PG15: "... ok" / "... FAILED")
+# count_regress LOG NAME EXPECTED RC: pg_regress and pg_isolation_regress
+# print "... ok" per passing test.  Every test that did not print it failed
+# (also those a runner that died never reached), and a non-zero exit status
+# with every test "ok" still counts one failure.
 count_regress() {
-    local log=$1 p f
+    local log=$1 n=$3 rc=$4 p f
     p=$(grep -cE '^(test| ) .* \.\.\. ok|^ok ' "$log" || true)
-    f=$(grep -cE '\.\.\. FAILED|^not ok ' "$log" || true)
+    f=$((n - p))
+    [ "$f" -lt 0 ] && f=0
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
     count "$p" "$f"
-    em_log "$2: $p passed, $f failed"
+    em_log "$2: $p passed, $f failed (of $n, exit status $rc)"
 }
 
 start_test_cluster() {
@@ -66,9 +73,10 @@ run_layers() {
         "$PGXS_DIR/test/regress/pg_regress" --inputdir=. --outputdir="$OUT/regress" \
             --bindir="$EM_PGBIN" --load-extension=earmark --dbname=earmark_regress \
             $regress_tests >"$OUT/regress.log" 2>&1
+        rc=$?
         cat "$OUT/regress.log"
         [ -f "$OUT/regress/regression.diffs" ] && head -200 "$OUT/regress/regression.diffs"
-        count_regress "$OUT/regress.log" pg_regress
+        count_regress "$OUT/regress.log" pg_regress "$(echo $regress_tests | wc -w)" "$rc"
     fi
 
     # --- isolation -----------------------------------------------------------
@@ -78,9 +86,10 @@ run_layers() {
         "$PGXS_DIR/test/isolation/pg_isolation_regress" --inputdir=test/isolation \
             --outputdir="$OUT/isolation" --bindir="$EM_PGBIN" --load-extension=earmark \
             --dbname=earmark_isolation $iso_tests >"$OUT/isolation.log" 2>&1
+        rc=$?
         cat "$OUT/isolation.log"
         [ -f "$OUT/isolation/regression.diffs" ] && head -200 "$OUT/isolation/regression.diffs"
-        count_regress "$OUT/isolation.log" isolation
+        count_regress "$OUT/isolation.log" isolation "$(echo $iso_tests | wc -w)" "$rc"
     fi
 
     # --- pgTAP ---------------------------------------------------------------
