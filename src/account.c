@@ -13,7 +13,16 @@
  *	  row of the account and then the account row FOR UPDATE, so that an
  *	  anchor can only change while no reserve is creating or filling a
  *	  budget.  Budget rows before the account row is the order reserve
- *	  keeps too (its rate limit updates the account row).
+ *	  keeps too (its rate limit updates the account row).  Escrow's fast
+ *	  path takes no budget row, only a slot: so an anchor change also locks
+ *	  every slot of the account, without waiting (SKIP LOCKED, as every
+ *	  other taker of slots under a budget row: a transaction that holds a
+ *	  slot may be waiting for one of our budget rows).  A slot it cannot
+ *	  have is an admission or settlement in progress: the account is in use
+ *	  and the anchor stays.  The slots it has lose their room, so that a
+ *	  fast path whose snapshot predates the change, and that locks the slot
+ *	  once the change committed, re-checks the emptied row and passes it
+ *	  over (it then waits for the budget row, and holds in the new cycle).
  *	  earmark_reserve takes the same advisory lock shared, and only when it
  *	  creates a cycle's budget row.  earmark_set_limit writes the limit row;
  *	  a reserve reads the limit while it holds the budget row lock, so a new
@@ -159,6 +168,27 @@ static EmStatement lock_account_budgets = {
 	1, {TEXTOID}
 };
 
+/*
+ * Every slot of the account's budgets that no other transaction holds,
+ * locked, and whether that was all of them.  (No slot is created meanwhile:
+ * only a rebalance creates slots, under the budget row we hold.)
+ */
+static EmStatement lock_account_slots = {
+	"SELECT (SELECT pg_catalog.count(*) FROM earmark.budget_slot s JOIN earmark.budget b USING (budget_id) "
+	"         WHERE b.account = $1) = "
+	"       (SELECT pg_catalog.count(*) FROM (SELECT 1 FROM earmark.budget_slot s "
+	"         WHERE s.budget_id IN (SELECT b.budget_id FROM earmark.budget b WHERE b.account = $1) "
+	"         FOR UPDATE SKIP LOCKED) AS l)",
+	1, {TEXTOID}
+};
+
+/* the room of the slots locked above goes back to their budgets */
+static EmStatement empty_account_slots = {
+	"UPDATE earmark.budget_slot SET room = 0 "
+	"WHERE budget_id IN (SELECT b.budget_id FROM earmark.budget b WHERE b.account = $1) AND room <> 0",
+	1, {TEXTOID}
+};
+
 /* runs after the budget rows are locked, in a snapshot that sees their commits */
 static EmStatement account_in_use = {
 	"SELECT EXISTS (SELECT 1 FROM earmark.budget b "
@@ -179,6 +209,37 @@ static EmStatement update_account = {
 	"WHERE account = $1",
 	4, {TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID}
 };
+
+/*
+ * With the account's budget rows locked: refuse an anchor change while the
+ * account has usage or holds, or an admission is in progress in one of its
+ * escrow slots; otherwise empty the slots' room (see the file header).
+ */
+static void
+check_anchor_may_move(text *account, Datum *values)
+{
+	bool		isnull;
+	bool		all_slots;
+
+	em_exec(&lock_account_slots, values, NULL, 1);
+	all_slots = DatumGetBool(em_get(0, 1, &isnull));
+	if (!all_slots)
+		ereport(ERROR,
+				(errcode(ERRCODE_EARMARK_ANCHOR_LOCKED),
+				 errmsg("cycle anchor of account \"%s\" cannot change: an admission is in progress",
+						text_to_cstring(account)),
+				 errdetail("Another transaction is taking or settling a hold in one of the account's escrow slots."),
+				 errhint("Set the anchor when the account is created, before its first reserve or usage.")));
+	em_exec(&account_in_use, values, NULL, 1);
+	if (DatumGetBool(em_get(0, 1, &isnull)))
+		ereport(ERROR,
+				(errcode(ERRCODE_EARMARK_ANCHOR_LOCKED),
+				 errmsg("cycle anchor of account \"%s\" cannot change: the account has usage or holds",
+						text_to_cstring(account)),
+				 errdetail("Changing the anchor now would move recorded usage into other cycles."),
+				 errhint("Set the anchor when the account is created, before its first reserve or usage.")));
+	em_exec(&empty_account_slots, values, NULL, 0);
+}
 
 /*
  * earmark_set_account(account, cycle_anchor, provider_customer,
@@ -235,16 +296,7 @@ earmark_set_account(PG_FUNCTION_ARGS)
 		Datum		old = em_get(0, 1, &isnull);
 
 		if (isnull || DatumGetTimestampTz(old) != anchor)
-		{
-			em_exec(&account_in_use, values, NULL, 1);
-			if (DatumGetBool(em_get(0, 1, &isnull)))
-				ereport(ERROR,
-						(errcode(ERRCODE_EARMARK_ANCHOR_LOCKED),
-						 errmsg("cycle anchor of account \"%s\" cannot change: the account has usage or holds",
-								text_to_cstring(account)),
-						 errdetail("Changing the anchor now would move recorded usage into other cycles."),
-						 errhint("Set the anchor when the account is created, before its first reserve or usage.")));
-		}
+			check_anchor_may_move(account, values);
 	}
 
 	for (i = 1; i <= 3; i++)

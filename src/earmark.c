@@ -19,6 +19,7 @@
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/snapmgr.h"
 #include "utils/tuplestore.h"
 
 #include "earmark.h"
@@ -269,12 +270,9 @@ _PG_init(void)
  * each statement (under READ COMMITTED), and the gate depends on that: a
  * read after a row lock must see what the lock waited for.
  */
-int
-em_exec(EmStatement *stmt, Datum *values, const char *nulls, long count)
+static SPIPlanPtr
+em_plan(EmStatement *stmt)
 {
-	MemoryContext cxt = CurrentMemoryContext;
-	int			rc;
-
 	if (stmt->plan == NULL)
 	{
 		SPIPlanPtr	plan = SPI_prepare(stmt->sql, stmt->nargs, stmt->argtypes);
@@ -286,9 +284,37 @@ em_exec(EmStatement *stmt, Datum *values, const char *nulls, long count)
 			elog(ERROR, "earmark: could not keep plan");
 		stmt->plan = plan;
 	}
+	return stmt->plan;
+}
 
-	rc = SPI_execute_plan(stmt->plan, values, nulls, false, count);
+int
+em_exec(EmStatement *stmt, Datum *values, const char *nulls, long count)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	int			rc;
+
+	rc = SPI_execute_plan(em_plan(stmt), values, nulls, false, count);
 	/* SPI leaves its own context current; give the caller's back */
+	MemoryContextSwitchTo(cxt);
+	if (rc < 0)
+		elog(ERROR, "earmark: statement failed: %s", SPI_result_code_string(rc));
+	return rc;
+}
+
+/*
+ * Run a cached read-only statement in a new snapshot that sees every commit
+ * so far, whatever the transaction's isolation level.  Under REPEATABLE
+ * READ the gate compares what its transaction snapshot showed with this,
+ * and fails with 40001 when they differ (see gate.c).
+ */
+int
+em_exec_latest(EmStatement *stmt, Datum *values, const char *nulls, long count)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	int			rc;
+
+	rc = SPI_execute_snapshot(em_plan(stmt), values, nulls, GetLatestSnapshot(),
+							  InvalidSnapshot, true, false, count);
 	MemoryContextSwitchTo(cxt);
 	if (rc < 0)
 		elog(ERROR, "earmark: statement failed: %s", SPI_result_code_string(rc));

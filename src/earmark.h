@@ -75,6 +75,8 @@ typedef struct EmStatement
 
 extern int	em_exec(EmStatement *stmt, Datum *values, const char *nulls,
 					long count);
+extern int	em_exec_latest(EmStatement *stmt, Datum *values, const char *nulls,
+						   long count);
 
 /* result access for the last em_exec */
 extern Datum em_get(int row, int col, bool *isnull);
@@ -97,7 +99,7 @@ extern void em_cycle_bounds(TimestampTz anchor, bool has_anchor, TimestampTz at,
 extern int	em_sweep(int max_jobs, bool wait_first);
 #define EARMARK_RECLAIM_BATCH	1000
 extern int64 em_expire_budget_jobs(int64 budget_id, TimestampTz now, int max,
-								   int64 *released, int64 *charged);
+								   bool wait, int64 *released, int64 *charged);
 
 /*
  * A cycle's total as SQL, for a budget row aliased b: the settled jobs
@@ -123,6 +125,7 @@ extern int64 em_expire_budget_jobs(int64 budget_id, TimestampTz now, int max,
 
 /* ledger (ledger.c) */
 extern void em_mark_lock(int64 budget_id);
+extern bool em_mark_try_lock(int64 budget_id);
 extern bool em_mark_try_lock_exclusive(int64 budget_id);
 extern int64 em_cycle_total(int64 budget_id, bool *found);
 

@@ -143,7 +143,11 @@ CREATE TABLE earmark.job (
     settled_at      timestamptz,
     charged         bigint,
     released        bigint,
-    UNIQUE (account, idempotency_key)
+    UNIQUE (account, idempotency_key),
+    -- a hold taken from an escrow slot: the slots' generation it was taken
+    -- in; its settlement returns room only to a slot of that generation
+    -- (added in 0.3.0, hence last)
+    gen             bigint
 ) WITH (fillfactor = 70);
 
 -- The worker's limits pass looks for accounts an admission flagged.
@@ -749,7 +753,7 @@ GRANT EXECUTE ON FUNCTION earmark_refresh_limits(text) TO earmark_user;
 GRANT EXECUTE ON FUNCTION earmark_report(int), earmark_reconcile(text, text) TO earmark_admin;
 
 ------------------------------------------------------------------------------
--- Invariant check (DESIGN §4)
+-- Invariant check
 ------------------------------------------------------------------------------
 
 -- One row per violated invariant; none when the books are sound.  Reads
@@ -757,13 +761,26 @@ GRANT EXECUTE ON FUNCTION earmark_report(int), earmark_reconcile(text, text) TO 
 -- test's last step), not a hot path.  Under READ COMMITTED each statement
 -- sees its own snapshot, so run it in a REPEATABLE READ transaction (as
 -- the tests do) for one consistent picture.
+--
+-- over_limit is a state, not always a fault: a limit lowered under running
+-- holds, or usage recorded without a hold, may take a cycle past its limit.
+-- overspent is the fault: a cycle past its limit (recorded usage included)
+-- that admitted a hold after the last thing that could have taken it there
+-- legitimately (the limit's last change, the last usage recorded into the
+-- cycle).  From then on every admission must have been refused, so the
+-- newest one was admitted past the limit.  (Times are the calls' clock
+-- times, so a hold whose call started while a lower limit or new usage was
+-- being written, and that read the old numbers, can be reported too.)
+-- cycle_overlap: an account whose cycle anchor moved under a hold has
+-- holds or usage in two cycles that overlap, and each of them alone may
+-- look within the limit.
 CREATE FUNCTION earmark_check()
 RETURNS TABLE (invariant text, account text, feature text, cycle_start timestamptz, detail text)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 WITH b AS (
-    SELECT b.budget_id, b.account, b.feature, b.cycle_start,
+    SELECT b.budget_id, b.account, b.feature, b.cycle_start, b.cycle_end,
            b.used + coalesce((SELECT sum(s.used) FROM earmark.budget_slot s WHERE s.budget_id = b.budget_id), 0)::bigint AS job_used,
            b.held + coalesce((SELECT sum(s.held) FROM earmark.budget_slot s WHERE s.budget_id = b.budget_id), 0)::bigint AS held,
            coalesce((SELECT sum(u.units) FROM earmark.usage_shard u WHERE u.budget_id = b.budget_id), 0)::bigint AS recorded,
@@ -772,14 +789,34 @@ WITH b AS (
            coalesce((SELECT sum(l.units) FROM earmark.ledger l WHERE l.budget_id = b.budget_id), 0)::bigint AS ledger,
            coalesce((SELECT sum(l.units) FROM earmark.ledger l
                       WHERE l.budget_id = b.budget_id AND l.job_id IS NOT NULL), 0)::bigint AS ledger_jobs,
+           (SELECT max(j.created_at) FROM earmark.job j WHERE j.budget_id = b.budget_id) AS last_admitted,
+           greatest(lim.updated_at,
+                    (SELECT max(l.recorded_at) FROM earmark.ledger l
+                      WHERE l.budget_id = b.budget_id AND l.entry_key IS NOT NULL)) AS last_cause,
            lim.lim, lim.account IS NOT NULL AS has_limit
       FROM earmark.budget b
       LEFT JOIN earmark.account_limit lim ON lim.account = b.account AND lim.feature = b.feature
 )
 SELECT 'over_limit', b.account, b.feature, b.cycle_start,
-       format('used by jobs %s + held %s > limit %s (a limit lowered below what was already admitted also shows here)',
-              b.job_used, b.held, b.lim)
-  FROM b WHERE b.has_limit AND b.lim IS NOT NULL AND b.job_used + b.held > b.lim
+       format('used %s (jobs %s, recorded %s) + held %s > limit %s (a limit lowered below what was already admitted, '
+              'or usage recorded without a hold, also shows here)',
+              b.job_used + b.recorded, b.job_used, b.recorded, b.held, b.lim)
+  FROM b WHERE b.has_limit AND b.lim IS NOT NULL AND b.job_used + b.recorded + b.held > b.lim
+UNION ALL
+SELECT 'overspent', b.account, b.feature, b.cycle_start,
+       format('used %s + held %s > limit %s, and a hold was admitted at %s, after the limit was last set '
+              'and usage last recorded (%s)',
+              b.job_used + b.recorded, b.held, b.lim, b.last_admitted, b.last_cause)
+  FROM b WHERE b.has_limit AND b.lim IS NOT NULL AND b.job_used + b.recorded + b.held > b.lim
+   AND b.last_admitted > b.last_cause
+UNION ALL
+SELECT 'cycle_overlap', b.account, b.feature, b.cycle_start,
+       format('the cycle %s - %s and the cycle %s - %s overlap and both have usage or holds',
+              b.cycle_start, b.cycle_end, o.cycle_start, o.cycle_end)
+  FROM b JOIN b AS o ON o.account = b.account AND o.feature = b.feature AND o.budget_id <> b.budget_id
+                    AND o.cycle_start < b.cycle_end AND b.cycle_start < o.cycle_end
+                    AND o.cycle_start > b.cycle_start
+ WHERE (b.ledger <> 0 OR b.open_holds <> 0) AND (o.ledger <> 0 OR o.open_holds <> 0)
 UNION ALL
 SELECT 'held_mismatch', b.account, b.feature, b.cycle_start,
        format('held %s, but the open holds add up to %s', b.held, b.open_holds)

@@ -102,7 +102,7 @@ PG_FUNCTION_INFO_V1(earmark_set_escrow);
 
 static EmStatement fast_admit = {
 	"WITH s AS ("
-	"  SELECT b.budget_id, b.used, b.held, l.lim, r.recorded, coalesce("
+	"  SELECT b.budget_id, b.used, b.held, b.slot_gen, l.lim, r.recorded, coalesce("
 	FREE_SLOT_PROBE("t.slot >= $9") ", " FREE_SLOT_PROBE("t.slot < $9") ") AS slot"
 	"  FROM earmark.budget b"
 	"  JOIN earmark.account_limit l ON l.account = b.account AND l.feature = b.feature"
@@ -111,8 +111,8 @@ static EmStatement fast_admit = {
 	"  WHERE b.account = $1 AND b.feature = $2 AND b.cycle_start = $3 AND b.slot_gen > 0"
 	"    AND GREATEST(l.lim - r.recorded, 0) IS NOT DISTINCT FROM b.slot_lim),"
 	" j AS ("
-	"  INSERT INTO earmark.job (budget_id, account, feature, idempotency_key, amount, lease, lease_until, created_at, slot)"
-	"  SELECT s.budget_id, $1, $2, $4, $5, $6, $7, $8, s.slot FROM s WHERE s.slot IS NOT NULL"
+	"  INSERT INTO earmark.job (budget_id, account, feature, idempotency_key, amount, lease, lease_until, created_at, slot, gen)"
+	"  SELECT s.budget_id, $1, $2, $4, $5, $6, $7, $8, s.slot, s.slot_gen FROM s WHERE s.slot IS NOT NULL"
 	"  ON CONFLICT (account, idempotency_key) DO NOTHING RETURNING job_id, budget_id, slot),"
 	" u AS ("
 	"  UPDATE earmark.budget_slot t SET room = t.room - $5, held = t.held + $5"
@@ -471,7 +471,7 @@ em_escrow_rebalance(EscrowBudget *b, int64 amount, TimestampTz now,
 				int64		charged;
 
 				reclaimed = true;
-				if (em_expire_budget_jobs(b->budget_id, now, EARMARK_RECLAIM_BATCH,
+				if (em_expire_budget_jobs(b->budget_id, now, EARMARK_RECLAIM_BATCH, true,
 										  &released, &charged) == 0)
 					break;
 				b->held -= released;

@@ -36,6 +36,7 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "common/int.h"
 #include "utils/builtins.h"
@@ -192,14 +193,15 @@ static EmStatement expire_jobs = {
 };
 
 /*
- * The job row, locked.  The last column is the budget's slot count, read
- * only for a hold taken from a slot: settle starts its search for a free
- * slot at a random one of them.
+ * The job row, locked.  Column 9 is the budget's slot count, read only for
+ * a hold taken from a slot: settle starts its search for a free slot at a
+ * random one of them; column 10 the slots' generation the hold was taken
+ * in.
  */
 static EmStatement lock_job = {
 	"SELECT budget_id, amount, used, status, lease_until, lease, last_step, slot, "
 	"       CASE WHEN slot IS NOT NULL THEN "
-	"         (SELECT b.slots FROM earmark.budget b WHERE b.budget_id = j.budget_id) END "
+	"         (SELECT b.slots FROM earmark.budget b WHERE b.budget_id = j.budget_id) END, gen "
 	"FROM earmark.job j WHERE job_id = $1 FOR UPDATE",
 	1, {INT8OID}
 };
@@ -249,13 +251,20 @@ static EmStatement job_exists = {
  * it (a deadlock with any holder of the budget row that settles too).
  *
  * settle_slot_job is the same for a hold taken from an escrow slot: it
- * settles into whichever slot of the budget is free (held to used, the
- * rest to room; the first free one from a random start, $8, as escrow.c's
- * fast path searches), so that it never queues behind the admissions
- * using the slot it came from; when every slot is busy it settles into the
- * budget row, as an expiry does.  Either way no slot's allocation (room + held +
- * used) changes, which is what the limit's books rest on (escrow.c); a
- * row's own held may go below zero, only the sums count.
+ * settles into whichever slot of the budget is free and of the generation
+ * the hold was taken in ($9) (held to used, the rest to room; the first
+ * free one from a random start, $8, as escrow.c's fast path searches), so
+ * that it never queues behind the admissions using the slot it came from;
+ * when no such slot is free it settles into the budget row, as an expiry
+ * does.  Either way no slot's allocation (room + held + used) changes,
+ * which is what the limit's books rest on (escrow.c); a row's own held may
+ * go below zero, only the sums count.  The generation matters: slots are
+ * cut again in a new generation when the limit, or the usage recorded
+ * against it, changes, and the new cut counts the old holds as taken; a
+ * hold of the old generation released into a slot of the new one would
+ * add room the new cut never gave, while the budget may be over its new
+ * limit (in the budget row, the release only lowers held, and a rebalance
+ * hands it out again only if the limit has room).
  */
 static EmStatement settle_job = {
 	"WITH b AS (UPDATE earmark.budget SET held = held - $6, used = used + $4 WHERE budget_id = $7 RETURNING 1),"
@@ -270,9 +279,9 @@ static EmStatement settle_job = {
 
 static EmStatement settle_slot_job = {
 	"WITH f AS (SELECT coalesce("
-	"    (SELECT slot FROM earmark.budget_slot WHERE budget_id = $7 AND slot >= $8 "
+	"    (SELECT slot FROM earmark.budget_slot WHERE budget_id = $7 AND slot >= $8 AND gen = $9 "
 	"      ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED),"
-	"    (SELECT slot FROM earmark.budget_slot WHERE budget_id = $7 AND slot < $8 "
+	"    (SELECT slot FROM earmark.budget_slot WHERE budget_id = $7 AND slot < $8 AND gen = $9 "
 	"      ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED)) AS slot),"
 	" bs AS (UPDATE earmark.budget_slot t SET held = t.held - $6, used = t.used + $4, "
 	"        room = t.room + ($6 - $4) FROM f WHERE t.budget_id = $7 AND t.slot = f.slot RETURNING 1),"
@@ -285,7 +294,7 @@ static EmStatement settle_slot_job = {
 	"          AND (EXISTS (SELECT 1 FROM bs) OR EXISTS (SELECT 1 FROM bb)) RETURNING 1)"
 	"INSERT INTO earmark.meter_mark (budget_id) SELECT $7 WHERE EXISTS (SELECT 1 FROM l) "
 	"ON CONFLICT DO NOTHING",
-	8, {INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID, INT8OID, INT8OID, INT4OID}
+	9, {INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID, INT8OID, INT8OID, INT4OID, INT8OID}
 };
 
 static EmStatement expired_budgets = {
@@ -361,10 +370,12 @@ add_interval(TimestampTz t, Interval *i)
 /*
  * Expire up to max dead holds of a locked budget; returns how many.
  * *released and *charged are their sums, for the caller to apply to the
- * budget row.
+ * budget row.  It may find the cycle marked, so it takes the cycle's mark
+ * lock (ledger.c); without wait, a lock the reporter holds makes it expire
+ * nothing (the worker never waits while it holds a budget row).
  */
 int64
-em_expire_budget_jobs(int64 budget_id, TimestampTz now, int max,
+em_expire_budget_jobs(int64 budget_id, TimestampTz now, int max, bool wait,
 					  int64 *released, int64 *charged)
 {
 	Datum		args[3];
@@ -373,7 +384,12 @@ em_expire_budget_jobs(int64 budget_id, TimestampTz now, int max,
 	args[0] = Int64GetDatum(budget_id);
 	args[1] = TimestampTzGetDatum(now);
 	args[2] = Int32GetDatum(max);
-	em_mark_lock(budget_id);	/* it may find the cycle marked (ledger.c) */
+	*released = 0;
+	*charged = 0;
+	if (!wait && !em_mark_try_lock(budget_id))
+		return 0;
+	if (wait)
+		em_mark_lock(budget_id);
 	em_exec(&expire_jobs, args, NULL, 0);
 	n = em_get_int64(0, 1, 0);
 	*released = em_get_int64(0, 2, 0);
@@ -597,6 +613,39 @@ escrow_admit_outside(void *arg, EscrowBudget *b, int64 amount)
 	return r;
 }
 
+/*
+ * Under REPEATABLE READ and SERIALIZABLE, read_limit saw the limit and the
+ * cycle's recorded usage in the transaction's snapshot.  Neither is locked
+ * (usage is recorded without the budget row, so that many writers do not
+ * queue on it), so a lower limit or usage committed after that snapshot,
+ * even before this call, would be invisible.  Read them again in a snapshot
+ * that sees every commit: if anything differs, fail with 40001, as the
+ * budget row's lock does when the row changed after the snapshot.
+ */
+static void
+check_limit_current(Datum *args, bool unlimited, int64 lim, int64 recorded,
+					text *account)
+{
+	bool		now_unlimited;
+	bool		isnull;
+	int64		now_lim;
+
+	em_exec_latest(&read_limit, args, NULL, 1);
+	if (SPI_processed == 1 && DatumGetBool(em_get(0, 2, &isnull)))
+	{
+		now_lim = DatumGetInt64(em_get(0, 1, &now_unlimited));
+		if (now_unlimited == unlimited && (unlimited || now_lim == lim) &&
+			em_get_int64(0, 4, 0) == recorded)
+			return;
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			 errmsg("could not serialize access due to a concurrent change of the limit or usage of account \"%s\"",
+					text_to_cstring(account)),
+			 errdetail("The limit or the recorded usage changed after this transaction's snapshot was taken."),
+			 errhint("Retry the transaction.")));
+}
+
 static void
 refuse(Admission *result, int64 amount, int64 remaining)
 {
@@ -700,9 +749,12 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 	 * budget row.  Only while the rate limit is off: with it on, every
 	 * admission of the account is serialized on the account row anyway,
 	 * and a slot admission that the rate limit then refused could not be
-	 * taken back.
+	 * taken back.  Not under REPEATABLE READ or SERIALIZABLE either: the
+	 * fast path reads the limit and the recorded usage without a lock, in
+	 * the transaction's snapshot, which may be older than a lower limit or
+	 * usage committed before this call; the slow path checks them.
 	 */
-	if (escrow_slots > 0 && earmark_rate_limit <= 0)
+	if (escrow_slots > 0 && earmark_rate_limit <= 0 && !IsolationUsesXactSnapshot())
 	{
 		int64		job_id;
 		EscrowResult r;
@@ -807,6 +859,8 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 	lim = DatumGetInt64(em_get(0, 1, &unlimited));
 	recorded = em_get_int64(0, 4, 0);
 	result->unlimited = unlimited;
+	if (IsolationUsesXactSnapshot())
+		check_limit_current(args, unlimited, lim, recorded, account);
 
 	/* an escrow budget: the slow path rebalances its slots (escrow.c) */
 	if (slots > 0 || slot_gen > 0)
@@ -855,7 +909,7 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 		int64		released;
 		int64		charged;
 
-		if (em_expire_budget_jobs(budget_id, now, EARMARK_RECLAIM_BATCH,
+		if (em_expire_budget_jobs(budget_id, now, EARMARK_RECLAIM_BATCH, true,
 								  &released, &charged) > 0)
 		{
 			held -= released;
@@ -990,6 +1044,12 @@ earmark_charge(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("tokens must not be negative"),
 				 errdetail("The value given was " INT64_FORMAT ".", tokens)));
+	if (has_step && step < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("step must not be negative"),
+				 errdetail("The value given was " INT64_FORMAT ".", step),
+				 errhint("Number a job's steps from 0 or 1 upward.")));
 
 	SPI_connect();
 	args[0] = Int64GetDatum(job_id);
@@ -1106,7 +1166,8 @@ earmark_settle(PG_FUNCTION_ARGS)
 	int64		used_arg = has_used ? PG_GETARG_INT64(1) : 0;
 	char	   *outcome;
 	TimestampTz now = GetCurrentTimestamp();
-	Datum		args[8];
+	Datum		args[9];
+	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	bool		isnull;
 	int64		charged = 0;
 	int64		released = 0;
@@ -1172,10 +1233,13 @@ earmark_settle(PG_FUNCTION_ARGS)
 			Datum		nslots = em_get(0, 9, &isnull);
 
 			args[7] = Int32GetDatum(em_random_slot(isnull ? 0 : DatumGetInt32(nslots)));
+			/* no generation (a hold from before 0.3.0): the budget row */
+			args[8] = em_get(0, 10, &isnull);
+			nulls[8] = isnull ? 'n' : ' ';
 		}
 		if (charged > 0)
 			em_mark_lock(budget_id);	/* see ledger.c */
-		em_exec(has_slot ? &settle_slot_job : &settle_job, args, NULL, 0);
+		em_exec(has_slot ? &settle_slot_job : &settle_job, args, nulls, 0);
 	}
 	SPI_finish();
 
@@ -1228,7 +1292,7 @@ em_sweep(int max_jobs, bool wait_first)
 		if (SPI_processed == 0)
 			continue;
 		n = em_expire_budget_jobs(budgets[i], now, max_jobs - done,
-								  &released, &charged);
+								  i == 0 && wait_first, &released, &charged);
 		if (n > 0)
 		{
 			Datum		upd[3];

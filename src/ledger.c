@@ -141,6 +141,16 @@ em_mark_lock(int64 budget_id)
 	(void) LockAcquire(&tag, ShareLock, false, false);
 }
 
+/* the same without waiting: false when the reporter holds it */
+bool
+em_mark_try_lock(int64 budget_id)
+{
+	LOCKTAG		tag;
+
+	mark_locktag(&tag, budget_id);
+	return LockAcquire(&tag, ShareLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
+}
+
 bool
 em_mark_try_lock_exclusive(int64 budget_id)
 {
