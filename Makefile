@@ -13,11 +13,24 @@ PGFILEDESC = "earmark - usage limits that hold under concurrency"
 PG_CPPFLAGS = -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
 SHLIB_LINK = -lcrypto -lcurl
 
-# pg_regress runs against the private cluster scripts/test.sh starts
+# make installcheck: pg_regress (sql/) and the isolation specs
+# (test/isolation) against temporary instances of their own, with earmark
+# preloaded (test/installcheck.conf); output under EM_CHECK_DIR.  As root it
+# runs as the user postgres: the server refuses to run as root.
+# scripts/test.sh runs the same files against its own cluster, and the
+# other layers besides.
+EM_CHECK_DIR ?= /tmp/earmark-installcheck
 REGRESS = $(basename $(notdir $(wildcard sql/*.sql)))
-REGRESS_OPTS = --inputdir=. --load-extension=earmark
+REGRESS_OPTS = --inputdir=. --outputdir=$(EM_CHECK_DIR)/regress \
+	--temp-instance=$(EM_CHECK_DIR)/regress/instance --temp-config=test/installcheck.conf \
+	--load-extension=earmark
 ISOLATION = $(basename $(notdir $(wildcard test/isolation/specs/*.spec)))
-ISOLATION_OPTS = --inputdir=test/isolation --load-extension=earmark
+ISOLATION_OPTS = --inputdir=test/isolation --outputdir=$(EM_CHECK_DIR)/isolation \
+	--temp-instance=$(EM_CHECK_DIR)/isolation/instance --temp-config=test/installcheck.conf \
+	--load-extension=earmark
+ifeq ($(shell id -u),0)
+NO_INSTALLCHECK = 1
+endif
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
@@ -28,3 +41,9 @@ $(OBJS): src/earmark.h src/sigverify.h src/provider.h
 
 earmark--$(EARMARK_VERSION).sql: src/earmark.sql
 	cp $< $@
+
+ifeq ($(shell id -u),0)
+installcheck:
+	rm -rf $(EM_CHECK_DIR) && mkdir -p $(EM_CHECK_DIR) && chown postgres $(EM_CHECK_DIR)
+	runuser -u postgres -- $(MAKE) -C $(CURDIR) installcheck PG_CONFIG=$(PG_CONFIG) EM_CHECK_DIR=$(EM_CHECK_DIR)
+endif
