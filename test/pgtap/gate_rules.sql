@@ -3,7 +3,7 @@
 -- wall clock, not now(), so pg_sleep inside this transaction lets a short
 -- lease pass.
 BEGIN;
-SELECT plan(101);
+SELECT plan(103);
 
 -- job ids by label, kept by pg_temp.rsv
 CREATE TEMP TABLE jobs (label text PRIMARY KEY, job_id bigint NOT NULL);
@@ -409,6 +409,16 @@ SELECT results_eq($$SELECT admitted, reason FROM earmark_reserve('gr_rate', 1, '
                   'rate: the limit is per account: another feature of the same account is rate limited too');
 SELECT results_eq($$SELECT admitted FROM earmark_reserve('gr_rate_other', 1, 'rate-1')$$,
                   $$VALUES (true)$$, 'rate: another account has its own allowance');
+-- an idle account does not bank a bigger burst: its state an hour old
+-- (GCRA takes max(tat, now) before it adds), five reserves at once admit 3
+SELECT earmark_set_limit('gr_rate_idle', 1000000) \gset x_
+SELECT admitted FROM earmark_reserve('gr_rate_idle', 1, 'idle-0') \gset x_
+UPDATE earmark.account SET rate_tat = clock_timestamp() - interval '1 hour' WHERE account = 'gr_rate_idle';
+SELECT is((SELECT count(*) FILTER (WHERE r.admitted) FROM generate_series(1, 5) i,
+                  LATERAL earmark_reserve('gr_rate_idle', 1, 'idle-' || i) r),
+          3::bigint, 'rate: after an hour idle, a burst is still 3 (no banked allowance)');
+SELECT is((SELECT count(*) FROM earmark.job WHERE account = 'gr_rate_idle'), 4::bigint,
+          'rate: ... 4 jobs in all (the one before the idle hour, and 3)');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -23,7 +23,7 @@
 -- stands, brep swallows any error (em_try(...) IS NOT NULL), so it does not
 -- pin 25000, and no test calls earmark_reconcile under REPEATABLE READ.
 BEGIN;
-SELECT plan(111);
+SELECT plan(114);
 
 -- the schema the extension was created in (its functions live there)
 SELECT n.nspname AS emschema
@@ -402,6 +402,19 @@ SELECT throws_ok($$SELECT earmark_record_usage('em_tap_lc', 1000000000000001::bi
                  'units of 10^15 + 1 raise 22003');
 SELECT is(pg_temp.em_tap_try($$SELECT earmark_record_usage('em_tap_lc', 1000000000000000::bigint, 'lc-6')::text$$), 'true',
           'units of 10^15, the most one call records, are accepted');
+
+-- 6: recorded usage spreads over the cycle's 64 counter rows (picked at
+-- random per call), so that many writers of one account rarely meet on
+-- one row; their sum is the ledger's
+SELECT earmark_set_limit('em_tap_shards', NULL);
+SELECT count(*) FROM generate_series(1, 300) i, LATERAL earmark_record_usage('em_tap_shards', 2, 'sh-' || i) r;
+SELECT cmp_ok((SELECT count(DISTINCT u.shard) FROM earmark.usage_shard u JOIN earmark.budget b USING (budget_id)
+                WHERE b.account = 'em_tap_shards'), '>=', 32::bigint,
+              '300 recorded usages land on at least 32 of the 64 counter rows');
+SELECT is((SELECT min(u.shard) >= 0 AND max(u.shard) <= 63 FROM earmark.usage_shard u JOIN earmark.budget b USING (budget_id)
+            WHERE b.account = 'em_tap_shards'), true, '... all of them rows 0 to 63');
+SELECT is((SELECT used FROM earmark_budget('em_tap_shards')), 600::bigint,
+          '... and the cycle reads their sum, 600');
 
 SELECT * FROM finish();
 ROLLBACK;
