@@ -109,11 +109,20 @@ static EmStatement upsert_account = {
 	1, {TEXTOID}
 };
 
+/*
+ * updated_at is the clock when the limit is written, and moves only when
+ * the limit changes: earmark_check() compares it with the times holds
+ * were admitted (a transaction's start, or a write that changed nothing,
+ * would make it report holds admitted under the old limit, or hide later
+ * ones).
+ */
 static EmStatement upsert_limit = {
 	"INSERT INTO earmark.account_limit AS l (account, feature, lim, source, updated_at) "
-	"VALUES ($1, $2, $3, 'manual', pg_catalog.now()) "
+	"VALUES ($1, $2, $3, 'manual', pg_catalog.clock_timestamp()) "
 	"ON CONFLICT (account, feature) DO UPDATE "
-	"SET lim = excluded.lim, source = 'manual', updated_at = excluded.updated_at",
+	"SET lim = excluded.lim, source = 'manual', "
+	"    updated_at = CASE WHEN l.lim IS NOT DISTINCT FROM excluded.lim AND l.source = 'manual' "
+	"                      THEN l.updated_at ELSE excluded.updated_at END",
 	3, {TEXTOID, TEXTOID, INT8OID}
 };
 
@@ -189,12 +198,19 @@ static EmStatement empty_account_slots = {
 	1, {TEXTOID}
 };
 
-/* runs after the budget rows are locked, in a snapshot that sees their commits */
+/*
+ * Runs after the budget rows are locked, in a snapshot that sees their
+ * commits.  A budget's numbers are sums over its row and its slots (a
+ * hold taken from a slot may be settled into the budget row: one row's
+ * held above zero, another's below), so they are compared as sums.
+ */
 static EmStatement account_in_use = {
 	"SELECT EXISTS (SELECT 1 FROM earmark.budget b "
-	"               WHERE b.account = $1 AND (b.used <> 0 OR b.held <> 0)) "
-	"    OR EXISTS (SELECT 1 FROM earmark.budget_slot s JOIN earmark.budget b USING (budget_id) "
-	"               WHERE b.account = $1 AND (s.used <> 0 OR s.held <> 0)) "
+	"               LEFT JOIN LATERAL (SELECT pg_catalog.sum(s.used) AS used, pg_catalog.sum(s.held) AS held "
+	"                                  FROM earmark.budget_slot s WHERE s.budget_id = b.budget_id) s ON true "
+	"               WHERE b.account = $1 "
+	"                 AND (b.used + coalesce(s.used, 0) <> 0 OR b.held + coalesce(s.held, 0) <> 0)) "
+	"    OR EXISTS (SELECT 1 FROM earmark.job j WHERE j.account = $1 AND j.status IN ('running', 'capped')) "
 	"    OR EXISTS (SELECT 1 FROM earmark.ledger l JOIN earmark.budget b USING (budget_id) "
 	"               WHERE b.account = $1)",
 	1, {TEXTOID}
@@ -261,6 +277,15 @@ earmark_set_account(PG_FUNCTION_ARGS)
 	{
 		struct pg_tm tm;
 		fsec_t		fsec;
+
+		/*
+		 * Whether the account is in use is read after its budget rows are
+		 * locked, and a transaction snapshot would not show the usage and
+		 * holds committed since it was taken (usage is recorded without a
+		 * budget row lock; a first reserve creates a budget row the
+		 * snapshot cannot see).
+		 */
+		em_require_read_committed("earmark_set_account with a cycle anchor");
 
 		if (TIMESTAMP_NOT_FINITE(anchor) ||
 			timestamp2tm(anchor, NULL, &tm, &fsec, NULL, NULL) != 0)

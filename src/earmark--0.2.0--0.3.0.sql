@@ -14,6 +14,11 @@
 -- another limit.  Holds from 0.2.0 have none and settle into the budget row.
 -- ---------------------------------------------------------------------------
 ALTER TABLE earmark.job ADD COLUMN gen bigint;
+-- 0.2.0 may have left released room in slots of the current generation
+-- while the budget was over a lowered limit: a new generation makes every
+-- slot of 0.2.0 admit nothing, and the next slow path cuts them again
+-- from what the limit leaves.
+UPDATE earmark.budget SET slot_gen = slot_gen + 1 WHERE slot_gen > 0;
 
 -- ---------------------------------------------------------------------------
 -- earmark_check(): over_limit counts recorded usage; overspent (a hold

@@ -614,35 +614,41 @@ escrow_admit_outside(void *arg, EscrowBudget *b, int64 amount)
 }
 
 /*
- * Under REPEATABLE READ and SERIALIZABLE, read_limit saw the limit and the
- * cycle's recorded usage in the transaction's snapshot.  Neither is locked
- * (usage is recorded without the budget row, so that many writers do not
- * queue on it), so a lower limit or usage committed after that snapshot,
- * even before this call, would be invisible.  Read them again in a snapshot
+ * Under REPEATABLE READ and SERIALIZABLE, read_limit saw the limit, the
+ * cycle's recorded usage and the account's cycle anchor in the
+ * transaction's snapshot.  None is locked (usage is recorded without the
+ * budget row, so that many writers do not queue on it; an anchor change
+ * locks the budget rows but need not change them), so a lower limit,
+ * usage or a new anchor committed after that snapshot, even before this
+ * call, would be invisible.  Read them again in a snapshot
  * that sees every commit: if anything differs, fail with 40001, as the
  * budget row's lock does when the row changed after the snapshot.
  */
 static void
 check_limit_current(Datum *args, bool unlimited, int64 lim, int64 recorded,
-					text *account)
+					bool has_anchor, TimestampTz anchor, text *account)
 {
 	bool		now_unlimited;
+	bool		no_anchor;
 	bool		isnull;
 	int64		now_lim;
+	Datum		now_anchor;
 
 	em_exec_latest(&read_limit, args, NULL, 1);
 	if (SPI_processed == 1 && DatumGetBool(em_get(0, 2, &isnull)))
 	{
 		now_lim = DatumGetInt64(em_get(0, 1, &now_unlimited));
+		now_anchor = em_get(0, 3, &no_anchor);
 		if (now_unlimited == unlimited && (unlimited || now_lim == lim) &&
-			em_get_int64(0, 4, 0) == recorded)
+			em_get_int64(0, 4, 0) == recorded && no_anchor == !has_anchor &&
+			(no_anchor || DatumGetTimestampTz(now_anchor) == anchor))
 			return;
 	}
 	ereport(ERROR,
 			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-			 errmsg("could not serialize access due to a concurrent change of the limit or usage of account \"%s\"",
+			 errmsg("could not serialize access due to a concurrent change of the limit, usage or cycle anchor of account \"%s\"",
 					text_to_cstring(account)),
-			 errdetail("The limit or the recorded usage changed after this transaction's snapshot was taken."),
+			 errdetail("The limit, the recorded usage or the cycle anchor changed after this transaction's snapshot was taken."),
 			 errhint("Retry the transaction.")));
 }
 
@@ -860,7 +866,7 @@ do_reserve(text *account, int64 amount, text *key, text *feature,
 	recorded = em_get_int64(0, 4, 0);
 	result->unlimited = unlimited;
 	if (IsolationUsesXactSnapshot())
-		check_limit_current(args, unlimited, lim, recorded, account);
+		check_limit_current(args, unlimited, lim, recorded, has_anchor, anchor, account);
 
 	/* an escrow budget: the slow path rebalances its slots (escrow.c) */
 	if (slots > 0 || slot_gen > 0)

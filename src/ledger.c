@@ -30,6 +30,7 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "common/pg_prng.h"
 #include "miscadmin.h"
@@ -103,8 +104,8 @@ static EmStatement cycle_total = {
  */
 static EmStatement record_row = {
 	"WITH l AS ("
-	"  INSERT INTO earmark.ledger (budget_id, units, account, entry_key, occurred_at)"
-	"  VALUES ($1, $2, $3, $4, $5)"
+	"  INSERT INTO earmark.ledger (budget_id, units, account, entry_key, occurred_at, recorded_at)"
+	"  VALUES ($1, $2, $3, $4, $5, pg_catalog.clock_timestamp())"
 	"  ON CONFLICT (account, entry_key) WHERE entry_key IS NOT NULL DO NOTHING"
 	"  RETURNING 1),"
 	" c AS (INSERT INTO earmark.usage_shard AS u (budget_id, shard, units)"
@@ -168,6 +169,34 @@ em_cycle_total(int64 budget_id, bool *found)
 	em_exec(&cycle_total, &arg, NULL, 1);
 	*found = SPI_processed == 1;
 	return *found ? em_get_int64(0, 1, 0) : 0;
+}
+
+/*
+ * Under REPEATABLE READ and SERIALIZABLE the anchor was read in the
+ * transaction's snapshot; an anchor change committed after it (the
+ * advisory lock orders the two, but cannot show a snapshot what committed
+ * later) would put the usage into a cycle of the old anchor.  Read it again
+ * in a snapshot that sees every commit, and fail with 40001 if it moved.
+ */
+static void
+check_anchor_current(Datum *args, bool has_anchor, TimestampTz anchor,
+					 text *account)
+{
+	bool		isnull = true;
+	Datum		d = (Datum) 0;
+
+	em_exec_latest(&account_anchor, args, NULL, 1);
+	if (SPI_processed == 1)
+		d = em_get(0, 1, &isnull);
+	if (SPI_processed == 1 && isnull == !has_anchor &&
+		(isnull || DatumGetTimestampTz(d) == anchor))
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			 errmsg("could not serialize access due to a concurrent change of the cycle anchor of account \"%s\"",
+					text_to_cstring(account)),
+			 errdetail("The account's cycle anchor changed after this transaction's snapshot was taken."),
+			 errhint("Retry the transaction.")));
 }
 
 /* the same key again: nothing new, or a conflict when it differs */
@@ -266,6 +295,8 @@ earmark_record_usage(PG_FUNCTION_ARGS)
 		if (has_anchor)
 			anchor = DatumGetTimestampTz(d);
 	}
+	if (IsolationUsesXactSnapshot())
+		check_anchor_current(args, has_anchor, anchor, account);
 
 	if (repeat_of_key(account, key, units, feature))
 	{
