@@ -36,7 +36,10 @@
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 
+#include "account.h"
+#include "cluster.h"
 #include "earmark.h"
+#include "spi.h"
 
 PG_FUNCTION_INFO_V1(earmark_set_limit);
 PG_FUNCTION_INFO_V1(earmark_set_account);
@@ -133,10 +136,14 @@ static EmStatement upsert_limit = {
 Datum
 earmark_set_limit(PG_FUNCTION_ARGS)
 {
-	text	   *account = em_arg_name(fcinfo, 0, "account");
-	text	   *feature = em_arg_name(fcinfo, 2, "feature");
+	text	   *account;
+	text	   *feature;
 	Datum		values[3];
 	char		nulls[3] = {' ', ' ', ' '};
+
+	em_require_schema();
+	account = em_arg_name(fcinfo, 0, "account");
+	feature = em_arg_name(fcinfo, 2, "feature");
 
 	if (!PG_ARGISNULL(1) && PG_GETARG_INT64(1) < 0)
 		ereport(ERROR,
@@ -182,19 +189,19 @@ static EmStatement lock_account_budgets = {
  * locked, and whether that was all of them.  (No slot is created meanwhile:
  * only a rebalance creates slots, under the budget row we hold.)
  */
+static EmStatement count_account_slots = {
+	"SELECT pg_catalog.count(*) FROM earmark.budget_slot WHERE account = $1",
+	1, {TEXTOID}
+};
+
 static EmStatement lock_account_slots = {
-	"SELECT (SELECT pg_catalog.count(*) FROM earmark.budget_slot s JOIN earmark.budget b USING (budget_id) "
-	"         WHERE b.account = $1) = "
-	"       (SELECT pg_catalog.count(*) FROM (SELECT 1 FROM earmark.budget_slot s "
-	"         WHERE s.budget_id IN (SELECT b.budget_id FROM earmark.budget b WHERE b.account = $1) "
-	"         FOR UPDATE SKIP LOCKED) AS l)",
+	"SELECT slot FROM earmark.budget_slot WHERE account = $1 FOR UPDATE SKIP LOCKED",
 	1, {TEXTOID}
 };
 
 /* the room of the slots locked above goes back to their budgets */
 static EmStatement empty_account_slots = {
-	"UPDATE earmark.budget_slot SET room = 0 "
-	"WHERE budget_id IN (SELECT b.budget_id FROM earmark.budget b WHERE b.account = $1) AND room <> 0",
+	"UPDATE earmark.budget_slot SET room = 0 WHERE account = $1 AND room <> 0",
 	1, {TEXTOID}
 };
 
@@ -206,13 +213,14 @@ static EmStatement empty_account_slots = {
  */
 static EmStatement account_in_use = {
 	"SELECT EXISTS (SELECT 1 FROM earmark.budget b "
-	"               LEFT JOIN LATERAL (SELECT pg_catalog.sum(s.used) AS used, pg_catalog.sum(s.held) AS held "
-	"                                  FROM earmark.budget_slot s WHERE s.budget_id = b.budget_id) s ON true "
+	"               LEFT JOIN (SELECT s.budget_id, pg_catalog.sum(s.used) AS used, "
+	"                                 pg_catalog.sum(s.held) AS held "
+	"                            FROM earmark.budget_slot s WHERE s.account = $1 "
+	"                           GROUP BY s.budget_id) s ON s.budget_id = b.budget_id "
 	"               WHERE b.account = $1 "
 	"                 AND (b.used + coalesce(s.used, 0) <> 0 OR b.held + coalesce(s.held, 0) <> 0)) "
 	"    OR EXISTS (SELECT 1 FROM earmark.job j WHERE j.account = $1 AND j.status IN ('running', 'capped')) "
-	"    OR EXISTS (SELECT 1 FROM earmark.ledger l JOIN earmark.budget b USING (budget_id) "
-	"               WHERE b.account = $1)",
+	"    OR EXISTS (SELECT 1 FROM earmark.ledger l WHERE l.account = $1)",
 	1, {TEXTOID}
 };
 
@@ -236,9 +244,12 @@ check_anchor_may_move(text *account, Datum *values)
 {
 	bool		isnull;
 	bool		all_slots;
+	int64		nslots;
 
-	em_exec(&lock_account_slots, values, NULL, 1);
-	all_slots = DatumGetBool(em_get(0, 1, &isnull));
+	em_exec(&count_account_slots, values, NULL, 1);
+	nslots = em_get_int64(0, 1, 0);
+	em_exec(&lock_account_slots, values, NULL, 0);
+	all_slots = (int64) SPI_processed == nslots;
 	if (!all_slots)
 		ereport(ERROR,
 				(errcode(ERRCODE_EARMARK_ANCHOR_LOCKED),
@@ -266,12 +277,17 @@ check_anchor_may_move(text *account, Datum *values)
 Datum
 earmark_set_account(PG_FUNCTION_ARGS)
 {
-	text	   *account = em_arg_name(fcinfo, 0, "account");
-	bool		has_anchor = !PG_ARGISNULL(1);
-	TimestampTz anchor = has_anchor ? PG_GETARG_TIMESTAMPTZ(1) : 0;
+	text	   *account;
+	bool		has_anchor;
+	TimestampTz anchor;
 	Datum		values[4];
 	char		nulls[4] = {' ', ' ', ' ', ' '};
 	int			i;
+
+	em_require_schema();
+	account = em_arg_name(fcinfo, 0, "account");
+	has_anchor = !PG_ARGISNULL(1);
+	anchor = has_anchor ? PG_GETARG_TIMESTAMPTZ(1) : 0;
 
 	if (has_anchor)
 	{
@@ -347,11 +363,14 @@ static EmStatement read_account_limit = {
 static EmStatement read_budget = {
 	"SELECT b.used + coalesce(pg_catalog.sum(s.used), 0)::bigint "
 	"         + coalesce((SELECT pg_catalog.sum(u.units) FROM earmark.usage_shard u "
-	"                     WHERE u.budget_id = b.budget_id), 0)::bigint, "
+	"                     WHERE u.account = $1 AND u.budget_id = "
+	"                           (SELECT x.budget_id FROM earmark.budget x "
+	"                             WHERE x.account = $1 AND x.feature = $2 AND x.cycle_start = $3)), 0)::bigint, "
 	"       b.held + coalesce(pg_catalog.sum(s.held), 0)::bigint "
-	"FROM earmark.budget b LEFT JOIN earmark.budget_slot s USING (budget_id) "
+	"FROM earmark.budget b "
+	"LEFT JOIN earmark.budget_slot s ON s.account = b.account AND s.budget_id = b.budget_id "
 	"WHERE b.account = $1 AND b.feature = $2 AND b.cycle_start = $3 "
-	"GROUP BY b.budget_id",
+	"GROUP BY b.account, b.budget_id",
 	3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
 };
 
@@ -363,9 +382,9 @@ static EmStatement read_budget = {
 Datum
 earmark_budget(PG_FUNCTION_ARGS)
 {
-	text	   *account = em_arg_name(fcinfo, 0, "account");
-	text	   *feature = em_arg_name(fcinfo, 1, "feature");
-	TimestampTz at = PG_ARGISNULL(2) ? GetCurrentTimestamp() : PG_GETARG_TIMESTAMPTZ(2);
+	text	   *account;
+	text	   *feature;
+	TimestampTz at;
 	TimestampTz start;
 	TimestampTz end;
 	TimestampTz anchor = 0;
@@ -380,6 +399,11 @@ earmark_budget(PG_FUNCTION_ARGS)
 	bool		nulls[7] = {false, false, false, false, false, false, false};
 	Datum		args[3];
 	bool		isnull;
+
+	em_require_schema();
+	account = em_arg_name(fcinfo, 0, "account");
+	feature = em_arg_name(fcinfo, 1, "feature");
+	at = PG_ARGISNULL(2) ? GetCurrentTimestamp() : PG_GETARG_TIMESTAMPTZ(2);
 
 	SPI_connect();
 	args[0] = PointerGetDatum(account);

@@ -28,29 +28,17 @@
 #define ERRCODE_EARMARK_EVENT_STATE				MAKE_SQLSTATE('E','M','0','0','5')
 #define ERRCODE_EARMARK_NOT_YOUR_EVENT			MAKE_SQLSTATE('E','M','0','0','6')
 #define ERRCODE_EARMARK_UNKNOWN_ACCOUNT			MAKE_SQLSTATE('E','M','0','0','7')
+#define ERRCODE_EARMARK_SCHEMA_VERSION			MAKE_SQLSTATE('E','M','0','0','8')
 #define ERRCODE_EARMARK_PROVIDER				MAKE_SQLSTATE('E','M','2','0','1')
 #define ERRCODE_EARMARK_READ_BACK_DIFFERS		MAKE_SQLSTATE('E','M','2','0','2')
 
 /* the schema version this library works on (earmark.control) */
 #define EARMARK_VERSION			"0.3.0"
 
-/* the longest account, feature or idempotency key accepted, in characters */
-#define EARMARK_MAX_NAME_LEN	255
-
 /* first key of the advisory locks earmark takes ("earm") */
 #define EARMARK_ADVISORY_CLASS	0x6561726d
 /* first key of the meter mark locks ("emmk"), see ledger.c */
 #define EARMARK_MARK_CLASS		0x656d6d6b
-
-/*
- * The most units one earmark_record_usage call records (10^15): far past
- * any real usage, and small enough that a cycle's counters stay far from
- * bigint's end.
- */
-#define EARMARK_MAX_UNITS		INT64CONST(1000000000000000)
-
-/* counter rows per cycle for recorded usage */
-#define EARMARK_USAGE_SHARDS	64
 
 /* GUCs (earmark.c) */
 extern char *earmark_database;
@@ -60,58 +48,20 @@ extern int	earmark_rate_limit;
 extern int	earmark_inbox_lease_s;
 extern int	earmark_jwks_refresh_s;
 
-/*
- * A SQL statement run through SPI whose plan is prepared once per backend
- * and kept (SPI_keepplan).  The plan cache revalidates it after DDL, so a
- * dropped and re-created extension is picked up.
- */
-typedef struct EmStatement
-{
-	const char *sql;
-	int			nargs;
-	Oid			argtypes[16];
-	SPIPlanPtr	plan;
-} EmStatement;
-
-extern int	em_exec(EmStatement *stmt, Datum *values, const char *nulls,
-					long count);
-extern int	em_exec_latest(EmStatement *stmt, Datum *values, const char *nulls,
-						   long count);
-
-/* result access for the last em_exec */
-extern Datum em_get(int row, int col, bool *isnull);
-extern int64 em_get_int64(int row, int col, int64 if_null);
-
-extern void em_require_read_committed(const char *what);
-
-/* argument checks: they raise the documented SQLSTATE or return the value */
-extern text *em_arg_name(FunctionCallInfo fcinfo, int argno, const char *what);
-extern int64 em_arg_int64(FunctionCallInfo fcinfo, int argno, const char *what);
-
-/* hand back one row of a RETURNS TABLE function */
-extern void em_return_row(FunctionCallInfo fcinfo, Datum *values, bool *nulls);
-
-/* cycles (account.c) */
-extern void em_cycle_bounds(TimestampTz anchor, bool has_anchor, TimestampTz at,
-							TimestampTz *start, TimestampTz *end);
-
-/* gate (gate.c) */
-extern int	em_sweep(int max_jobs, bool wait_first);
-#define EARMARK_RECLAIM_BATCH	1000
-extern int64 em_expire_budget_jobs(int64 budget_id, TimestampTz now, int max,
-								   bool wait, int64 *released, int64 *charged);
+#include "spi.h"
 
 /*
  * A cycle's total as SQL, for a budget row aliased b: the settled jobs
  * (the budget row and its escrow slots) and the recorded usage (its
  * shards).  Equal to the sum of the cycle's ledger rows; the reconciler
- * proves it.
+ * proves it.  For readers of many cycles; one cycle's total is
+ * em_cycle_total (ledger.c).
  */
 #define EM_CYCLE_TOTAL_SQL \
 	"(b.used + coalesce((SELECT pg_catalog.sum(s.used) FROM earmark.budget_slot s " \
-	"                     WHERE s.budget_id = b.budget_id), 0)::bigint " \
+	"                     WHERE s.account = b.account AND s.budget_id = b.budget_id), 0)::bigint " \
 	"        + coalesce((SELECT pg_catalog.sum(u.units) FROM earmark.usage_shard u " \
-	"                     WHERE u.budget_id = b.budget_id), 0)::bigint)"
+	"                     WHERE u.account = b.account AND u.budget_id = b.budget_id), 0)::bigint)"
 
 /*
  * The same as numeric, which cannot overflow: for readers of many cycles
@@ -119,70 +69,16 @@ extern int64 em_expire_budget_jobs(int64 budget_id, TimestampTz now, int max,
  */
 #define EM_CYCLE_TOTAL_NUMERIC_SQL \
 	"(b.used + coalesce((SELECT pg_catalog.sum(s.used) FROM earmark.budget_slot s " \
-	"                     WHERE s.budget_id = b.budget_id), 0) " \
+	"                     WHERE s.account = b.account AND s.budget_id = b.budget_id), 0) " \
 	"        + coalesce((SELECT pg_catalog.sum(u.units) FROM earmark.usage_shard u " \
-	"                     WHERE u.budget_id = b.budget_id), 0))"
+	"                     WHERE u.account = b.account AND u.budget_id = b.budget_id), 0))"
 
-/* ledger (ledger.c) */
-extern void em_mark_lock(int64 budget_id);
-extern bool em_mark_try_lock(int64 budget_id);
-extern bool em_mark_try_lock_exclusive(int64 budget_id);
-extern int64 em_cycle_total(int64 budget_id, bool *found);
-
-/* escrow (escrow.c) */
-#define EARMARK_MAX_SLOTS	256
-
-typedef enum EscrowResult
-{
-	ESCROW_NO_SLOT,
-	ESCROW_ADMITTED,
-	ESCROW_KEY_TAKEN,
-	ESCROW_REFUSED,
-	ESCROW_RATE_LIMITED
-} EscrowResult;
-
-/* a locked escrow budget, as reserve's slow path sees it */
-typedef struct EscrowBudget
-{
-	int64		budget_id;
-	int64		used;			/* outside the slots */
-	int64		held;
-	int64		lim;
-	bool		unlimited;
-	int			slots;
-	int64		slot_lim;
-	bool		slot_lim_null;
-	int64		slot_gen;
-} EscrowBudget;
-
-typedef struct EscrowOutcome
-{
-	EscrowResult result;
-	int64		remaining;		/* of the whole budget, after this job */
-} EscrowOutcome;
-
-typedef EscrowResult (*EscrowAdmitFn) (void *arg, EscrowBudget *b, int64 amount);
-
-/* a budget's numbers as escrow's fast path saw them (em_escrow_fast) */
-typedef struct EscrowNumbers
-{
-	int64		used;
-	int64		held;
-	int64		lim;
-	bool		unlimited;
-} EscrowNumbers;
-
-extern EscrowResult em_escrow_fast(text *account, text *feature,
-								   TimestampTz cycle_start, text *key,
-								   int64 amount, Interval *lease,
-								   TimestampTz lease_until, TimestampTz now,
-								   int slots, int64 *job_id,
-								   EscrowNumbers *numbers);
-extern int	em_random_slot(int slots);
-extern void em_escrow_rebalance(EscrowBudget *b, int64 amount, TimestampTz now,
-								EscrowAdmitFn admit_outside, void *admit_arg,
-								EscrowOutcome *out);
-extern int	earmark_escrow_slots;
+#include "account.h"
+#include "budget.h"
+#include "cluster.h"
+#include "escrow.h"
+#include "gate.h"
+#include "ledger.h"
 
 /* inbox (inbox.c) */
 extern TimestampTz em_parse_event_time(const char *s);

@@ -66,6 +66,23 @@ CREATE TABLE earmark.account_limit (
     PRIMARY KEY (account, feature)
 );
 
+-- Ids.  Every per-account table is keyed by the account first (so that
+-- Citus can distribute earmark by account: earmark_distribute()); an id is
+-- unique within its account, and unique in the whole cluster by
+-- construction: earmark.next_id puts the node's Citus group id (0 without
+-- Citus) in the top 16 bits of the node's own sequence value.  The
+-- sequences are owned by their columns (TRUNCATE ... RESTART IDENTITY
+-- restarts them).
+CREATE FUNCTION earmark.next_id(seq regclass) RETURNS bigint
+AS 'MODULE_PATHNAME', 'earmark_next_id' LANGUAGE C VOLATILE STRICT;
+REVOKE ALL ON FUNCTION earmark.next_id(regclass) FROM PUBLIC;
+
+CREATE SEQUENCE earmark.budget_id_seq;
+CREATE SEQUENCE earmark.job_id_seq;
+CREATE SEQUENCE earmark.entry_id_seq;
+CREATE SEQUENCE earmark.send_id_seq;
+CREATE SEQUENCE earmark.evidence_id_seq;
+
 -- One row per account, feature and billing cycle: the serial point of the
 -- gate.  used is final usage (the sum of the cycle's ledger rows), held the
 -- sum of the holds of running jobs.  Updated by every admission and
@@ -76,28 +93,31 @@ CREATE TABLE earmark.account_limit (
 -- set-up on every write of the gate's hot path.  The gate's C code keeps
 -- these rules, and earmark's tests check them after every scenario.
 CREATE TABLE earmark.budget (
-    budget_id   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    budget_id   bigint NOT NULL DEFAULT earmark.next_id('earmark.budget_id_seq'),
     account     text NOT NULL REFERENCES earmark.account ON DELETE CASCADE,
     feature     text NOT NULL,
     cycle_start timestamptz NOT NULL,
     cycle_end   timestamptz NOT NULL,
     used        bigint NOT NULL DEFAULT 0,
     held        bigint NOT NULL DEFAULT 0,
-    -- escrow (DESIGN §5): slots > 0 splits the budget's free room into
-    -- that many earmark.budget_slot rows.  used and held above then count
-    -- only what passed outside the slots; slot_lim and slot_gen are the
-    -- limit and generation of the last rebalance.
+    -- escrow: slots > 0 splits the budget's free room into that many
+    -- earmark.budget_slot rows.  used and held above then count only what
+    -- passed outside the slots; slot_lim and slot_gen are the limit and
+    -- generation of the last rebalance.
     slots       int NOT NULL DEFAULT 0,
     slot_lim    bigint,
     slot_gen    bigint NOT NULL DEFAULT 0,
-    UNIQUE (account, feature, cycle_start)
+    UNIQUE (account, feature, cycle_start),
+    PRIMARY KEY (account, budget_id)
 ) WITH (fillfactor = 50);
+ALTER SEQUENCE earmark.budget_id_seq OWNED BY earmark.budget.budget_id;
 
 -- An escrow slot: part of a hot budget's room that admissions take without
 -- locking the budget row.  room + held + used is the slot's allocation; an
 -- admission moves room to held, a settlement held to used and back to
 -- room, so only a rebalance (under the budget row's lock) changes it.  A
--- slot whose gen is not the budget's slot_gen admits nothing.
+-- slot whose gen is not the budget's slot_gen admits nothing.  (No foreign
+-- key: see escrow.c.  The account column is last: 0.3.0 added it.)
 CREATE TABLE earmark.budget_slot (
     budget_id   bigint NOT NULL,
     slot        int NOT NULL,
@@ -105,29 +125,15 @@ CREATE TABLE earmark.budget_slot (
     room        bigint NOT NULL DEFAULT 0,
     held        bigint NOT NULL DEFAULT 0,
     used        bigint NOT NULL DEFAULT 0,
-    PRIMARY KEY (budget_id, slot)
+    account     text NOT NULL,
+    PRIMARY KEY (account, budget_id, slot)
 ) WITH (fillfactor = 50);
-
--- Slots, usage shards and meter marks go with their budget rows.  (No
--- foreign keys: see escrow.c.)
-CREATE FUNCTION earmark.truncate_slots() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    DELETE FROM earmark.budget_slot;
-    DELETE FROM earmark.usage_shard;
-    DELETE FROM earmark.meter_mark;
-    RETURN NULL;
-END
-$$;
-CREATE TRIGGER budget_truncate_slots AFTER TRUNCATE ON earmark.budget
-    FOR EACH STATEMENT EXECUTE FUNCTION earmark.truncate_slots();
-REVOKE ALL ON FUNCTION earmark.truncate_slots() FROM PUBLIC;
 
 -- A job is a hold taken by earmark_reserve.  status is 'running' or
 -- 'capped' while the hold is open, then one of 'completed', 'failed',
 -- 'cancelled', 'expired'.
 CREATE TABLE earmark.job (
-    job_id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id          bigint NOT NULL DEFAULT earmark.next_id('earmark.job_id_seq'),
     budget_id       bigint NOT NULL,
     account         text NOT NULL,
     feature         text NOT NULL,
@@ -147,8 +153,10 @@ CREATE TABLE earmark.job (
     -- a hold taken from an escrow slot: the slots' generation it was taken
     -- in; its settlement returns room only to a slot of that generation
     -- (added in 0.3.0, hence last)
-    gen             bigint
+    gen             bigint,
+    PRIMARY KEY (account, job_id)
 ) WITH (fillfactor = 70);
+ALTER SEQUENCE earmark.job_id_seq OWNED BY earmark.job.job_id;
 
 -- The worker's limits pass looks for accounts an admission flagged.
 CREATE INDEX account_limits_wanted ON earmark.account (limits_wanted_at)
@@ -157,7 +165,7 @@ CREATE INDEX account_limits_wanted ON earmark.account (limits_wanted_at)
 -- The sweeper and reserve's reclaim look for open holds.  lease_until is
 -- deliberately not indexed: every charge renews it, and an unindexed
 -- column keeps that update HOT.
-CREATE INDEX job_open ON earmark.job (budget_id)
+CREATE INDEX job_open ON earmark.job (account, budget_id)
     WHERE status IN ('running', 'capped');
 
 -- The usage ledger: append-only, the record of what was used.  A settled
@@ -166,17 +174,19 @@ CREATE INDEX job_open ON earmark.job (budget_id)
 -- per account.  A correction is a row with negative units in the cycle it
 -- corrects.  Nothing updates or deletes a row.
 CREATE TABLE earmark.ledger (
-    entry_id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    entry_id        bigint NOT NULL DEFAULT earmark.next_id('earmark.entry_id_seq'),
     budget_id       bigint NOT NULL,
     units           bigint NOT NULL,
-    job_id          bigint UNIQUE,                      -- a settled job's row, or
+    job_id          bigint,                             -- a settled job's row, or
     entry_key       text,                               -- the caller's key and
     occurred_at     timestamptz NOT NULL,
     recorded_at     timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    account         text                                -- the key's account (added
-                                                        -- in 0.2.0, hence last)
+    account         text NOT NULL,                      -- (0.2.0 added it, hence last)
+    PRIMARY KEY (account, entry_id),
+    UNIQUE (account, job_id)
 );
-CREATE INDEX ledger_budget ON earmark.ledger (budget_id);
+ALTER SEQUENCE earmark.entry_id_seq OWNED BY earmark.ledger.entry_id;
+CREATE INDEX ledger_budget ON earmark.ledger (account, budget_id);
 CREATE UNIQUE INDEX ledger_entry_key ON earmark.ledger (account, entry_key)
     WHERE entry_key IS NOT NULL;
 
@@ -189,7 +199,8 @@ CREATE TABLE earmark.usage_shard (
     budget_id   bigint NOT NULL,
     shard       int NOT NULL,
     units       bigint NOT NULL DEFAULT 0,
-    PRIMARY KEY (budget_id, shard)
+    account     text NOT NULL,
+    PRIMARY KEY (account, budget_id, shard)
 ) WITH (fillfactor = 50);
 
 -- Cycles whose ledger changed since the meter was last told.  A mark is
@@ -197,16 +208,18 @@ CREATE TABLE earmark.usage_shard (
 -- reporter deletes a mark only after the provider took the total, and
 -- only while no writer that saw the mark is still running (meter.c).
 CREATE TABLE earmark.meter_mark (
-    budget_id   bigint PRIMARY KEY,
-    marked_at   timestamptz NOT NULL DEFAULT pg_catalog.now()
+    budget_id   bigint NOT NULL,
+    marked_at   timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    account     text NOT NULL,
+    PRIMARY KEY (account, budget_id)
 );
-CREATE INDEX meter_mark_order ON earmark.meter_mark (marked_at, budget_id);
+CREATE INDEX meter_mark_order ON earmark.meter_mark (marked_at, account, budget_id);
 
 -- Every total sent to the provider's meter, by the reporter or by a
 -- reconciliation's repair, with the answer.  The last row with ok is "the
 -- last total sent".
 CREATE TABLE earmark.meter_send (
-    send_id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    send_id     bigint NOT NULL DEFAULT earmark.next_id('earmark.send_id_seq'),
     budget_id   bigint NOT NULL,
     total       bigint NOT NULL,
     origin      text NOT NULL CHECK (origin IN ('report', 'repair')),
@@ -214,15 +227,18 @@ CREATE TABLE earmark.meter_send (
     http_status int,
     error       text,
     duration_ms double precision,
-    sent_at     timestamptz NOT NULL DEFAULT pg_catalog.now()
+    sent_at     timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    account     text NOT NULL,
+    PRIMARY KEY (account, send_id)
 );
-CREATE INDEX meter_send_budget ON earmark.meter_send (budget_id, send_id);
+ALTER SEQUENCE earmark.send_id_seq OWNED BY earmark.meter_send.send_id;
+CREATE INDEX meter_send_budget ON earmark.meter_send (account, budget_id, send_id);
 
 -- Cycles that changed after they closed: the reporter does not write a
 -- closed cycle (what that does to an invoice is the provider's business),
 -- it lists it here for a person.
 CREATE TABLE earmark.meter_review (
-    budget_id    bigint PRIMARY KEY,
+    budget_id    bigint NOT NULL,
     account      text NOT NULL,
     feature      text NOT NULL,
     cycle_start  timestamptz NOT NULL,
@@ -231,7 +247,8 @@ CREATE TABLE earmark.meter_review (
     last_sent    bigint,
     reason       text NOT NULL,
     first_noted  timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    last_noted   timestamptz NOT NULL DEFAULT pg_catalog.now()
+    last_noted   timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (account, budget_id)
 );
 
 -- The local provider's meter: a stand-in that takes absolute totals and
@@ -261,7 +278,7 @@ INSERT INTO earmark.reporter_state DEFAULT VALUES;
 -- Reconciliation evidence: one row per cycle and distinct set of numbers.
 -- A run on the same numbers as the cycle's last row adds none.
 CREATE TABLE earmark.evidence (
-    evidence_id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    evidence_id      bigint NOT NULL DEFAULT earmark.next_id('earmark.evidence_id_seq'),
     budget_id        bigint NOT NULL,
     account          text NOT NULL,
     feature          text NOT NULL,
@@ -279,9 +296,11 @@ CREATE TABLE earmark.evidence (
     repaired_to      bigint,
     read_back        bigint,
     checked_at       timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    last_checked_at  timestamptz NOT NULL DEFAULT pg_catalog.now()
+    last_checked_at  timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (account, evidence_id)
 );
-CREATE INDEX evidence_budget ON earmark.evidence (budget_id, evidence_id);
+ALTER SEQUENCE earmark.evidence_id_seq OWNED BY earmark.evidence.evidence_id;
+CREATE INDEX evidence_budget ON earmark.evidence (account, budget_id, evidence_id);
 
 ------------------------------------------------------------------------------
 -- Webhook inbox
@@ -387,19 +406,19 @@ AS 'MODULE_PATHNAME', 'earmark_reserve'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1
 SET search_path = pg_catalog, pg_temp;
 
-CREATE FUNCTION earmark_charge(job_id bigint, tokens bigint, step bigint DEFAULT NULL)
+CREATE FUNCTION earmark_charge(account text, job_id bigint, tokens bigint, step bigint DEFAULT NULL)
 RETURNS TABLE (charged bigint, capped boolean, room bigint, status text)
 AS 'MODULE_PATHNAME', 'earmark_charge'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1
 SET search_path = pg_catalog, pg_temp;
 
-CREATE FUNCTION earmark_heartbeat(job_id bigint)
+CREATE FUNCTION earmark_heartbeat(account text, job_id bigint)
 RETURNS timestamptz
 AS 'MODULE_PATHNAME', 'earmark_heartbeat'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 
-CREATE FUNCTION earmark_settle(job_id bigint, used bigint DEFAULT NULL, outcome text DEFAULT 'completed')
+CREATE FUNCTION earmark_settle(account text, job_id bigint, used bigint DEFAULT NULL, outcome text DEFAULT 'completed')
 RETURNS TABLE (charged bigint, released bigint, status text)
 AS 'MODULE_PATHNAME', 'earmark_settle'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1
@@ -572,9 +591,9 @@ REVOKE ALL ON FUNCTION
     earmark_set_account(text, timestamptz, text, text),
     earmark_budget(text, text, timestamptz),
     earmark_reserve(text, bigint, text, text, interval),
-    earmark_charge(bigint, bigint, bigint),
-    earmark_heartbeat(bigint),
-    earmark_settle(bigint, bigint, text),
+    earmark_charge(text, bigint, bigint, bigint),
+    earmark_heartbeat(text, bigint),
+    earmark_settle(text, bigint, bigint, text),
     earmark_set_escrow(text, int),
     earmark_sweep(int)
 FROM PUBLIC;
@@ -584,9 +603,9 @@ FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     earmark_budget(text, text, timestamptz),
     earmark_reserve(text, bigint, text, text, interval),
-    earmark_charge(bigint, bigint, bigint),
-    earmark_heartbeat(bigint),
-    earmark_settle(bigint, bigint, text)
+    earmark_charge(text, bigint, bigint, bigint),
+    earmark_heartbeat(text, bigint),
+    earmark_settle(text, bigint, bigint, text)
 TO earmark_user;
 
 GRANT EXECUTE ON FUNCTION
@@ -714,7 +733,7 @@ CREATE VIEW earmark.review_list AS
 CREATE VIEW earmark.send_log AS
     SELECT x.send_id, b.account, b.feature, b.cycle_start, x.total, x.origin, x.ok,
            x.http_status, x.error, x.duration_ms, x.sent_at, x.budget_id
-      FROM earmark.meter_send x LEFT JOIN earmark.budget b USING (budget_id);
+      FROM earmark.meter_send x LEFT JOIN earmark.budget b USING (account, budget_id);
 
 -- The worker's backend, seen with the extension owner's rights: other roles
 -- see no backend_type of another user's process in pg_stat_activity.
@@ -779,22 +798,34 @@ RETURNS TABLE (invariant text, account text, feature text, cycle_start timestamp
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-WITH b AS (
+WITH s AS (SELECT s.account, s.budget_id, sum(s.used) AS used, sum(s.held) AS held
+             FROM earmark.budget_slot s GROUP BY s.account, s.budget_id),
+u AS (SELECT u.account, u.budget_id, sum(u.units) AS units
+        FROM earmark.usage_shard u GROUP BY u.account, u.budget_id),
+j AS (SELECT j.account, j.budget_id,
+             sum(j.amount) FILTER (WHERE j.status IN ('running', 'capped')) AS open_holds,
+             max(j.created_at) AS last_admitted
+        FROM earmark.job j GROUP BY j.account, j.budget_id),
+l AS (SELECT l.account, l.budget_id, sum(l.units) AS units,
+             sum(l.units) FILTER (WHERE l.job_id IS NOT NULL) AS job_units,
+             max(l.recorded_at) FILTER (WHERE l.entry_key IS NOT NULL) AS last_recorded
+        FROM earmark.ledger l GROUP BY l.account, l.budget_id),
+b AS (
     SELECT b.budget_id, b.account, b.feature, b.cycle_start, b.cycle_end,
-           b.used + coalesce((SELECT sum(s.used) FROM earmark.budget_slot s WHERE s.budget_id = b.budget_id), 0)::bigint AS job_used,
-           b.held + coalesce((SELECT sum(s.held) FROM earmark.budget_slot s WHERE s.budget_id = b.budget_id), 0)::bigint AS held,
-           coalesce((SELECT sum(u.units) FROM earmark.usage_shard u WHERE u.budget_id = b.budget_id), 0)::bigint AS recorded,
-           coalesce((SELECT sum(j.amount) FROM earmark.job j
-                      WHERE j.budget_id = b.budget_id AND j.status IN ('running', 'capped')), 0)::bigint AS open_holds,
-           coalesce((SELECT sum(l.units) FROM earmark.ledger l WHERE l.budget_id = b.budget_id), 0)::bigint AS ledger,
-           coalesce((SELECT sum(l.units) FROM earmark.ledger l
-                      WHERE l.budget_id = b.budget_id AND l.job_id IS NOT NULL), 0)::bigint AS ledger_jobs,
-           (SELECT max(j.created_at) FROM earmark.job j WHERE j.budget_id = b.budget_id) AS last_admitted,
-           greatest(lim.updated_at,
-                    (SELECT max(l.recorded_at) FROM earmark.ledger l
-                      WHERE l.budget_id = b.budget_id AND l.entry_key IS NOT NULL)) AS last_cause,
+           b.used + coalesce(s.used, 0)::bigint AS job_used,
+           b.held + coalesce(s.held, 0)::bigint AS held,
+           coalesce(u.units, 0)::bigint AS recorded,
+           coalesce(j.open_holds, 0)::bigint AS open_holds,
+           coalesce(l.units, 0)::bigint AS ledger,
+           coalesce(l.job_units, 0)::bigint AS ledger_jobs,
+           j.last_admitted,
+           greatest(lim.updated_at, l.last_recorded) AS last_cause,
            lim.lim, lim.account IS NOT NULL AS has_limit
       FROM earmark.budget b
+      LEFT JOIN s ON s.account = b.account AND s.budget_id = b.budget_id
+      LEFT JOIN u ON u.account = b.account AND u.budget_id = b.budget_id
+      LEFT JOIN j ON j.account = b.account AND j.budget_id = b.budget_id
+      LEFT JOIN l ON l.account = b.account AND l.budget_id = b.budget_id
       LEFT JOIN earmark.account_limit lim ON lim.account = b.account AND lim.feature = b.feature
 )
 SELECT 'over_limit', b.account, b.feature, b.cycle_start,
@@ -830,17 +861,16 @@ UNION ALL
 SELECT 'settled_twice', j.account, j.feature, NULL::timestamptz,
        format('job %s (%s) charged %s, its ledger rows add up to %s in %s rows',
               j.job_id, j.status, j.charged, coalesce(sum(l.units), 0), count(l.entry_id))
-  FROM earmark.job j LEFT JOIN earmark.ledger l ON l.job_id = j.job_id
+  FROM earmark.job j LEFT JOIN earmark.ledger l ON l.account = j.account AND l.job_id = j.job_id
  WHERE j.status NOT IN ('running', 'capped')
- GROUP BY j.job_id
+ GROUP BY j.account, j.job_id
 HAVING count(l.entry_id) > 1 OR coalesce(sum(l.units), 0) <> coalesce(j.charged, 0)
     OR j.charged IS NULL OR j.settled_at IS NULL
 UNION ALL
 SELECT 'open_job_settled', j.account, j.feature, NULL::timestamptz,
        format('job %s is %s but has a ledger row or a settlement', j.job_id, j.status)
-  FROM earmark.job j
- WHERE j.status IN ('running', 'capped')
-   AND (j.settled_at IS NOT NULL OR EXISTS (SELECT 1 FROM earmark.ledger l WHERE l.job_id = j.job_id))
+  FROM earmark.job j LEFT JOIN earmark.ledger l ON l.account = j.account AND l.job_id = j.job_id
+ WHERE j.status IN ('running', 'capped') AND (j.settled_at IS NOT NULL OR l.entry_id IS NOT NULL)
 UNION ALL
 SELECT 'charge_over_hold', j.account, j.feature, NULL::timestamptz,
        format('job %s: hold %s, recorded use %s, charged %s, released %s',
@@ -858,11 +888,13 @@ SELECT 'unmarked_change', b.account, b.feature, b.cycle_start,
        format('the ledger total %s differs from the last total sent %s, and the cycle is not marked',
               b.ledger, x.total)
   FROM b
-  JOIN LATERAL (SELECT s.total FROM earmark.meter_send s WHERE s.budget_id = b.budget_id AND s.ok
-                 ORDER BY s.send_id DESC LIMIT 1) x ON true
- WHERE x.total <> b.ledger
-   AND NOT EXISTS (SELECT 1 FROM earmark.meter_mark m WHERE m.budget_id = b.budget_id)
-   AND NOT EXISTS (SELECT 1 FROM earmark.meter_review r WHERE r.budget_id = b.budget_id)
+  JOIN (SELECT DISTINCT ON (s.account, s.budget_id) s.account, s.budget_id, s.total
+          FROM earmark.meter_send s WHERE s.ok
+         ORDER BY s.account, s.budget_id, s.send_id DESC) x
+    ON x.account = b.account AND x.budget_id = b.budget_id
+  LEFT JOIN earmark.meter_mark m ON m.account = b.account AND m.budget_id = b.budget_id
+  LEFT JOIN earmark.meter_review r ON r.account = b.account AND r.budget_id = b.budget_id
+ WHERE x.total <> b.ledger AND m.budget_id IS NULL AND r.budget_id IS NULL
 $$;
 REVOKE ALL ON FUNCTION earmark_check() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION earmark_check() TO earmark_admin;
@@ -898,10 +930,10 @@ SELECT pg_catalog.pg_extension_config_dump('earmark.inbox_handler',
                                            'WHERE event_type <> ''customer.plan_changed''');
 SELECT pg_catalog.pg_extension_config_dump('earmark.webhook_secret', '');
 -- (one call a statement: each updates the extension's catalog row)
-SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('earmark.budget', 'budget_id')::regclass, '');
-SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('earmark.job', 'job_id')::regclass, '');
-SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('earmark.ledger', 'entry_id')::regclass, '');
-SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('earmark.meter_send', 'send_id')::regclass, '');
-SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('earmark.evidence', 'evidence_id')::regclass, '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.budget_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.job_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.entry_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.send_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.evidence_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('earmark.inbox_event', 'event_id')::regclass, '');
 SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('earmark.inbox_receipt', 'receipt_id')::regclass, '');

@@ -1,7 +1,7 @@
 /*-------------------------------------------------------------------------
  *
  * escrow.c
- *	  Escrow for hot budgets (DESIGN §5, O'Neil's escrow method): a budget
+ *	  Escrow for hot budgets (O'Neil's escrow method): a budget
  *	  with slots > 0 splits its free room into earmark.budget_slot rows, so
  *	  that admissions take room from a slot instead of queueing on the one
  *	  budget row.
@@ -56,6 +56,17 @@
  *	  - the sweeper and reserve's reclaim expire holds into the budget row,
  *	    which they hold; they touch no slot.
  *
+ *	  Generations: a hold taken from a slot records the generation it was
+ *	  taken in (job.gen), and its settlement returns room only to a free
+ *	  slot of that generation, else to the budget row (gate.c).  A new
+ *	  generation's cut counts the old holds as taken; room released by an
+ *	  old hold into a new slot would be room that cut never gave, handed
+ *	  out while the budget may be over a lowered limit.
+ *
+ *	  Every statement names the account (account = $1 on every relation)
+ *	  and none has a correlated subquery or a row lock under a subquery, so
+ *	  that on Citus each runs on the account's shard (earmark_distribute).
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -68,7 +79,11 @@
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 
+#include "budget.h"
+#include "cluster.h"
 #include "earmark.h"
+#include "escrow.h"
+#include "spi.h"
 
 PG_FUNCTION_INFO_V1(earmark_set_escrow);
 
@@ -83,48 +98,73 @@ PG_FUNCTION_INFO_V1(earmark_set_escrow);
  * The fast path
  * ---------------------------------------------------------------------
  */
+
 /*
- * The free slot: the first slot from a random start ($9) upward, then from
- * 0, that is of the budget's generation, has the room, and no other
- * transaction holds.  Each probe walks the primary key (budget_id, slot)
- * in order and stops at the first such slot, so an admission reads a slot
- * or two, not all of them (an ORDER BY random() over every slot did, and
- * on a hot budget that was most of the fast path's cost).  COALESCE runs
- * the second probe only when the first found nothing.  Each probe's FOR
- * UPDATE re-checks room and generation on the slot's newest version
- * (READ COMMITTED), so a slot drained meanwhile is passed over.
+ * The budget's slot state, its limit and recorded usage, and the sums of
+ * its slots, without a lock: whether the slots may admit (they were cut
+ * for the limit less the recorded usage now in force), and the numbers
+ * reserve's "remaining" is computed from.
+ */
+static EmStatement fast_numbers = {
+	"SELECT b.budget_id, b.slots, b.slot_gen, b.slot_lim, b.used, b.held, l.lim, "
+	"       (SELECT coalesce(pg_catalog.sum(u.units), 0)::bigint FROM earmark.usage_shard u "
+	"         WHERE u.account = $1 AND u.budget_id = "
+	"               (SELECT x.budget_id FROM earmark.budget x "
+	"                 WHERE x.account = $1 AND x.feature = $2 AND x.cycle_start = $3)), "
+	"       (SELECT coalesce(pg_catalog.sum(t.used), 0)::bigint FROM earmark.budget_slot t "
+	"         WHERE t.account = $1 AND t.budget_id = "
+	"               (SELECT x.budget_id FROM earmark.budget x "
+	"                 WHERE x.account = $1 AND x.feature = $2 AND x.cycle_start = $3)), "
+	"       (SELECT coalesce(pg_catalog.sum(t.held), 0)::bigint FROM earmark.budget_slot t "
+	"         WHERE t.account = $1 AND t.budget_id = "
+	"               (SELECT x.budget_id FROM earmark.budget x "
+	"                 WHERE x.account = $1 AND x.feature = $2 AND x.cycle_start = $3)) "
+	"FROM earmark.budget b "
+	"JOIN earmark.account_limit l ON l.account = b.account AND l.feature = b.feature "
+	"WHERE b.account = $1 AND b.feature = $2 AND b.cycle_start = $3 AND b.slot_gen > 0",
+	3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
+};
+enum
+{
+	FN_BUDGET_ID = 1, FN_SLOTS, FN_SLOT_GEN, FN_SLOT_LIM, FN_USED, FN_HELD, FN_LIM,
+	FN_RECORDED, FN_SLOTS_USED, FN_SLOTS_HELD
+};
+
+/*
+ * The free slot: the first slot from a random start ($3) upward, then
+ * from 0, that is of the budget's generation ($5), below its slot count
+ * ($4), has the room, and no other transaction holds.  Each probe walks
+ * the primary key (account, budget_id, slot) in order and stops at the
+ * first such slot, so an admission reads a slot or two, not all of them.
+ * COALESCE runs the second probe only when the first found nothing.  Each
+ * probe's FOR UPDATE re-checks room and generation on the slot's newest
+ * version (READ COMMITTED), so a slot drained or cut again meanwhile is
+ * passed over.  Then the job (nothing when the key is already taken), and
+ * the slot's room to held only for a job that was written.
  */
 #define FREE_SLOT_PROBE(from_to) \
 	"(SELECT t.slot FROM earmark.budget_slot t" \
-	" WHERE t.budget_id = b.budget_id AND " from_to \
-	"   AND t.slot < b.slots AND t.gen = b.slot_gen AND t.room >= $5" \
+	" WHERE t.account = $1 AND t.budget_id = $2 AND " from_to \
+	"   AND t.slot < $4 AND t.gen = $5 AND t.room >= $6" \
 	" ORDER BY t.slot LIMIT 1 FOR UPDATE SKIP LOCKED)"
 
-static EmStatement fast_admit = {
-	"WITH s AS ("
-	"  SELECT b.budget_id, b.used, b.held, b.slot_gen, l.lim, r.recorded, coalesce("
-	FREE_SLOT_PROBE("t.slot >= $9") ", " FREE_SLOT_PROBE("t.slot < $9") ") AS slot"
-	"  FROM earmark.budget b"
-	"  JOIN earmark.account_limit l ON l.account = b.account AND l.feature = b.feature"
-	"  CROSS JOIN LATERAL (SELECT coalesce(pg_catalog.sum(u.units), 0)::bigint AS recorded"
-	"                      FROM earmark.usage_shard u WHERE u.budget_id = b.budget_id) r"
-	"  WHERE b.account = $1 AND b.feature = $2 AND b.cycle_start = $3 AND b.slot_gen > 0"
-	"    AND CASE WHEN l.lim IS NOT NULL THEN GREATEST(l.lim - r.recorded, 0) END"
-	"        IS NOT DISTINCT FROM b.slot_lim),"
+static EmStatement fast_take = {
+	"WITH s AS (SELECT coalesce(" FREE_SLOT_PROBE("t.slot >= $3") ", "
+	FREE_SLOT_PROBE("t.slot < $3") ") AS slot),"
 	" j AS ("
-	"  INSERT INTO earmark.job (budget_id, account, feature, idempotency_key, amount, lease, lease_until, created_at, slot, gen)"
-	"  SELECT s.budget_id, $1, $2, $4, $5, $6, $7, $8, s.slot, s.slot_gen FROM s WHERE s.slot IS NOT NULL"
-	"  ON CONFLICT (account, idempotency_key) DO NOTHING RETURNING job_id, budget_id, slot),"
+	"  INSERT INTO earmark.job (account, budget_id, feature, idempotency_key, amount, lease, lease_until, created_at, slot, gen)"
+	"  SELECT $1, $2, $7, $8, $6, $9, $10, $11, s.slot, $5 FROM s WHERE s.slot IS NOT NULL"
+	"  ON CONFLICT (account, idempotency_key) DO NOTHING RETURNING job_id, slot),"
 	" u AS ("
-	"  UPDATE earmark.budget_slot t SET room = t.room - $5, held = t.held + $5"
-	"  FROM j WHERE t.budget_id = j.budget_id AND t.slot = j.slot) "
-	"SELECT s.slot, (SELECT job_id FROM j), "
-	"       s.used + s.recorded + coalesce(x.used, 0), s.held + coalesce(x.held, 0), s.lim "
-	"FROM (SELECT 1) AS one LEFT JOIN s ON true "
-	"LEFT JOIN LATERAL (SELECT pg_catalog.sum(t.used)::bigint AS used, pg_catalog.sum(t.held)::bigint AS held"
-	"                   FROM earmark.budget_slot t WHERE t.budget_id = s.budget_id AND s.slot IS NOT NULL) x ON true",
-	9, {TEXTOID, TEXTOID, TIMESTAMPTZOID, TEXTOID, INT8OID, INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
-	INT4OID}
+	"  UPDATE earmark.budget_slot t SET room = t.room - $6, held = t.held + $6"
+	"   WHERE t.account = $1 AND t.budget_id = $2 AND t.slot = (SELECT j.slot FROM j)) "
+	"SELECT (SELECT s.slot FROM s), (SELECT j.job_id FROM j)",
+	11, {TEXTOID, INT8OID, INT4OID, INT4OID, INT8OID, INT8OID, TEXTOID, TEXTOID,
+	INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+};
+enum
+{
+	FT_SLOT = 1, FT_JOB_ID
 };
 
 /*
@@ -142,46 +182,71 @@ em_random_slot(int slots)
 }
 
 /*
- * Try to admit through a free slot of the cycle's budget.  Returns
- * ESCROW_NO_SLOT when no slot with enough room could be had (the caller
- * takes the slow path), ESCROW_ADMITTED with *job_id, or ESCROW_KEY_TAKEN
- * when a concurrent reserve with the same key won.  On admission, *used
- * and *held are the budget's totals (slots and recorded usage included,
- * this hold not yet) as the statement's snapshot saw them, and *lim its
- * limit, *unlimited when it has none: what reserve's "remaining" is
- * computed from, without another look at the slots.
+ * Whether the slots were cut for the limit in force: the limit less the
+ * usage recorded without a hold, or unlimited (slot_lim NULL).
  */
-EscrowResult
-em_escrow_fast(text *account, text *feature, TimestampTz cycle_start,
-			   text *key, int64 amount, Interval *lease,
-			   TimestampTz lease_until, TimestampTz now, int slots,
-			   int64 *job_id, EscrowNumbers *numbers)
+static bool
+slots_cut_for_limit(bool unlimited, int64 lim, int64 recorded,
+					bool slot_lim_null, int64 slot_lim)
 {
-	Datum		args[9];
+	if (unlimited)
+		return slot_lim_null;
+	return !slot_lim_null && Max(lim - recorded, 0) == slot_lim;
+}
+
+/*
+ * Try to admit through a free slot of the cycle's budget.  EM_ADMIT_NO_SLOT
+ * when no slot with enough room could be had (the caller takes the slow
+ * path), EM_ADMIT_OK with h->job_id, or EM_ADMIT_KEY_TAKEN when a
+ * concurrent reserve with the same key won.  On admission *numbers are
+ * the budget's totals (slots and recorded usage included, this hold not
+ * yet) and its limit: what reserve's "remaining" is computed from.
+ */
+EmAdmit
+em_escrow_fast(EmHold *h, TimestampTz cycle_start, int slots,
+			   EscrowNumbers *numbers)
+{
+	Datum		args[11];
 	bool		isnull;
+	bool		slot_lim_null;
+	int64		gen;
 	Datum		lim;
 
-	args[0] = PointerGetDatum(account);
-	args[1] = PointerGetDatum(feature);
+	args[0] = PointerGetDatum(h->account);
+	args[1] = PointerGetDatum(h->feature);
 	args[2] = TimestampTzGetDatum(cycle_start);
-	args[3] = PointerGetDatum(key);
-	args[4] = Int64GetDatum(amount);
-	args[5] = IntervalPGetDatum(lease);
-	args[6] = TimestampTzGetDatum(lease_until);
-	args[7] = TimestampTzGetDatum(now);
-	args[8] = Int32GetDatum(em_random_slot(slots));
-	em_exec(&fast_admit, args, NULL, 1);
-	(void) em_get(0, 1, &isnull);
-	if (isnull)
-		return ESCROW_NO_SLOT;
-	*job_id = DatumGetInt64(em_get(0, 2, &isnull));
-	if (isnull)
-		return ESCROW_KEY_TAKEN;
-	numbers->used = em_get_int64(0, 3, 0);
-	numbers->held = em_get_int64(0, 4, 0);
-	lim = em_get(0, 5, &numbers->unlimited);
+	em_exec(&fast_numbers, args, NULL, 1);
+	if (SPI_processed == 0)
+		return EM_ADMIT_NO_SLOT;
+	lim = em_get(0, FN_LIM, &numbers->unlimited);
 	numbers->lim = numbers->unlimited ? 0 : DatumGetInt64(lim);
-	return ESCROW_ADMITTED;
+	(void) em_get(0, FN_SLOT_LIM, &slot_lim_null);
+	if (!slots_cut_for_limit(numbers->unlimited, numbers->lim,
+							 em_get_int64(0, FN_RECORDED, 0), slot_lim_null,
+							 em_get_int64(0, FN_SLOT_LIM, 0)))
+		return EM_ADMIT_NO_SLOT;
+	numbers->used = em_get_int64(0, FN_USED, 0) + em_get_int64(0, FN_RECORDED, 0) +
+		em_get_int64(0, FN_SLOTS_USED, 0);
+	numbers->held = em_get_int64(0, FN_HELD, 0) + em_get_int64(0, FN_SLOTS_HELD, 0);
+	gen = em_get_int64(0, FN_SLOT_GEN, 0);
+	slots = (int) em_get_int64(0, FN_SLOTS, slots);
+
+	args[1] = Int64GetDatum(em_get_int64(0, FN_BUDGET_ID, 0));
+	args[2] = Int32GetDatum(em_random_slot(slots));
+	args[3] = Int32GetDatum(slots);
+	args[4] = Int64GetDatum(gen);
+	args[5] = Int64GetDatum(h->amount);
+	args[6] = PointerGetDatum(h->feature);
+	args[7] = PointerGetDatum(h->key);
+	args[8] = IntervalPGetDatum(h->lease);
+	args[9] = TimestampTzGetDatum(h->lease_until);
+	args[10] = TimestampTzGetDatum(h->now);
+	em_exec(&fast_take, args, NULL, 1);
+	(void) em_get(0, FT_SLOT, &isnull);
+	if (isnull)
+		return EM_ADMIT_NO_SLOT;
+	h->job_id = DatumGetInt64(em_get(0, FT_JOB_ID, &isnull));
+	return isnull ? EM_ADMIT_KEY_TAKEN : EM_ADMIT_OK;
 }
 
 /* ---------------------------------------------------------------------
@@ -189,89 +254,97 @@ em_escrow_fast(text *account, text *feature, TimestampTz cycle_start,
  * ---------------------------------------------------------------------
  */
 static EmStatement count_slots = {
-	"SELECT pg_catalog.count(*) FROM earmark.budget_slot WHERE budget_id = $1 AND slot < $2",
-	2, {INT8OID, INT4OID}
+	"SELECT pg_catalog.count(*) FROM earmark.budget_slot "
+	"WHERE account = $1 AND budget_id = $2 AND slot < $3",
+	3, {TEXTOID, INT8OID, INT4OID}
 };
 
-static EmStatement create_slots = {
-	"INSERT INTO earmark.budget_slot (budget_id, slot) "
-	"SELECT $1, g FROM pg_catalog.generate_series(0, $2 - 1) g "
+static EmStatement create_slot = {
+	"INSERT INTO earmark.budget_slot (account, budget_id, slot) VALUES ($1, $2, $3) "
 	"ON CONFLICT DO NOTHING",
-	2, {INT8OID, INT4OID}
+	3, {TEXTOID, INT8OID, INT4OID}
 };
 
 /* the slots running low (or cut for another limit, or beyond the count) */
 static EmStatement lock_low_slots = {
-	"SELECT coalesce(pg_catalog.array_agg(slot ORDER BY slot), '{}') FROM "
-	"(SELECT slot FROM earmark.budget_slot WHERE budget_id = $1 "
-	"   AND (room < $2 OR gen <> $3 OR slot >= $4) "
-	" FOR UPDATE SKIP LOCKED) AS s",
-	4, {INT8OID, INT8OID, INT8OID, INT4OID}
+	"SELECT slot FROM earmark.budget_slot "
+	"WHERE account = $1 AND budget_id = $2 AND (room < $3 OR gen <> $4 OR slot >= $5) "
+	"ORDER BY slot FOR UPDATE SKIP LOCKED",
+	5, {TEXTOID, INT8OID, INT8OID, INT8OID, INT4OID}
 };
 
 static EmStatement lock_free_slots = {
-	"SELECT coalesce(pg_catalog.array_agg(slot ORDER BY slot), '{}') FROM "
-	"(SELECT slot FROM earmark.budget_slot WHERE budget_id = $1 "
-	" FOR UPDATE SKIP LOCKED) AS s",
-	1, {INT8OID}
+	"SELECT slot FROM earmark.budget_slot WHERE account = $1 AND budget_id = $2 "
+	"ORDER BY slot FOR UPDATE SKIP LOCKED",
+	2, {TEXTOID, INT8OID}
 };
 
 /* every slot, with the allocation of those others hold as last committed */
 static EmStatement read_slots = {
-	"SELECT slot = ANY($2), coalesce(pg_catalog.sum(room), 0)::bigint, "
+	"SELECT slot = ANY($3), coalesce(pg_catalog.sum(room), 0)::bigint, "
 	"       coalesce(pg_catalog.sum(held), 0)::bigint, coalesce(pg_catalog.sum(used), 0)::bigint, "
 	"       pg_catalog.count(*) "
-	"FROM earmark.budget_slot WHERE budget_id = $1 GROUP BY 1",
-	2, {INT8OID, INT4ARRAYOID}
+	"FROM earmark.budget_slot WHERE account = $1 AND budget_id = $2 GROUP BY 1",
+	3, {TEXTOID, INT8OID, INT4ARRAYOID}
+};
+enum
+{
+	RS_MINE = 1, RS_ROOM, RS_HELD, RS_USED, RS_COUNT
 };
 
 static EmStatement cut_slots = {
 	"UPDATE earmark.budget_slot "
-	"SET room = CASE WHEN slot >= $3 THEN 0 "
-	"                WHEN slot = $2[1] THEN $4 + $5 ELSE $4 END, gen = $6 "
-	"WHERE budget_id = $1 AND slot = ANY($2)",
-	6, {INT8OID, INT4ARRAYOID, INT4OID, INT8OID, INT8OID, INT8OID}
+	"SET room = CASE WHEN slot >= $4 THEN 0 "
+	"                WHEN slot = $3[1] THEN $5 + $6 ELSE $5 END, gen = $7 "
+	"WHERE account = $1 AND budget_id = $2 AND slot = ANY($3)",
+	7, {TEXTOID, INT8OID, INT4ARRAYOID, INT4OID, INT8OID, INT8OID, INT8OID}
 };
 
 static EmStatement write_escrow_budget = {
-	"UPDATE earmark.budget SET used = $2, held = $3, slot_lim = $4, slot_gen = $5 "
-	"WHERE budget_id = $1",
-	5, {INT8OID, INT8OID, INT8OID, INT8OID, INT8OID}
+	"UPDATE earmark.budget SET used = $3, held = $4, slot_lim = $5, slot_gen = $6 "
+	"WHERE account = $1 AND budget_id = $2",
+	6, {TEXTOID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID}
 };
 
+/* the slots the last statement locked, as an int[] datum, and how many */
 static Datum
 locked_array(int *nlocked)
 {
-	bool		isnull;
-	Datum		d;
+	Datum	   *slots = palloc(sizeof(Datum) * Max(SPI_processed, 1));
+	uint64		i;
 
-	d = SPI_datumTransfer(em_get(0, 1, &isnull), false, -1);
-	*nlocked = ArrayGetNItems(ARR_NDIM(DatumGetArrayTypeP(d)),
-							  ARR_DIMS(DatumGetArrayTypeP(d)));
-	return d;
+	for (i = 0; i < SPI_processed; i++)
+		slots[i] = Int32GetDatum((int32) em_get_int64(i, 1, 0));
+	*nlocked = (int) SPI_processed;
+	return PointerGetDatum(construct_array(slots, (int) SPI_processed, INT4OID,
+										   sizeof(int32), true, TYPALIGN_INT));
 }
 
-/* every slot this transaction could lock, as an int[] datum */
+/* every slot this transaction could lock */
 static Datum
-lock_slots(int64 budget_id, int *nlocked)
+lock_slots(text *account, int64 budget_id, int *nlocked)
 {
-	Datum		arg = Int64GetDatum(budget_id);
+	Datum		args[2];
 
-	em_exec(&lock_free_slots, &arg, NULL, 1);
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	em_exec(&lock_free_slots, args, NULL, 0);
 	return locked_array(nlocked);
 }
 
 /* the free slots whose room is below low_water, and any stale ones */
 static Datum
-lock_low(int64 budget_id, int64 low_water, int64 gen, int slots, int *nlocked)
+lock_low(text *account, int64 budget_id, int64 low_water, int64 gen, int slots,
+		 int *nlocked)
 {
-	Datum		args[4];
+	Datum		args[5];
 
-	args[0] = Int64GetDatum(budget_id);
-	args[1] = Int64GetDatum(low_water);
-	args[2] = Int64GetDatum(gen);
-	args[3] = Int32GetDatum(slots);
-	em_exec(&lock_low_slots, args, NULL, 1);
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	args[2] = Int64GetDatum(low_water);
+	args[3] = Int64GetDatum(gen);
+	args[4] = Int32GetDatum(slots);
+	em_exec(&lock_low_slots, args, NULL, 0);
 	return locked_array(nlocked);
 }
 
@@ -282,10 +355,10 @@ empty_array(void)
 }
 
 static void
-cut(EscrowBudget *b, Datum locked, int nlocked, int64 nmine, int64 pool,
-	int64 per_slot_max, int64 gen)
+cut(text *account, EmBudget *b, Datum locked, int nlocked, int64 nmine,
+	int64 pool, int64 per_slot_max, int64 gen)
 {
-	Datum		args[6];
+	Datum		args[7];
 	int			live = Max(Min((int) nmine, b->slots), 1);
 	int64		share = b->slots > 0 ? pool / live : 0;
 	int64		rem = b->slots > 0 ? pool % live : 0;
@@ -297,27 +370,29 @@ cut(EscrowBudget *b, Datum locked, int nlocked, int64 nmine, int64 pool,
 		share = per_slot_max;
 		rem = 0;
 	}
-	args[0] = Int64GetDatum(b->budget_id);
-	args[1] = locked;
-	args[2] = Int32GetDatum(b->slots);
-	args[3] = Int64GetDatum(share);
-	args[4] = Int64GetDatum(rem);
-	args[5] = Int64GetDatum(gen);
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(b->budget_id);
+	args[2] = locked;
+	args[3] = Int32GetDatum(b->slots);
+	args[4] = Int64GetDatum(share);
+	args[5] = Int64GetDatum(rem);
+	args[6] = Int64GetDatum(gen);
 	em_exec(&cut_slots, args, NULL, 0);
 }
 
 static void
-write_budget(EscrowBudget *b, int64 gen)
+write_budget(text *account, EmBudget *b, int64 gen)
 {
-	Datum		args[5];
-	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+	Datum		args[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
 
-	args[0] = Int64GetDatum(b->budget_id);
-	args[1] = Int64GetDatum(b->used);
-	args[2] = Int64GetDatum(b->held);
-	args[3] = Int64GetDatum(b->lim);
-	nulls[3] = b->unlimited ? 'n' : ' ';
-	args[4] = Int64GetDatum(gen);
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(b->budget_id);
+	args[2] = Int64GetDatum(b->used);
+	args[3] = Int64GetDatum(b->held);
+	args[4] = Int64GetDatum(b->lim);
+	nulls[4] = b->unlimited ? 'n' : ' ';
+	args[5] = Int64GetDatum(gen);
 	em_exec(&write_escrow_budget, args, nulls, 0);
 }
 
@@ -332,29 +407,30 @@ typedef struct SlotSums
 } SlotSums;
 
 static void
-sum_slots(int64 budget_id, Datum locked, SlotSums *s)
+sum_slots(text *account, int64 budget_id, Datum locked, SlotSums *s)
 {
-	Datum		args[2];
+	Datum		args[3];
 	uint64		i;
 
 	memset(s, 0, sizeof(*s));
-	args[0] = Int64GetDatum(budget_id);
-	args[1] = locked;
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	args[2] = locked;
 	em_exec(&read_slots, args, NULL, 0);
 	for (i = 0; i < SPI_processed; i++)
 	{
 		bool		isnull;
-		bool		mine = DatumGetBool(em_get(i, 1, &isnull));
-		int64		room = em_get_int64(i, 2, 0);
-		int64		held = em_get_int64(i, 3, 0);
-		int64		used = em_get_int64(i, 4, 0);
+		bool		mine = DatumGetBool(em_get(i, RS_MINE, &isnull));
+		int64		room = em_get_int64(i, RS_ROOM, 0);
+		int64		held = em_get_int64(i, RS_HELD, 0);
+		int64		used = em_get_int64(i, RS_USED, 0);
 
 		s->used += used;
 		s->held += held;
 		if (mine)
 		{
 			s->mine_held_used += held + used;
-			s->nmine = em_get_int64(i, 5, 0);
+			s->nmine = em_get_int64(i, RS_COUNT, 0);
 		}
 		else
 		{
@@ -365,22 +441,117 @@ sum_slots(int64 budget_id, Datum locked, SlotSums *s)
 }
 
 /*
+ * Create missing slot rows.  Only when some are missing: the insert's
+ * conflict check would wait for every transaction that is changing an
+ * existing slot, which is exactly the wait SKIP LOCKED avoids below.
+ */
+static void
+create_missing_slots(text *account, EmBudget *b)
+{
+	Datum		args[3];
+	int			i;
+
+	if (b->slots <= 0)
+		return;
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(b->budget_id);
+	args[2] = Int32GetDatum(b->slots);
+	em_exec(&count_slots, args, NULL, 1);
+	if (em_get_int64(0, 1, 0) >= b->slots)
+		return;
+	for (i = 0; i < b->slots; i++)
+	{
+		args[2] = Int32GetDatum(i);
+		em_exec(&create_slot, args, NULL, 0);
+	}
+}
+
+/*
+ * Usually a slot ran dry while the budget still has room that no slot
+ * holds: admit from that, and refill only the free slots that are low.
+ * Locking every slot here would make all concurrent admissions miss
+ * their fast path for as long as this transaction lasts.  Returns false
+ * when the job does not fit in the unallocated room (the caller gathers).
+ */
+static bool
+admit_from_unallocated(EmHold *h, EmBudget *b, int64 cap, int64 gen,
+					   EmAdmit *result, int64 *remaining)
+{
+	SlotSums	s;
+	int64		unallocated;
+	int64		fair;
+	int			nlocked;
+	Datum		locked;
+
+	sum_slots(h->account, b->budget_id, empty_array(), &s);
+	unallocated = cap - b->used - b->held - s.others_alloc;
+	if (h->amount > unallocated)
+		return false;
+	fair = b->slots > 0 ?
+		(unallocated - h->amount + s.others_room) / (2 * (int64) b->slots) : 0;
+	*result = em_budget_admit_rated(h, b);
+	*remaining = Max(cap - b->used - b->held - s.used - s.held, 0);
+
+	locked = lock_low(h->account, b->budget_id, fair / 2, gen, b->slots, &nlocked);
+	if (nlocked > 0)
+	{
+		int64		pool;
+
+		sum_slots(h->account, b->budget_id, locked, &s);
+		pool = Max(cap - b->used - b->held - s.others_alloc - s.mine_held_used, 0);
+		cut(h->account, b, locked, nlocked, s.nmine, pool, fair, gen);
+	}
+	write_budget(h->account, b, gen);
+	return true;
+}
+
+/*
+ * Sum the slots we locked and the others; when the room we may hand out
+ * is too small, settle the budget's dead holds once and sum again.
+ * *pool is what we may cut (the limit less everything not ours to cut),
+ * *whole what the whole budget has left.
+ */
+static void
+gather(EmHold *h, EmBudget *b, int64 cap, Datum locked, SlotSums *s,
+	   int64 *pool, int64 *whole)
+{
+	bool		reclaimed = false;
+
+	for (;;)
+	{
+		int64		released;
+		int64		charged;
+
+		sum_slots(h->account, b->budget_id, locked, s);
+		*pool = cap - b->used - b->held - s->others_alloc - s->mine_held_used;
+		*whole = cap - b->used - b->held - s->used - s->held;
+		if (*pool >= h->amount || reclaimed)
+			break;
+		/* a hold whose lease has passed never causes a refusal */
+		reclaimed = true;
+		if (em_budget_expire(h->account, b->budget_id, h->now, EARMARK_RECLAIM_BATCH,
+							 true, &released, &charged) == 0)
+			break;
+		b->held -= released;
+		b->used += charged;
+	}
+	*pool = Max(*pool, 0);
+	*whole = Max(*whole, 0);
+}
+
+/*
  * Reserve's slow path for an escrow budget, with the budget row locked:
  * reclaim dead holds, see whether the whole budget has room, admit the job
  * outside the slots if it has, and cut the rest of the free room into the
- * slots we could lock.  Fills *result; inserts the job through
- * admit_outside(), which the gate provides.
+ * slots we could lock.  *remaining is what the whole budget has left.
  */
-void
-em_escrow_rebalance(EscrowBudget *b, int64 amount, TimestampTz now,
-					EscrowAdmitFn admit_outside, void *admit_arg,
-					EscrowOutcome *out)
+EmAdmit
+em_escrow_rebalance(EmHold *h, EmBudget *b, int64 *remaining)
 {
 	int64		cap = b->unlimited ? UNLIMITED_CAP : b->lim;
 	int64		gen = b->slot_gen;
+	EmAdmit		result = EM_ADMIT_REFUSED;
 	int			try;
-
-	memset(out, 0, sizeof(*out));
 
 	/*
 	 * A new limit (or the first rebalance): a new generation, so that slots
@@ -389,135 +560,55 @@ em_escrow_rebalance(EscrowBudget *b, int64 amount, TimestampTz now,
 	if (gen == 0 || b->slot_lim_null != b->unlimited ||
 		(!b->unlimited && b->slot_lim != b->lim))
 		gen++;
+	create_missing_slots(h->account, b);
 
-	/*
-	 * Create missing slot rows.  Only when some are missing: the insert's
-	 * conflict check would wait for every transaction that is changing an
-	 * existing slot, which is exactly the wait SKIP LOCKED avoids below.
-	 */
-	if (b->slots > 0)
-	{
-		Datum		args[2];
-
-		args[0] = Int64GetDatum(b->budget_id);
-		args[1] = Int32GetDatum(b->slots);
-		em_exec(&count_slots, args, NULL, 1);
-		if (em_get_int64(0, 1, 0) < b->slots)
-			em_exec(&create_slots, args, NULL, 0);
-	}
-
-	/*
-	 * Usually a slot ran dry while the budget still has room that no slot
-	 * holds: admit from that, and refill only the free slots that are low.
-	 * Locking every slot here would make all concurrent admissions miss
-	 * their fast path for as long as this transaction lasts.
-	 */
-	if (gen == b->slot_gen)
-	{
-		Datum		none = empty_array();
-		SlotSums	s;
-		int64		unallocated;
-
-		sum_slots(b->budget_id, none, &s);
-		unallocated = cap - b->used - b->held - s.others_alloc;
-		if (amount <= unallocated)
-		{
-			int64		fair = b->slots > 0 ?
-				(unallocated - amount + s.others_room) / (2 * (int64) b->slots) : 0;
-			int			nlocked;
-			Datum		locked;
-			int64		pool;
-
-			out->result = admit_outside(admit_arg, b, amount);
-			if (out->result == ESCROW_ADMITTED)
-			{
-				b->held += amount;
-				unallocated -= amount;
-			}
-			out->remaining = Max(cap - b->used - b->held - s.used - s.held, 0);
-
-			locked = lock_low(b->budget_id, fair / 2, gen, b->slots, &nlocked);
-			if (nlocked > 0)
-			{
-				sum_slots(b->budget_id, locked, &s);
-				pool = Max(cap - b->used - b->held - s.others_alloc - s.mine_held_used, 0);
-				cut(b, locked, nlocked, s.nmine, pool, fair, gen);
-			}
-			write_budget(b, gen);
-			return;
-		}
-	}
+	if (gen == b->slot_gen &&
+		admit_from_unallocated(h, b, cap, gen, &result, remaining))
+		return result;
 
 	for (try = 0;; try++)
 	{
 		int			nlocked;
-		Datum		locked = lock_slots(b->budget_id, &nlocked);
+		Datum		locked = lock_slots(h->account, b->budget_id, &nlocked);
 		SlotSums	s;
 		int64		pool;
 		int64		whole;
-		bool		reclaimed = false;
 
 		/* near the limit, or a new limit: gather the room of every free slot */
-		for (;;)
-		{
-			sum_slots(b->budget_id, locked, &s);
-			/* room we may hand out: the limit less everything not ours to cut */
-			pool = cap - b->used - b->held - s.others_alloc - s.mine_held_used;
-			whole = cap - b->used - b->held - s.used - s.held;
-			if (pool >= amount || reclaimed)
-				break;
-			/* a hold whose lease has passed never causes a refusal */
-			{
-				int64		released;
-				int64		charged;
-
-				reclaimed = true;
-				if (em_expire_budget_jobs(b->budget_id, now, EARMARK_RECLAIM_BATCH, true,
-										  &released, &charged) == 0)
-					break;
-				b->held -= released;
-				b->used += charged;
-			}
-		}
-		pool = Max(pool, 0);
-		whole = Max(whole, 0);
-
-		if (amount <= pool)
+		gather(h, b, cap, locked, &s, &pool, &whole);
+		if (h->amount <= pool)
 		{
 			/* the rate limit, then the hold, outside the slots */
-			out->result = admit_outside(admit_arg, b, amount);
-			if (out->result == ESCROW_ADMITTED)
+			result = em_budget_admit_rated(h, b);
+			if (result == EM_ADMIT_OK)
 			{
-				b->held += amount;
-				pool -= amount;
-				whole -= amount;
+				pool -= h->amount;
+				whole -= h->amount;
 			}
 		}
-		else if (whole >= amount && try < REBALANCE_TRIES)
+		else if (whole >= h->amount && try < REBALANCE_TRIES)
 		{
 			/*
-			 * The room is there, inside slots other transactions hold
-			 * this instant: let them finish rather than wait on their
-			 * locks (which could deadlock with a transaction that holds a
-			 * slot and now waits for this budget row).
+			 * The room is there, inside slots other transactions hold this
+			 * instant: let them finish rather than wait on their locks
+			 * (which could deadlock with a transaction that holds a slot and
+			 * now waits for this budget row).
 			 */
 			pg_usleep(REBALANCE_WAIT_US);
 			CHECK_FOR_INTERRUPTS();
 			continue;
 		}
-		else
-			out->result = ESCROW_REFUSED;
-		out->remaining = whole;
+		*remaining = whole;
 
 		/*
 		 * Cut half of what is free into the slots we hold; the other half
 		 * stays unallocated, for the next admission that finds its slot
 		 * dry (above: it need not lock any slot).
 		 */
-		cut(b, locked, nlocked, s.nmine, pool,
+		cut(h->account, b, locked, nlocked, s.nmine, pool,
 			pool / (2 * (int64) Max(Min((int) s.nmine, b->slots), 1)), gen);
-		write_budget(b, gen);
-		return;
+		write_budget(h->account, b, gen);
+		return result;
 	}
 }
 
@@ -544,10 +635,12 @@ static EmStatement set_budget_slots = {
 Datum
 earmark_set_escrow(PG_FUNCTION_ARGS)
 {
-	text	   *account = em_arg_name(fcinfo, 0, "account");
+	text	   *account;
 	int32		slots;
 	Datum		args[2];
 
+	em_require_schema();
+	account = em_arg_name(fcinfo, 0, "account");
 	if (PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),

@@ -4,9 +4,10 @@
  *	  The gate: earmark_reserve, earmark_charge, earmark_heartbeat,
  *	  earmark_settle and earmark_sweep.
  *
- *	  Tables: earmark.budget (held, used, rate state), earmark.job (the
- *	  holds), earmark.ledger (a row per settled job that used something)
- *	  and earmark.meter_mark (the cycle's "tell the meter" mark).
+ *	  Tables: earmark.job (the holds), earmark.budget (through budget.c,
+ *	  and a settlement's held and used), earmark.budget_slot (a settlement
+ *	  of a hold taken from a slot), earmark.ledger and earmark.meter_mark
+ *	  (a row and a mark per settlement that charged something).
  *
  *	  Locks, and why they cannot deadlock among themselves:
  *	  - reserve locks the budget row FOR UPDATE (check and hold in one
@@ -14,20 +15,26 @@
  *	    job rows FOR UPDATE SKIP LOCKED: it never waits for a job row.  The
  *	    rate limit then updates the account row: budget before account, as
  *	    in earmark_set_account.  Creating a cycle's budget row first takes
- *	    the account's advisory lock shared (see account.c).
+ *	    the account's advisory lock shared (see account.c).  Escrow's fast
+ *	    path locks one slot, never waiting (escrow.c).
  *	  - sweep locks a budget row (earmark_sweep waits only for the first
  *	    budget of a call, the worker for none: SKIP LOCKED), then its dead
  *	    job rows with SKIP LOCKED.
  *	  - charge and heartbeat lock one job row and nothing else.
- *	  - earmark_set_account: advisory lock, budget rows, account row.
- *	  - settle locks the job row, then updates (and so locks) its budget.
- *	    (The hot tables have no foreign keys: a key-share lock taken by an
- *	    FK check before the budget update would have to be upgraded, a
- *	    deadlock with any reserve waiting for the row.)
+ *	  - settle locks the job row, then updates (and so locks) its budget,
+ *	    or a free slot (SKIP LOCKED).  (The hot tables have no foreign keys:
+ *	    a key-share lock taken by an FK check before the budget update
+ *	    would have to be upgraded, a deadlock with any reserve waiting for
+ *	    the row.)
  *	  Only settle waits for a budget while holding a job, and nobody waits
  *	  for a job while holding a budget, so no cycle can form.  A settle that
  *	  waits on a job held by a long application transaction therefore holds
  *	  no budget lock meanwhile, and admissions go on.
+ *
+ *	  Every statement names the account (account = $1 on every relation),
+ *	  so that on Citus it runs on the account's shard alone.  A lease end
+ *	  computed from a column is done in UTC timestamps, which Citus accepts
+ *	  in an UPDATE (timestamptz + interval is only STABLE).
  *
  *	  Time is the wall clock (GetCurrentTimestamp), not the transaction
  *	  start: a lease that passes inside a long transaction has passed.
@@ -42,8 +49,14 @@
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
+#include "account.h"
+#include "budget.h"
+#include "cluster.h"
 #include "earmark.h"
+#include "escrow.h"
+#include "gate.h"
 #include "provider.h"
+#include "spi.h"
 
 PG_FUNCTION_INFO_V1(earmark_reserve);
 PG_FUNCTION_INFO_V1(earmark_charge);
@@ -51,287 +64,14 @@ PG_FUNCTION_INFO_V1(earmark_heartbeat);
 PG_FUNCTION_INFO_V1(earmark_settle);
 PG_FUNCTION_INFO_V1(earmark_sweep);
 
-
-/* ---------------------------------------------------------------------
- * Statements
- * ---------------------------------------------------------------------
- */
-static EmStatement job_by_key = {
-	"SELECT job_id, amount, feature FROM earmark.job "
-	"WHERE account = $1 AND idempotency_key = $2",
-	2, {TEXTOID, TEXTOID}
-};
-
-/* the same key's job if there is one, and the account's anchor and
- * whether its limit is known: one statement before any lock */
-static EmStatement reserve_start = {
-	"SELECT j.job_id, j.amount, j.feature, a.cycle_anchor, "
-	"       (SELECT l.source FROM earmark.account_limit l "
-	"                WHERE l.account = $1 AND l.feature = $3), a.account IS NOT NULL, "
-	"       coalesce(a.escrow_slots, $4), a.limits_fetched_at, a.limits_wanted_at IS NOT NULL "
-	"FROM (SELECT 1) AS one "
-	"LEFT JOIN earmark.job j ON j.account = $1 AND j.idempotency_key = $2 "
-	"LEFT JOIN earmark.account a ON a.account = $1",
-	4, {TEXTOID, TEXTOID, TEXTOID, INT4OID}
-};
-
-/* no row lock: the advisory lock orders this with earmark_set_account, and
- * a share lock here would deadlock with the rate limit's update below */
-static EmStatement account_anchor_again = {
-	"SELECT cycle_anchor FROM earmark.account WHERE account = $1",
-	1, {TEXTOID}
-};
-
-static EmStatement advisory_shared = {
-	"SELECT pg_catalog.pg_advisory_xact_lock_shared($2, pg_catalog.hashtext($1))",
-	2, {TEXTOID, INT4OID}
-};
-
-static EmStatement create_budget = {
-	"INSERT INTO earmark.budget (account, feature, cycle_start, cycle_end, slots) "
-	"SELECT $1, $2, $3, $4, coalesce(a.escrow_slots, $5) FROM earmark.account a WHERE a.account = $1 "
-	"ON CONFLICT (account, feature, cycle_start) DO NOTHING",
-	5, {TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT4OID}
-};
-
-static EmStatement lock_budget = {
-	"SELECT budget_id, used, held, slots, slot_lim, slot_gen FROM earmark.budget "
-	"WHERE account = $1 AND feature = $2 AND cycle_start = $3 FOR UPDATE",
-	3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
-};
-
-/* read after the budget lock, in a new snapshot: a limit or anchor change
- * committed before the lock was granted applies to this admission */
-static EmStatement read_limit = {
-	"SELECT l.lim, l.account IS NOT NULL, a.cycle_anchor, "
-	"       coalesce((SELECT pg_catalog.sum(u.units) FROM earmark.usage_shard u "
-	"                  WHERE u.budget_id = $4), 0)::bigint "
-	"FROM earmark.account a "
-	"LEFT JOIN earmark.account_limit l ON l.account = a.account AND l.feature = $2 "
-	"WHERE a.account = $1",
-	4, {TEXTOID, TEXTOID, TIMESTAMPTZOID, INT8OID}
-};
-
-/* a budget's totals, its escrow slots included */
-static EmStatement budget_numbers = {
-	"SELECT b.used + coalesce(s.used, 0) + coalesce((SELECT pg_catalog.sum(u.units) "
-	"         FROM earmark.usage_shard u WHERE u.budget_id = b.budget_id), 0)::bigint, "
-	"       b.held + coalesce(s.held, 0), l.lim, l.account IS NOT NULL "
-	"FROM earmark.budget b LEFT JOIN earmark.account_limit l "
-	"  ON l.account = b.account AND l.feature = b.feature "
-	"LEFT JOIN LATERAL (SELECT pg_catalog.sum(used)::bigint AS used, pg_catalog.sum(held)::bigint AS held "
-	"                   FROM earmark.budget_slot WHERE budget_id = b.budget_id) s ON true "
-	"WHERE b.budget_id = $1",
-	1, {INT8OID}
-};
-
-/* the hold: the job row and the budget's new numbers in one statement;
- * neither happens when the key is already taken ($9 used, $10 the held
- * before this hold) */
-static EmStatement admit_job = {
-	"WITH j AS ("
-	"  INSERT INTO earmark.job (budget_id, account, feature, idempotency_key, amount, lease, lease_until, created_at) "
-	"  VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
-	"  ON CONFLICT (account, idempotency_key) DO NOTHING RETURNING job_id),"
-	" b AS (UPDATE earmark.budget SET used = $9, held = $10 + $5 "
-	"       WHERE budget_id = $1 AND EXISTS (SELECT 1 FROM j)) "
-	"SELECT job_id FROM j",
-	10, {INT8OID, TEXTOID, TEXTOID, TEXTOID, INT8OID, INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
-	INT8OID, INT8OID}
-};
-
-static EmStatement write_budget = {
-	"UPDATE earmark.budget SET used = $2, held = $3 WHERE budget_id = $1",
-	3, {INT8OID, INT8OID, INT8OID}
-};
-
-/*
- * The admission rate limit as GCRA on the account row: an admission at
- * "now" conforms when the theoretical arrival time is at most "tolerance"
- * ahead; it then moves on by one emission interval.  No row comes back
- * when the account is over its rate, and then nothing was written.
- */
-static EmStatement rate_admit = {
-	"UPDATE earmark.account "
-	"SET rate_tat = GREATEST(coalesce(rate_tat, $2), $2) + $3 * interval '1 microsecond' "
-	"WHERE account = $1 "
-	"  AND GREATEST(coalesce(rate_tat, $2), $2) <= $2 + $4 * interval '1 microsecond' "
-	"RETURNING 1",
-	4, {TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID}
-};
-
-static EmStatement release_budget = {
-	"UPDATE earmark.budget SET held = held - $2, used = used + $3 WHERE budget_id = $1",
-	3, {INT8OID, INT8OID, INT8OID}
-};
-
-/*
- * Expire a locked budget's dead holds, at the use they recorded: the job
- * rows, their ledger rows and the meter mark in one statement.  The caller
- * holds the budget row lock and applies the returned sums to it.
- */
-/*
- * A hold taken from an escrow slot is expired into the budget row like any
- * other (the sums are what count: escrow.c).
- */
-static EmStatement expire_jobs = {
-	"WITH j AS ("
-	"  UPDATE earmark.job AS t"
-	"     SET status = 'expired', settled_at = $2, charged = t.used, released = t.amount - t.used"
-	"   WHERE t.job_id IN (SELECT s.job_id FROM earmark.job s"
-	"                       WHERE s.budget_id = $1 AND s.status IN ('running', 'capped')"
-	"                         AND s.lease_until < $2"
-	"                       LIMIT $3 FOR UPDATE SKIP LOCKED)"
-	"  RETURNING t.job_id, t.amount, t.used),"
-	" l AS (INSERT INTO earmark.ledger (budget_id, units, job_id, occurred_at)"
-	"       SELECT $1, j.used, j.job_id, $2 FROM j WHERE j.used > 0 RETURNING 1),"
-	" m AS (INSERT INTO earmark.meter_mark (budget_id)"
-	"       SELECT $1 WHERE EXISTS (SELECT 1 FROM l) ON CONFLICT DO NOTHING)"
-	"SELECT pg_catalog.count(*), coalesce(pg_catalog.sum(j.amount), 0)::bigint,"
-	"       coalesce(pg_catalog.sum(j.used), 0)::bigint FROM j",
-	3, {INT8OID, TIMESTAMPTZOID, INT4OID}
-};
-
-/*
- * The job row, locked.  Column 9 is the budget's slot count, read only for
- * a hold taken from a slot: settle starts its search for a free slot at a
- * random one of them; column 10 the slots' generation the hold was taken
- * in.
- */
-static EmStatement lock_job = {
-	"SELECT budget_id, amount, used, status, lease_until, lease, last_step, slot, "
-	"       CASE WHEN slot IS NOT NULL THEN "
-	"         (SELECT b.slots FROM earmark.budget b WHERE b.budget_id = j.budget_id) END, gen "
-	"FROM earmark.job j WHERE job_id = $1 FOR UPDATE",
-	1, {INT8OID}
-};
-
-/*
- * A charge that changes nothing but the use, the step and the lease (the
- * job is running, its lease has not passed, the tokens fit, the step is
- * new): one UPDATE, which takes the row lock itself, instead of a locking
- * read and an update (a statement and a WAL record fewer).  Under READ
- * COMMITTED a concurrent settle makes the UPDATE re-check its conditions
- * on the settled row, so it finds nothing and the caller takes the general
- * path.  "$2 <= amount - used" cannot overflow as "used + $2" could.
- */
-static EmStatement charge_fits = {
-	"UPDATE earmark.job SET used = used + $2, last_step = coalesce($3, last_step), "
-	"       lease_until = $4 + lease "
-	"WHERE job_id = $1 AND status = 'running' AND lease_until >= $4 AND $2 <= amount - used "
-	"  AND ($3 IS NULL OR last_step IS NULL OR $3 > last_step) "
-	"RETURNING amount - used",
-	4, {INT8OID, INT8OID, INT8OID, TIMESTAMPTZOID}
-};
-
-static EmStatement write_charge = {
-	"UPDATE earmark.job SET used = $2, last_step = coalesce($3, last_step), "
-	"status = $4, lease_until = $5 WHERE job_id = $1",
-	5, {INT8OID, INT8OID, INT8OID, TEXTOID, TIMESTAMPTZOID}
-};
-
-static EmStatement heartbeat_job = {
-	"UPDATE earmark.job SET lease_until = $2 + lease "
-	"WHERE job_id = $1 AND status IN ('running', 'capped') AND lease_until >= $2 "
-	"RETURNING lease_until",
-	2, {INT8OID, TIMESTAMPTZOID}
-};
-
-static EmStatement job_exists = {
-	"SELECT 1 FROM earmark.job WHERE job_id = $1",
-	1, {INT8OID}
-};
-
-/*
- * A settlement: the budget, the job, its ledger row and the cycle's meter
- * mark in one statement ($6 the hold, $7 the budget).  The ledger row and
- * the mark are written only after the budget row's update, which they
- * reference: a CTE nobody reads runs last, and a mark inserted before the
- * budget lock was granted would be held, uncommitted, while waiting for
- * it (a deadlock with any holder of the budget row that settles too).
- *
- * settle_slot_job is the same for a hold taken from an escrow slot: it
- * settles into whichever slot of the budget is free and of the generation
- * the hold was taken in ($9) (held to used, the rest to room; the first
- * free one from a random start, $8, as escrow.c's fast path searches), so
- * that it never queues behind the admissions using the slot it came from;
- * when no such slot is free it settles into the budget row, as an expiry
- * does.  Either way no slot's allocation (room + held + used) changes,
- * which is what the limit's books rest on (escrow.c); a row's own held may
- * go below zero, only the sums count.  The generation matters: slots are
- * cut again in a new generation when the limit, or the usage recorded
- * against it, changes, and the new cut counts the old holds as taken; a
- * hold of the old generation released into a slot of the new one would
- * add room the new cut never gave, while the budget may be over its new
- * limit (in the budget row, the release only lowers held, and a rebalance
- * hands it out again only if the limit has room).
- */
-static EmStatement settle_job = {
-	"WITH b AS (UPDATE earmark.budget SET held = held - $6, used = used + $4 WHERE budget_id = $7 RETURNING 1),"
-	" j AS (UPDATE earmark.job SET status = $2, settled_at = $3, charged = $4, "
-	"       released = $5 WHERE job_id = $1),"
-	" l AS (INSERT INTO earmark.ledger (budget_id, units, job_id, occurred_at)"
-	"       SELECT $7, $4, $1, $3 WHERE $4 > 0 AND EXISTS (SELECT 1 FROM b) RETURNING 1)"
-	"INSERT INTO earmark.meter_mark (budget_id) SELECT $7 WHERE EXISTS (SELECT 1 FROM l) "
-	"ON CONFLICT DO NOTHING",
-	7, {INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID, INT8OID, INT8OID}
-};
-
-static EmStatement settle_slot_job = {
-	"WITH f AS (SELECT coalesce("
-	"    (SELECT slot FROM earmark.budget_slot WHERE budget_id = $7 AND slot >= $8 AND gen = $9 "
-	"      ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED),"
-	"    (SELECT slot FROM earmark.budget_slot WHERE budget_id = $7 AND slot < $8 AND gen = $9 "
-	"      ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED)) AS slot),"
-	" bs AS (UPDATE earmark.budget_slot t SET held = t.held - $6, used = t.used + $4, "
-	"        room = t.room + ($6 - $4) FROM f WHERE t.budget_id = $7 AND t.slot = f.slot RETURNING 1),"
-	" bb AS (UPDATE earmark.budget SET held = held - $6, used = used + $4 "
-	"        WHERE budget_id = $7 AND (SELECT slot FROM f) IS NULL RETURNING 1),"
-	" j AS (UPDATE earmark.job SET status = $2, settled_at = $3, charged = $4, "
-	"       released = $5 WHERE job_id = $1),"
-	" l AS (INSERT INTO earmark.ledger (budget_id, units, job_id, occurred_at)"
-	"       SELECT $7, $4, $1, $3 WHERE $4 > 0 "
-	"          AND (EXISTS (SELECT 1 FROM bs) OR EXISTS (SELECT 1 FROM bb)) RETURNING 1)"
-	"INSERT INTO earmark.meter_mark (budget_id) SELECT $7 WHERE EXISTS (SELECT 1 FROM l) "
-	"ON CONFLICT DO NOTHING",
-	9, {INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID, INT8OID, INT8OID, INT4OID, INT8OID}
-};
-
-static EmStatement expired_budgets = {
-	"SELECT budget_id FROM earmark.job "
-	"WHERE status IN ('running', 'capped') AND lease_until < $1 "
-	"GROUP BY budget_id ORDER BY pg_catalog.min(lease_until) LIMIT $2",
-	2, {TIMESTAMPTZOID, INT4OID}
-};
-
-static EmStatement lock_budget_wait = {
-	"SELECT 1 FROM earmark.budget WHERE budget_id = $1 FOR UPDATE",
-	1, {INT8OID}
-};
-
-static EmStatement lock_budget_skip = {
-	"SELECT 1 FROM earmark.budget WHERE budget_id = $1 FOR UPDATE SKIP LOCKED",
-	1, {INT8OID}
-};
+/* a lease end from the job's own lease: ($n + lease), computed in UTC */
+#define LEASE_FROM(param) \
+	"(((" param " AT TIME ZONE 'UTC') + lease) AT TIME ZONE 'UTC')"
 
 /* ---------------------------------------------------------------------
  * Helpers
  * ---------------------------------------------------------------------
  */
-
-/* limit - used - held, at least 0; unlimited reads as PG_INT64_MAX */
-static int64
-room_left(bool unlimited, int64 lim, int64 used, int64 held)
-{
-	int64		r;
-
-	if (unlimited)
-		return PG_INT64_MAX;
-	if (pg_sub_s64_overflow(lim, used, &r) || pg_sub_s64_overflow(r, held, &r))
-		return 0;
-	return Max(r, 0);
-}
-
 static bool
 is_open(const char *status)
 {
@@ -367,36 +107,6 @@ add_interval(TimestampTz t, Interval *i)
 												   IntervalPGetDatum(i)));
 }
 
-/*
- * Expire up to max dead holds of a locked budget; returns how many.
- * *released and *charged are their sums, for the caller to apply to the
- * budget row.  It may find the cycle marked, so it takes the cycle's mark
- * lock (ledger.c); without wait, a lock the reporter holds makes it expire
- * nothing (the worker never waits while it holds a budget row).
- */
-int64
-em_expire_budget_jobs(int64 budget_id, TimestampTz now, int max, bool wait,
-					  int64 *released, int64 *charged)
-{
-	Datum		args[3];
-	int64		n;
-
-	args[0] = Int64GetDatum(budget_id);
-	args[1] = TimestampTzGetDatum(now);
-	args[2] = Int32GetDatum(max);
-	*released = 0;
-	*charged = 0;
-	if (!wait && !em_mark_try_lock(budget_id))
-		return 0;
-	if (wait)
-		em_mark_lock(budget_id);
-	em_exec(&expire_jobs, args, NULL, 0);
-	n = em_get_int64(0, 1, 0);
-	*released = em_get_int64(0, 2, 0);
-	*charged = em_get_int64(0, 3, 0);
-	return n;
-}
-
 static void
 check_positive(int64 v, const char *what)
 {
@@ -407,11 +117,23 @@ check_positive(int64 v, const char *what)
 				 errdetail("The value given was " INT64_FORMAT ".", v)));
 }
 
+static void
+unknown_job(text *account, int64 job_id)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_EARMARK_UNKNOWN_JOB),
+			 errmsg("earmark job " INT64_FORMAT " of account \"%s\" does not exist",
+					job_id, text_to_cstring(account)),
+			 errhint("Use the account and the job_id that earmark_reserve returned.")));
+}
+
 /* ---------------------------------------------------------------------
  * earmark_reserve(account, amount, idempotency_key, feature, lease)
  *	  RETURNS TABLE (job_id, admitted, remaining, reason)
  * ---------------------------------------------------------------------
  */
+
+/* the answer */
 typedef struct Admission
 {
 	bool		admitted;
@@ -423,195 +145,301 @@ typedef struct Admission
 	bool		want_limits;	/* the limit is stale: ask the worker */
 } Admission;
 
+/* a reserve in progress */
+typedef struct Reserve
+{
+	EmHold		h;
+	bool		has_anchor;
+	TimestampTz anchor;
+	int			escrow_slots;
+	EmBudget	b;
+	Admission  *result;
+} Reserve;
+
+/*
+ * The account, its limit's source and age, and the same key's job if
+ * there is one: one statement before any lock.  No row: the account does
+ * not exist (so its limit is unknown).
+ */
+static EmStatement reserve_start = {
+	"SELECT a.cycle_anchor, coalesce(a.escrow_slots, $4), a.limits_fetched_at, "
+	"       a.limits_wanted_at IS NOT NULL, l.account IS NOT NULL, l.source, "
+	"       j.job_id, j.amount, j.feature, j.budget_id "
+	"FROM earmark.account a "
+	"LEFT JOIN earmark.account_limit l ON l.account = a.account AND l.feature = $3 "
+	"LEFT JOIN earmark.job j ON j.account = a.account AND j.idempotency_key = $2 "
+	"WHERE a.account = $1",
+	4, {TEXTOID, TEXTOID, TEXTOID, INT4OID}
+};
+enum
+{
+	RS_ANCHOR = 1, RS_ESCROW_SLOTS, RS_FETCHED_AT, RS_WANTED, RS_HAS_LIMIT,
+	RS_SOURCE, RS_JOB_ID, RS_AMOUNT, RS_FEATURE, RS_BUDGET_ID
+};
+
+static EmStatement job_by_key = {
+	"SELECT job_id, amount, feature, budget_id FROM earmark.job "
+	"WHERE account = $1 AND idempotency_key = $2",
+	2, {TEXTOID, TEXTOID}
+};
+enum
+{
+	JK_JOB_ID = 1, JK_AMOUNT, JK_FEATURE, JK_BUDGET_ID
+};
+
+/* a budget's totals, its escrow slots and recorded usage included */
+static EmStatement budget_numbers = {
+	"SELECT b.used, b.held, l.lim, l.account IS NOT NULL, "
+	"       (SELECT coalesce(pg_catalog.sum(u.units), 0)::bigint FROM earmark.usage_shard u "
+	"         WHERE u.account = $1 AND u.budget_id = $2), "
+	"       (SELECT coalesce(pg_catalog.sum(t.used), 0)::bigint FROM earmark.budget_slot t "
+	"         WHERE t.account = $1 AND t.budget_id = $2), "
+	"       (SELECT coalesce(pg_catalog.sum(t.held), 0)::bigint FROM earmark.budget_slot t "
+	"         WHERE t.account = $1 AND t.budget_id = $2) "
+	"FROM earmark.budget b "
+	"LEFT JOIN earmark.account_limit l ON l.account = b.account AND l.feature = b.feature "
+	"WHERE b.account = $1 AND b.budget_id = $2",
+	2, {TEXTOID, INT8OID}
+};
+enum
+{
+	BN_USED = 1, BN_HELD, BN_LIM, BN_KNOWN, BN_RECORDED, BN_SLOTS_USED, BN_SLOTS_HELD
+};
+
 /*
  * The same key again: the same job, or an error if the parameters differ.
- * The job's id, amount and feature are columns 1-3 of the last result.
+ * The job's id, amount, feature and budget are at columns c .. c + 3 of
+ * the last result.
  */
-static void
-existing_job(text *account, text *key, text *feature, int64 amount,
-			 Admission *result)
+static int64
+existing_job(Reserve *r, int c)
 {
-	int64		job_id = em_get_int64(0, 1, 0);
-	int64		old_amount = em_get_int64(0, 2, 0);
+	Admission  *result = r->result;
+	int64		job_id = em_get_int64(0, c, 0);
+	int64		old_amount = em_get_int64(0, c + 1, 0);
 	bool		isnull;
-	char	   *old_feature = TextDatumGetCString(em_get(0, 3, &isnull));
-	char	   *new_feature = text_to_cstring(feature);
+	char	   *old_feature = TextDatumGetCString(em_get(0, c + 2, &isnull));
+	char	   *new_feature = text_to_cstring(r->h.feature);
 
-	if (old_amount != amount || strcmp(old_feature, new_feature) != 0)
+	if (old_amount != r->h.amount || strcmp(old_feature, new_feature) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_EARMARK_IDEMPOTENCY_CONFLICT),
 				 errmsg("idempotency key \"%s\" of account \"%s\" was used for a different job",
-						text_to_cstring(key), text_to_cstring(account)),
+						text_to_cstring(r->h.key), text_to_cstring(r->h.account)),
 				 errdetail("Job " INT64_FORMAT " holds " INT64_FORMAT " of feature \"%s\"; this call asks for " INT64_FORMAT " of feature \"%s\".",
-						   job_id, old_amount, old_feature, amount, new_feature),
+						   job_id, old_amount, old_feature, r->h.amount, new_feature),
 				 errhint("Use a new key for a new job, or repeat the first call's amount and feature.")));
 
 	result->admitted = true;
 	result->job_id = job_id;
 	result->reason = "already admitted";
+	return em_get_int64(0, c + 3, 0);
 }
 
+/* "remaining" of the existing job's budget */
 static void
-fill_remaining_of_job_budget(int64 budget_id, Admission *result)
+remaining_of_budget(text *account, int64 budget_id, Admission *result)
 {
-	Datum		arg = Int64GetDatum(budget_id);
+	Datum		args[2];
 	bool		isnull;
 
-	em_exec(&budget_numbers, &arg, NULL, 1);
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	em_exec(&budget_numbers, args, NULL, 1);
 	if (SPI_processed == 1)
 	{
-		int64		used = em_get_int64(0, 1, 0);
-		int64		held = em_get_int64(0, 2, 0);
-		Datum		lim = em_get(0, 3, &isnull);
-		bool		known = DatumGetBool(em_get(0, 4, &isnull));
+		int64		used = em_get_int64(0, BN_USED, 0) + em_get_int64(0, BN_RECORDED, 0) +
+			em_get_int64(0, BN_SLOTS_USED, 0);
+		int64		held = em_get_int64(0, BN_HELD, 0) + em_get_int64(0, BN_SLOTS_HELD, 0);
+		bool		known = DatumGetBool(em_get(0, BN_KNOWN, &isnull));
+		bool		no_lim;
+		Datum		lim = em_get(0, BN_LIM, &no_lim);
 
-		result->unlimited = known && isnull;
-		result->remaining = known ? room_left(result->unlimited,
-											  DatumGetInt64(lim), used, held) : 0;
+		result->unlimited = known && no_lim;
+		result->remaining = known ?
+			em_room_left(result->unlimited, no_lim ? 0 : DatumGetInt64(lim), used, held) : 0;
 	}
-}
-
-static EmStatement job_budget = {
-	"SELECT budget_id FROM earmark.job WHERE job_id = $1",
-	1, {INT8OID}
-};
-
-static void
-remaining_for_job(int64 job_id, Admission *result)
-{
-	Datum		arg = Int64GetDatum(job_id);
-
-	em_exec(&job_budget, &arg, NULL, 1);
-	if (SPI_processed == 1)
-		fill_remaining_of_job_budget(em_get_int64(0, 1, 0), result);
 }
 
 /*
  * Before a refusal: did a concurrent reserve with the same key commit while
- * we waited for the budget row?  Then the answer is that job, not a
- * refusal.  (Only refusals pay for this look-up; an admission finds the
- * key through its insert.)
+ * we waited?  Then the answer is that job, not a refusal.  (Only refusals
+ * pay for this look-up; an admission finds the key through its insert.)
  */
 static bool
-key_taken_meanwhile(text *account, text *key, text *feature, int64 amount,
-					Admission *result)
+key_taken_meanwhile(Reserve *r)
 {
 	Datum		args[2];
 
-	args[0] = PointerGetDatum(account);
-	args[1] = PointerGetDatum(key);
+	args[0] = PointerGetDatum(r->h.account);
+	args[1] = PointerGetDatum(r->h.key);
 	em_exec(&job_by_key, args, NULL, 1);
 	if (SPI_processed == 0)
 		return false;
-	existing_job(account, key, feature, amount, result);
-	remaining_for_job(result->job_id, result);
+	remaining_of_budget(r->h.account, existing_job(r, JK_JOB_ID), r->result);
 	return true;
 }
 
-static EmStatement rate_refund = {
-	"UPDATE earmark.account SET rate_tat = rate_tat - $2 * interval '1 microsecond' WHERE account = $1",
-	2, {TEXTOID, INT8OID}
+/*
+ * Step 1: the same key again returns the same job and holds nothing new;
+ * step 2: an account without a known limit is refused (fail closed).
+ * True when the reserve is answered.
+ */
+static bool
+start_reserve(Reserve *r)
+{
+	Admission  *result = r->result;
+	Datum		args[4];
+	bool		isnull;
+	EmLimitAge	age;
+	Datum		d;
+	bool		has_row;
+	bool		provider_row;
+
+	args[0] = PointerGetDatum(r->h.account);
+	args[1] = PointerGetDatum(r->h.key);
+	args[2] = PointerGetDatum(r->h.feature);
+	args[3] = Int32GetDatum(earmark_escrow_slots);
+	em_exec(&reserve_start, args, NULL, 1);
+	if (SPI_processed == 0)
+	{
+		result->reason = "limit unknown";
+		return true;
+	}
+	(void) em_get(0, RS_JOB_ID, &isnull);
+	if (!isnull)
+	{
+		remaining_of_budget(r->h.account, existing_job(r, RS_JOB_ID), result);
+		return true;
+	}
+
+	/* the limit cache (limits.c): a provider's limit ages */
+	has_row = DatumGetBool(em_get(0, RS_HAS_LIMIT, &isnull));
+	d = em_get(0, RS_SOURCE, &isnull);
+	provider_row = has_row && strcmp(TextDatumGetCString(d), "provider") == 0;
+	d = em_get(0, RS_FETCHED_AT, &isnull);
+	age = em_limit_age(has_row, provider_row, !isnull,
+					   isnull ? 0 : DatumGetTimestampTz(d), r->h.now);
+	if (age == EM_LIMIT_UNKNOWN || age == EM_LIMIT_UNKNOWN_WANTED)
+	{
+		/* no lock is held yet, and none is taken after this one */
+		if (age == EM_LIMIT_UNKNOWN_WANTED && !DatumGetBool(em_get(0, RS_WANTED, &isnull)))
+			em_want_limits(r->h.account);
+		result->reason = "limit unknown";
+		return true;
+	}
+	/* flagged after the budget row, in earmark_reserve */
+	result->want_limits = age == EM_LIMIT_STALE && !DatumGetBool(em_get(0, RS_WANTED, &isnull));
+
+	d = em_get(0, RS_ANCHOR, &isnull);
+	r->has_anchor = !isnull;
+	r->anchor = isnull ? 0 : DatumGetTimestampTz(d);
+	r->escrow_slots = (int) em_get_int64(0, RS_ESCROW_SLOTS, 0);
+	return false;
+}
+
+/*
+ * Step 3, escrow's fast path: take room from a free slot without touching
+ * the budget row.  Only while the rate limit is off: with it on, every
+ * admission of the account is serialized on the account row anyway, and a
+ * slot admission that the rate limit then refused could not be taken
+ * back.  Not under REPEATABLE READ or SERIALIZABLE either: the fast path
+ * reads the limit and the recorded usage without a lock, in the
+ * transaction's snapshot, which may be older than a lower limit or usage
+ * committed before this call; the slow path checks them.  True when the
+ * reserve is answered.
+ */
+static bool
+fast_path(Reserve *r)
+{
+	TimestampTz start;
+	TimestampTz end;
+	EscrowNumbers n;
+	int64		held;
+
+	if (r->escrow_slots <= 0 || earmark_rate_limit > 0 || IsolationUsesXactSnapshot())
+		return false;
+	em_cycle_bounds(r->anchor, r->has_anchor, r->h.now, &start, &end);
+	switch (em_escrow_fast(&r->h, start, r->escrow_slots, &n))
+	{
+		case EM_ADMIT_OK:
+			r->result->admitted = true;
+			r->result->job_id = r->h.job_id;
+			r->result->unlimited = n.unlimited;
+			/* the numbers are from before this hold */
+			if (pg_add_s64_overflow(n.held, r->h.amount, &held))
+				held = PG_INT64_MAX;
+			r->result->remaining = n.unlimited ? 0 : em_room_left(false, n.lim, n.used, held);
+			return true;
+		case EM_ADMIT_KEY_TAKEN:
+			if (!key_taken_meanwhile(r))
+				elog(ERROR, "earmark: job with key \"%s\" vanished", text_to_cstring(r->h.key));
+			return true;
+		default:
+			return false;
+	}
+}
+
+/* no row lock: the advisory lock orders this with earmark_set_account */
+static EmStatement account_anchor_again = {
+	"SELECT cycle_anchor FROM earmark.account WHERE account = $1",
+	1, {TEXTOID}
+};
+
+static EmStatement advisory_shared = {
+	"SELECT pg_catalog.pg_advisory_xact_lock_shared($2, pg_catalog.hashtext($1))",
+	2, {TEXTOID, INT4OID}
 };
 
 /*
- * Give back the admission rate_conforms counted, when the hold then found
- * its key taken by a concurrent reserve: a repeat of a key never counts.
+ * Creating a cycle's budget row: hold the account's advisory lock shared
+ * so that earmark_set_account cannot change the anchor under us, read the
+ * anchor again under it, create the row and lock it.
  */
 static void
-rate_give_back(text *account)
+create_cycle_budget(Reserve *r)
 {
 	Datum		args[2];
+	bool		isnull;
+	TimestampTz start;
+	TimestampTz end;
 
-	if (earmark_rate_limit <= 0)
-		return;
-	args[0] = PointerGetDatum(account);
-	args[1] = Int64GetDatum(USECS_PER_MINUTE / earmark_rate_limit);
-	em_exec(&rate_refund, args, NULL, 0);
-}
-
-/* GCRA, per account: true when one more admission conforms (and is counted) */
-static bool
-rate_conforms(text *account, TimestampTz now)
-{
-	Datum		rargs[4];
-	int64		step;
-
-	if (earmark_rate_limit <= 0)
-		return true;
-	step = USECS_PER_MINUTE / earmark_rate_limit;
-	rargs[0] = PointerGetDatum(account);
-	rargs[1] = TimestampTzGetDatum(now);
-	rargs[2] = Int64GetDatum(step);
-	rargs[3] = Int64GetDatum(USECS_PER_MINUTE - step);
-	em_exec(&rate_admit, rargs, NULL, 1);
-	return SPI_processed == 1;
-}
-
-typedef struct ReserveCtx
-{
-	text	   *account;
-	text	   *key;
-	text	   *feature;
-	int64		amount;
-	Interval   *lease;
-	TimestampTz now;
-	Admission  *result;
-} ReserveCtx;
-
-/*
- * The hold outside any escrow slot: the job row and the budget row's new
- * numbers (used, held + amount).  ESCROW_KEY_TAKEN when a concurrent
- * reserve with the same key committed first (then *result is that job).
- */
-static EscrowResult
-insert_hold(ReserveCtx *c, int64 budget_id, int64 used, int64 held)
-{
-	int64		new_held;
-	Datum		hargs[10];
-
-	if (pg_add_s64_overflow(held, c->amount, &new_held))
-		ereport(ERROR,
-				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
-				 errmsg("the account's holds would exceed the largest bigint")));
-	hargs[0] = Int64GetDatum(budget_id);
-	hargs[1] = PointerGetDatum(c->account);
-	hargs[2] = PointerGetDatum(c->feature);
-	hargs[3] = PointerGetDatum(c->key);
-	hargs[4] = Int64GetDatum(c->amount);
-	hargs[5] = IntervalPGetDatum(c->lease);
-	hargs[6] = TimestampTzGetDatum(add_interval(c->now, c->lease));
-	hargs[7] = TimestampTzGetDatum(c->now);
-	hargs[8] = Int64GetDatum(used);
-	hargs[9] = Int64GetDatum(held);
-	em_exec(&admit_job, hargs, NULL, 1);
+	args[0] = PointerGetDatum(r->h.account);
+	args[1] = Int32GetDatum(EARMARK_ADVISORY_CLASS);
+	em_exec(&advisory_shared, args, NULL, 0);
+	em_exec(&account_anchor_again, args, NULL, 1);
 	if (SPI_processed == 1)
 	{
-		c->result->admitted = true;
-		c->result->job_id = em_get_int64(0, 1, 0);
-		c->result->reason = NULL;
-		return ESCROW_ADMITTED;
+		Datum		d = em_get(0, 1, &isnull);
+
+		r->has_anchor = !isnull;
+		r->anchor = isnull ? 0 : DatumGetTimestampTz(d);
 	}
-	/* the same key committed after reserve_start (ON CONFLICT waited) */
-	if (!key_taken_meanwhile(c->account, c->key, c->feature, c->amount, c->result))
-		elog(ERROR, "earmark: job with key \"%s\" vanished", text_to_cstring(c->key));
-	return ESCROW_KEY_TAKEN;
+	em_cycle_bounds(r->anchor, r->has_anchor, r->h.now, &start, &end);
+	em_budget_create(r->h.account, r->h.feature, start, end);
+	if (!em_budget_lock(r->h.account, r->h.feature, start, &r->b))
+		elog(ERROR, "earmark: budget row of account \"%s\" vanished",
+			 text_to_cstring(r->h.account));
 }
 
-/* escrow's slow path admits outside the slots through this */
-static EscrowResult
-escrow_admit_outside(void *arg, EscrowBudget *b, int64 amount)
+/*
+ * Read after the budget lock, in a new snapshot: a limit or anchor change
+ * committed before the lock was granted applies to this admission.  Usage
+ * recorded without a hold (the cycle's counters) counts against the limit.
+ */
+static EmStatement read_limit = {
+	"SELECT l.lim, l.account IS NOT NULL, a.cycle_anchor, "
+	"       (SELECT coalesce(pg_catalog.sum(u.units), 0)::bigint FROM earmark.usage_shard u "
+	"         WHERE u.account = $1 AND u.budget_id = $3) "
+	"FROM earmark.account a "
+	"LEFT JOIN earmark.account_limit l ON l.account = a.account AND l.feature = $2 "
+	"WHERE a.account = $1",
+	3, {TEXTOID, TEXTOID, INT8OID}
+};
+enum
 {
-	ReserveCtx *c = (ReserveCtx *) arg;
-
-	EscrowResult r;
-
-	if (!rate_conforms(c->account, c->now))
-		return ESCROW_RATE_LIMITED;
-	r = insert_hold(c, b->budget_id, b->used, b->held);
-	if (r == ESCROW_KEY_TAKEN)
-		rate_give_back(c->account);
-	return r;
-}
+	RL_LIM = 1, RL_KNOWN, RL_ANCHOR, RL_RECORDED
+};
 
 /*
  * Under REPEATABLE READ and SERIALIZABLE, read_limit saw the limit, the
@@ -620,13 +448,12 @@ escrow_admit_outside(void *arg, EscrowBudget *b, int64 amount)
  * budget row, so that many writers do not queue on it; an anchor change
  * locks the budget rows but need not change them), so a lower limit,
  * usage or a new anchor committed after that snapshot, even before this
- * call, would be invisible.  Read them again in a snapshot
- * that sees every commit: if anything differs, fail with 40001, as the
- * budget row's lock does when the row changed after the snapshot.
+ * call, would be invisible.  Read them again in a snapshot that sees every
+ * commit: if anything differs, fail with 40001, as the budget row's lock
+ * does when the row changed after the snapshot.
  */
 static void
-check_limit_current(Datum *args, bool unlimited, int64 lim, int64 recorded,
-					bool has_anchor, TimestampTz anchor, text *account)
+check_limit_current(Reserve *r, Datum *args)
 {
 	bool		now_unlimited;
 	bool		no_anchor;
@@ -635,367 +462,216 @@ check_limit_current(Datum *args, bool unlimited, int64 lim, int64 recorded,
 	Datum		now_anchor;
 
 	em_exec_latest(&read_limit, args, NULL, 1);
-	if (SPI_processed == 1 && DatumGetBool(em_get(0, 2, &isnull)))
+	if (SPI_processed == 1 && DatumGetBool(em_get(0, RL_KNOWN, &isnull)))
 	{
-		now_lim = DatumGetInt64(em_get(0, 1, &now_unlimited));
-		now_anchor = em_get(0, 3, &no_anchor);
-		if (now_unlimited == unlimited && (unlimited || now_lim == lim) &&
-			em_get_int64(0, 4, 0) == recorded && no_anchor == !has_anchor &&
-			(no_anchor || DatumGetTimestampTz(now_anchor) == anchor))
+		now_lim = DatumGetInt64(em_get(0, RL_LIM, &now_unlimited));
+		now_anchor = em_get(0, RL_ANCHOR, &no_anchor);
+		if (now_unlimited == r->b.unlimited && (r->b.unlimited || now_lim == r->b.lim) &&
+			em_get_int64(0, RL_RECORDED, 0) == r->b.recorded && no_anchor == !r->has_anchor &&
+			(no_anchor || DatumGetTimestampTz(now_anchor) == r->anchor))
 			return;
 	}
 	ereport(ERROR,
 			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 			 errmsg("could not serialize access due to a concurrent change of the limit, usage or cycle anchor of account \"%s\"",
-					text_to_cstring(account)),
+					text_to_cstring(r->h.account)),
 			 errdetail("The limit, the recorded usage or the cycle anchor changed after this transaction's snapshot was taken."),
 			 errhint("Retry the transaction.")));
 }
 
-static void
-refuse(Admission *result, int64 amount, int64 remaining)
+/*
+ * Step 4: lock the cycle's budget row (creating it on first use), then
+ * read the limit, the anchor and the recorded usage as they are now that
+ * we hold it.  earmark_set_account may have moved the anchor while we
+ * waited for an existing budget row: then this row is of the old cycles
+ * and the hold belongs in the new anchor's cycle.  False when the limit
+ * turned out unknown (answered).
+ */
+static bool
+lock_cycle(Reserve *r)
 {
-	result->remaining = remaining;
-	snprintf(result->reason_buf, sizeof(result->reason_buf),
-			 "the job needs " INT64_FORMAT " and " INT64_FORMAT " is left",
-			 amount, remaining);
-	result->reason = result->reason_buf;
-}
-
-static void
-do_reserve(text *account, int64 amount, text *key, text *feature,
-		   Interval *lease, TimestampTz now, Admission *result)
-{
-	Datum		args[8];
-	char		nulls[8];
+	Datum		args[3];
 	bool		isnull;
-	bool		has_anchor;
-	TimestampTz anchor = 0;
-	TimestampTz start;
-	TimestampTz end;
-	int64		budget_id;
-	int64		used;
-	int64		held;
-	int64		lim = 0;
-	int64		recorded;
-	bool		unlimited;
-	int64		remaining;
-	bool		changed = false;
 	int			attempt;
-	int			escrow_slots;
-	int			slots;
-	bool		slot_lim_null;
-	int64		slot_lim;
-	int64		slot_gen;
-	ReserveCtx	ctx;
-
-	memset(nulls, ' ', sizeof(nulls));
-	ctx.account = account;
-	ctx.key = key;
-	ctx.feature = feature;
-	ctx.amount = amount;
-	ctx.lease = lease;
-	ctx.now = now;
-	ctx.result = result;
-
-	/*
-	 * 1. the same key again returns the same job and holds nothing new; 2.
-	 * an account without a known limit is refused: fail closed
-	 */
-	args[0] = PointerGetDatum(account);
-	args[1] = PointerGetDatum(key);
-	args[2] = PointerGetDatum(feature);
-	args[3] = Int32GetDatum(earmark_escrow_slots);
-	em_exec(&reserve_start, args, NULL, 1);
-	(void) em_get(0, 1, &isnull);
-	if (!isnull)
-	{
-		existing_job(account, key, feature, amount, result);
-		remaining_for_job(result->job_id, result);
-		return;
-	}
-	if (!DatumGetBool(em_get(0, 6, &isnull)))
-	{
-		result->reason = "limit unknown";
-		result->remaining = 0;
-		return;
-	}
-	{
-		/* the limit cache (limits.c): a provider's limit ages */
-		Datum		src = em_get(0, 5, &isnull);
-		bool		has_row = !isnull;
-		bool		provider_row = has_row &&
-			strcmp(TextDatumGetCString(src), "provider") == 0;
-		Datum		fetched = em_get(0, 8, &isnull);
-		bool		has_fetched = !isnull;
-		bool		wanted = DatumGetBool(em_get(0, 9, &isnull));
-		EmLimitAge	age = em_limit_age(has_row, provider_row, has_fetched,
-									   has_fetched ? DatumGetTimestampTz(fetched) : 0,
-									   now);
-
-		if (age == EM_LIMIT_UNKNOWN || age == EM_LIMIT_UNKNOWN_WANTED)
-		{
-			/* no lock is held yet, and none is taken after this one */
-			if (age == EM_LIMIT_UNKNOWN_WANTED && !wanted)
-				em_want_limits(account);
-			result->reason = "limit unknown";
-			result->remaining = 0;
-			return;
-		}
-		/* flagged after the budget row, in earmark_reserve */
-		result->want_limits = age == EM_LIMIT_STALE && !wanted;
-	}
-	anchor = DatumGetTimestampTz(em_get(0, 4, &isnull));
-	has_anchor = !isnull;
-	escrow_slots = DatumGetInt32(em_get(0, 7, &isnull));
-	args[1] = PointerGetDatum(feature);
-
-	/*
-	 * Escrow's fast path: take room from a free slot without touching the
-	 * budget row.  Only while the rate limit is off: with it on, every
-	 * admission of the account is serialized on the account row anyway,
-	 * and a slot admission that the rate limit then refused could not be
-	 * taken back.  Not under REPEATABLE READ or SERIALIZABLE either: the
-	 * fast path reads the limit and the recorded usage without a lock, in
-	 * the transaction's snapshot, which may be older than a lower limit or
-	 * usage committed before this call; the slow path checks them.
-	 */
-	if (escrow_slots > 0 && earmark_rate_limit <= 0 && !IsolationUsesXactSnapshot())
-	{
-		int64		job_id;
-		EscrowResult r;
-		EscrowNumbers n;
-
-		em_cycle_bounds(anchor, has_anchor, now, &start, &end);
-		r = em_escrow_fast(account, feature, start, key, amount, lease,
-						   add_interval(now, lease), now, escrow_slots, &job_id, &n);
-		if (r == ESCROW_ADMITTED)
-		{
-			int64		held;
-
-			result->admitted = true;
-			result->job_id = job_id;
-			result->unlimited = n.unlimited;
-			/* the numbers are from before this hold */
-			if (pg_add_s64_overflow(n.held, amount, &held))
-				held = PG_INT64_MAX;
-			result->remaining = n.unlimited ? 0 : room_left(false, n.lim, n.used, held);
-			return;
-		}
-		if (r == ESCROW_KEY_TAKEN)
-		{
-			if (!key_taken_meanwhile(account, key, feature, amount, result))
-				elog(ERROR, "earmark: job with key \"%s\" vanished", text_to_cstring(key));
-			return;
-		}
-	}
 
 	for (attempt = 0;; attempt++)
 	{
-		TimestampTz locked_start;
+		TimestampTz start;
+		TimestampTz end;
+		Datum		d;
 
-		em_cycle_bounds(anchor, has_anchor, now, &start, &end);
-
-		/* 3. lock the cycle's budget row, creating it on first use */
-		args[2] = TimestampTzGetDatum(start);
-		em_exec(&lock_budget, args, NULL, 1);
-		if (SPI_processed == 0)
-		{
-			/*
-			 * Creating a cycle's budget row: hold the account's advisory
-			 * lock shared so that earmark_set_account cannot change the
-			 * anchor under us, and read the anchor again under it.
-			 */
-			Datum		lockargs[2];
-
-			lockargs[0] = PointerGetDatum(account);
-			lockargs[1] = Int32GetDatum(EARMARK_ADVISORY_CLASS);
-			em_exec(&advisory_shared, lockargs, NULL, 0);
-			em_exec(&account_anchor_again, lockargs, NULL, 1);
-			if (SPI_processed == 1)
-			{
-				anchor = DatumGetTimestampTz(em_get(0, 1, &isnull));
-				has_anchor = !isnull;
-			}
-			em_cycle_bounds(anchor, has_anchor, now, &start, &end);
-			args[2] = TimestampTzGetDatum(start);
-			args[3] = TimestampTzGetDatum(end);
-			args[4] = Int32GetDatum(earmark_escrow_slots);
-			em_exec(&create_budget, args, NULL, 0);
-			em_exec(&lock_budget, args, NULL, 1);
-			if (SPI_processed == 0)
-				elog(ERROR, "earmark: budget row of account \"%s\" vanished",
-					 text_to_cstring(account));
-		}
-		budget_id = em_get_int64(0, 1, 0);
-		used = em_get_int64(0, 2, 0);
-		held = em_get_int64(0, 3, 0);
-		slots = DatumGetInt32(em_get(0, 4, &isnull));
-		slot_lim = DatumGetInt64(em_get(0, 5, &slot_lim_null));
-		slot_gen = em_get_int64(0, 6, 0);
-		locked_start = start;
-
-		/*
-		 * 4. the limit, and the anchor, as they are now that we hold the
-		 * row (a new snapshot: whatever the lock waited for is visible).
-		 * earmark_set_account may have moved the anchor while we waited for
-		 * an existing budget row: then this row is of the old cycles and
-		 * the hold belongs in the new anchor's cycle.  Usage recorded
-		 * without a hold (the cycle's shards) counts against the limit.
-		 */
-		args[3] = Int64GetDatum(budget_id);
+		em_cycle_bounds(r->anchor, r->has_anchor, r->h.now, &start, &end);
+		if (!em_budget_lock(r->h.account, r->h.feature, start, &r->b))
+			create_cycle_budget(r);
+		args[0] = PointerGetDatum(r->h.account);
+		args[1] = PointerGetDatum(r->h.feature);
+		args[2] = Int64GetDatum(r->b.budget_id);
 		em_exec(&read_limit, args, NULL, 1);
-		if (SPI_processed == 0 || !DatumGetBool(em_get(0, 2, &isnull)))
+		if (SPI_processed == 0 || !DatumGetBool(em_get(0, RL_KNOWN, &isnull)))
 		{
-			result->reason = "limit unknown";
-			result->remaining = 0;
-			return;
+			r->result->reason = "limit unknown";
+			return false;
 		}
-		anchor = DatumGetTimestampTz(em_get(0, 3, &isnull));
-		has_anchor = !isnull;
-		em_cycle_bounds(anchor, has_anchor, now, &start, &end);
-		if (start == locked_start)
+		d = em_get(0, RL_ANCHOR, &isnull);
+		r->has_anchor = !isnull;
+		r->anchor = isnull ? 0 : DatumGetTimestampTz(d);
+		em_cycle_bounds(r->anchor, r->has_anchor, r->h.now, &start, &end);
+		if (start == r->b.cycle_start)
 			break;
 		if (attempt >= 3)
 			ereport(ERROR,
 					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-					 errmsg("cycle anchor of account \"%s\" keeps changing", text_to_cstring(account)),
+					 errmsg("cycle anchor of account \"%s\" keeps changing",
+							text_to_cstring(r->h.account)),
 					 errhint("Retry the transaction.")));
 	}
-	lim = DatumGetInt64(em_get(0, 1, &unlimited));
-	recorded = em_get_int64(0, 4, 0);
-	result->unlimited = unlimited;
+	r->b.lim = DatumGetInt64(em_get(0, RL_LIM, &r->b.unlimited));
+	r->b.recorded = em_get_int64(0, RL_RECORDED, 0);
+	r->result->unlimited = r->b.unlimited;
 	if (IsolationUsesXactSnapshot())
-		check_limit_current(args, unlimited, lim, recorded, has_anchor, anchor, account);
+		check_limit_current(r, args);
+	return true;
+}
 
-	/* an escrow budget: the slow path rebalances its slots (escrow.c) */
-	if (slots > 0 || slot_gen > 0)
-	{
-		EscrowBudget b;
-		EscrowOutcome out;
+/*
+ * Steps 5-9 without escrow: a hold whose lease has passed never causes a
+ * refusal (reclaim), then the rate limit and the hold in the budget row.
+ * *remaining is what is left after it.
+ */
+static EmAdmit
+admit_plain(Reserve *r, int64 *remaining)
+{
+	EmBudget   *b = &r->b;
+	int64		used = b->used + b->recorded;
+	EmAdmit		a;
 
-		b.budget_id = budget_id;
-		b.used = used;
-		b.held = held;
-		/* recorded usage takes its part of the limit before the slots */
-		b.lim = unlimited ? lim : Max(lim - recorded, 0);
-		b.unlimited = unlimited;
-		b.slots = slots;
-		b.slot_lim = slot_lim;
-		b.slot_lim_null = slot_lim_null;
-		b.slot_gen = slot_gen;
-		em_escrow_rebalance(&b, amount, now, escrow_admit_outside, &ctx, &out);
-		switch (out.result)
-		{
-			case ESCROW_ADMITTED:
-				result->remaining = unlimited ? 0 : out.remaining;
-				break;
-			case ESCROW_KEY_TAKEN:
-				break;
-			case ESCROW_RATE_LIMITED:
-				if (!key_taken_meanwhile(account, key, feature, amount, result))
-				{
-					result->remaining = out.remaining;
-					result->reason = "rate limited";
-				}
-				break;
-			default:
-				if (!key_taken_meanwhile(account, key, feature, amount, result))
-					refuse(result, amount, out.remaining);
-				break;
-		}
-		return;
-	}
-
-	remaining = room_left(unlimited, lim, used + recorded, held);
-
-	/* 5. a hold whose lease has passed never causes a refusal */
-	if (amount > remaining)
+	*remaining = em_room_left(b->unlimited, b->lim, used, b->held);
+	if (r->h.amount > *remaining)
 	{
 		int64		released;
 		int64		charged;
 
-		if (em_expire_budget_jobs(budget_id, now, EARMARK_RECLAIM_BATCH, true,
-								  &released, &charged) > 0)
+		if (em_budget_expire(r->h.account, b->budget_id, r->h.now, EARMARK_RECLAIM_BATCH,
+							 true, &released, &charged) > 0)
 		{
-			held -= released;
-			used += charged;
-			changed = true;
-			remaining = room_left(unlimited, lim, used + recorded, held);
+			b->held -= released;
+			b->used += charged;
+			em_budget_write(r->h.account, b->budget_id, b->used, b->held);
+			*remaining = em_room_left(b->unlimited, b->lim, b->used + b->recorded, b->held);
 		}
 	}
+	if (r->h.amount > *remaining)
+		return EM_ADMIT_REFUSED;
+	a = em_budget_admit_rated(&r->h, b);
+	if (a == EM_ADMIT_OK)
+		*remaining = b->unlimited ? 0 : *remaining - r->h.amount;
+	return a;
+}
 
-	if (amount > remaining && key_taken_meanwhile(account, key, feature, amount, result))
-		;						/* the same key was admitted while we waited */
-	else if (amount > remaining)
-		refuse(result, amount, remaining);
+/*
+ * The answer of the budget row's path, and its one refusal exit: a
+ * refusal first looks the key up again, since a reserve with the same key
+ * may have committed while this one waited for the budget row.
+ */
+static void
+answer(Reserve *r, EmAdmit a, int64 remaining)
+{
+	Admission  *result = r->result;
+
+	switch (a)
+	{
+		case EM_ADMIT_OK:
+			result->admitted = true;
+			result->job_id = r->h.job_id;
+			result->reason = NULL;
+			result->remaining = result->unlimited ? 0 : remaining;
+			return;
+		case EM_ADMIT_KEY_TAKEN:
+			if (!key_taken_meanwhile(r))
+				elog(ERROR, "earmark: job with key \"%s\" vanished", text_to_cstring(r->h.key));
+			return;
+		default:
+			break;
+	}
+	if (key_taken_meanwhile(r))
+		return;
+	result->remaining = remaining;
+	if (a == EM_ADMIT_RATE_LIMITED)
+		result->reason = "rate limited";
 	else
 	{
-		/*
-		 * 6. the rate limit, per account (GCRA on the account row, locked
-		 * after the budget row, the order every earmark function keeps);
-		 * 7. the hold
-		 */
-		if (!rate_conforms(account, now))
-		{
-			if (!key_taken_meanwhile(account, key, feature, amount, result))
-			{
-				result->remaining = remaining;
-				result->reason = "rate limited";
-			}
-		}
-		else if (insert_hold(&ctx, budget_id, used, held) == ESCROW_ADMITTED)
-		{
-			/* admit_job wrote the budget row too */
-			result->remaining = unlimited ? 0 : remaining - amount;
-			changed = false;
-		}
-		else
-			rate_give_back(account);
+		snprintf(result->reason_buf, sizeof(result->reason_buf),
+				 "the job needs " INT64_FORMAT " and " INT64_FORMAT " is left",
+				 r->h.amount, remaining);
+		result->reason = result->reason_buf;
 	}
+}
 
-	if (changed)
+static void
+do_reserve(Reserve *r)
+{
+	int64		remaining = 0;
+	EmAdmit		a;
+
+	if (start_reserve(r) || fast_path(r) || !lock_cycle(r))
+		return;
+	if (r->b.slots > 0 || r->b.slot_gen > 0)
 	{
-		args[0] = Int64GetDatum(budget_id);
-		args[1] = Int64GetDatum(used);
-		args[2] = Int64GetDatum(held);
-		em_exec(&write_budget, args, NULL, 0);
+		/* an escrow budget: the slow path rebalances its slots */
+		if (!r->b.unlimited)
+			r->b.lim = Max(r->b.lim - r->b.recorded, 0);
+		a = em_escrow_rebalance(&r->h, &r->b, &remaining);
 	}
+	else
+		a = admit_plain(r, &remaining);
+	answer(r, a, remaining);
+}
+
+/* the lease argument, or earmark.lease */
+static Interval *
+arg_lease(FunctionCallInfo fcinfo, int argno, TimestampTz now)
+{
+	Interval   *lease;
+
+	if (PG_ARGISNULL(argno))
+	{
+		lease = palloc0(sizeof(Interval));
+		lease->time = (int64) earmark_lease_s * USECS_PER_SEC;
+		return lease;
+	}
+	lease = PG_GETARG_INTERVAL_P(argno);
+	if (add_interval(now, lease) <= now)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be longer than zero")));
+	return lease;
 }
 
 Datum
 earmark_reserve(PG_FUNCTION_ARGS)
 {
-	text	   *account = em_arg_name(fcinfo, 0, "account");
-	int64		amount = em_arg_int64(fcinfo, 1, "amount");
-	text	   *key = em_arg_name(fcinfo, 2, "idempotency_key");
-	text	   *feature = em_arg_name(fcinfo, 3, "feature");
-	TimestampTz now = GetCurrentTimestamp();
-	Interval   *lease;
+	Reserve		r;
 	Admission	result;
 	Datum		values[4];
 	bool		nulls[4] = {false, false, false, false};
 
-	check_positive(amount, "amount");
-	if (PG_ARGISNULL(4))
-	{
-		lease = palloc0(sizeof(Interval));
-		lease->time = (int64) earmark_lease_s * USECS_PER_SEC;
-	}
-	else
-	{
-		lease = PG_GETARG_INTERVAL_P(4);
-		if (add_interval(now, lease) <= now)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("lease must be longer than zero")));
-	}
-
+	em_require_schema();
+	memset(&r, 0, sizeof(r));
 	memset(&result, 0, sizeof(result));
+	r.h.account = em_arg_name(fcinfo, 0, "account");
+	r.h.amount = em_arg_int64(fcinfo, 1, "amount");
+	r.h.key = em_arg_name(fcinfo, 2, "idempotency_key");
+	r.h.feature = em_arg_name(fcinfo, 3, "feature");
+	r.h.now = GetCurrentTimestamp();
+	check_positive(r.h.amount, "amount");
+	r.h.lease = arg_lease(fcinfo, 4, r.h.now);
+	r.h.lease_until = add_interval(r.h.now, r.h.lease);
+	r.result = &result;
+
 	SPI_connect();
-	do_reserve(account, amount, key, feature, lease, now, &result);
+	do_reserve(&r);
 	if (result.want_limits)
-		em_want_limits(account);	/* after the budget row: gate.c's order */
+		em_want_limits(r.h.account);	/* after the budget row: gate.c's order */
 	SPI_finish();
 
 	values[0] = Int64GetDatum(result.job_id);
@@ -1011,40 +687,162 @@ earmark_reserve(PG_FUNCTION_ARGS)
 }
 
 /* ---------------------------------------------------------------------
- * earmark_charge(job_id, tokens, step)
+ * The job row
+ * ---------------------------------------------------------------------
+ */
+static EmStatement lock_job = {
+	"SELECT budget_id, amount, used, status, lease_until, lease, last_step, slot, gen "
+	"FROM earmark.job WHERE account = $1 AND job_id = $2 FOR UPDATE",
+	2, {TEXTOID, INT8OID}
+};
+enum
+{
+	LJ_BUDGET_ID = 1, LJ_AMOUNT, LJ_USED, LJ_STATUS, LJ_LEASE_UNTIL, LJ_LEASE,
+	LJ_LAST_STEP, LJ_SLOT, LJ_GEN
+};
+
+/* a job row as lock_job read it */
+typedef struct Job
+{
+	int64		budget_id;
+	int64		amount;
+	int64		used;
+	const char *status;
+	TimestampTz lease_until;
+	Interval   *lease;
+	bool		has_last_step;
+	int64		last_step;
+	bool		has_slot;
+	bool		has_gen;
+	int64		gen;
+} Job;
+
+static void
+read_job(text *account, int64 job_id, Job *j)
+{
+	Datum		args[2];
+	bool		isnull;
+	Datum		d;
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(job_id);
+	em_exec(&lock_job, args, NULL, 1);
+	if (SPI_processed == 0)
+		unknown_job(account, job_id);
+	j->budget_id = em_get_int64(0, LJ_BUDGET_ID, 0);
+	j->amount = em_get_int64(0, LJ_AMOUNT, 0);
+	j->used = em_get_int64(0, LJ_USED, 0);
+	j->status = status_const(TextDatumGetCString(em_get(0, LJ_STATUS, &isnull)));
+	j->lease_until = DatumGetTimestampTz(em_get(0, LJ_LEASE_UNTIL, &isnull));
+	j->lease = DatumGetIntervalP(SPI_datumTransfer(em_get(0, LJ_LEASE, &isnull), false, 16));
+	d = em_get(0, LJ_LAST_STEP, &isnull);
+	j->has_last_step = !isnull;
+	j->last_step = isnull ? 0 : DatumGetInt64(d);
+	(void) em_get(0, LJ_SLOT, &isnull);
+	j->has_slot = !isnull;
+	d = em_get(0, LJ_GEN, &isnull);
+	j->has_gen = !isnull;
+	j->gen = isnull ? 0 : DatumGetInt64(d);
+}
+
+/* ---------------------------------------------------------------------
+ * earmark_charge(account, job_id, tokens, step)
  *	  RETURNS TABLE (charged, capped, room, status)
  * ---------------------------------------------------------------------
  */
-static void
-unknown_job(int64 job_id)
+
+/*
+ * A charge that changes nothing but the use, the step and the lease (the
+ * job is running, its lease has not passed, the tokens fit, the step is
+ * new): one UPDATE, which takes the row lock itself, instead of a locking
+ * read and an update (a statement and a WAL record fewer).  Under READ
+ * COMMITTED a concurrent settle makes the UPDATE re-check its conditions
+ * on the settled row, so it finds nothing and the caller takes the general
+ * path.  "$3 <= amount - used" cannot overflow as "used + $3" could.
+ */
+static EmStatement charge_fits = {
+	"UPDATE earmark.job SET used = used + $3, last_step = coalesce($4, last_step), "
+	"       lease_until = " LEASE_FROM("$5") " "
+	"WHERE account = $1 AND job_id = $2 AND status = 'running' AND lease_until >= $5 "
+	"  AND $3 <= amount - used AND ($4 IS NULL OR last_step IS NULL OR $4 > last_step) "
+	"RETURNING amount - used",
+	5, {TEXTOID, INT8OID, INT8OID, INT8OID, TIMESTAMPTZOID}
+};
+
+static EmStatement write_charge = {
+	"UPDATE earmark.job SET used = $3, last_step = coalesce($4, last_step), "
+	"status = $5, lease_until = $6 WHERE account = $1 AND job_id = $2",
+	6, {TEXTOID, INT8OID, INT8OID, INT8OID, TEXTOID, TIMESTAMPTZOID}
+};
+
+typedef struct Charge
 {
-	ereport(ERROR,
-			(errcode(ERRCODE_EARMARK_UNKNOWN_JOB),
-			 errmsg("earmark job " INT64_FORMAT " does not exist", job_id),
-			 errhint("Use the job_id that earmark_reserve returned.")));
+	int64		charged;
+	bool		capped;
+	int64		room;
+	const char *status;
+} Charge;
+
+/*
+ * The general path: capped, a repeated step, a dead lease, settled, or
+ * unknown; the job row locked.
+ */
+static void
+charge_locked(text *account, int64 job_id, int64 tokens, bool has_step,
+			  int64 step, TimestampTz now, Charge *c)
+{
+	Job			j;
+	Datum		args[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+
+	read_job(account, job_id, &j);
+	c->status = j.status;
+	if (!is_open(j.status))
+		;
+	else if (j.lease_until < now)
+		c->status = "expired";	/* dead before the sweeper gets to it */
+	else if (strcmp(j.status, "capped") == 0)
+		c->capped = tokens > 0; /* a capped job charges nothing more */
+	else if (!(has_step && j.has_last_step && step <= j.last_step))
+	{
+		c->charged = Min(tokens, j.amount - j.used);
+		c->capped = c->charged < tokens;
+		j.used += c->charged;
+		if (c->capped)
+			c->status = "capped";
+		args[0] = PointerGetDatum(account);
+		args[1] = Int64GetDatum(job_id);
+		args[2] = Int64GetDatum(j.used);
+		args[3] = Int64GetDatum(step);
+		nulls[3] = has_step ? ' ' : 'n';
+		args[4] = CStringGetTextDatum(c->status);
+		args[5] = TimestampTzGetDatum(add_interval(now, j.lease));
+		em_exec(&write_charge, args, nulls, 0);
+	}
+	c->room = j.amount - j.used;
 }
 
 Datum
 earmark_charge(PG_FUNCTION_ARGS)
 {
-	int64		job_id = em_arg_int64(fcinfo, 0, "job_id");
-	int64		tokens = em_arg_int64(fcinfo, 1, "tokens");
-	bool		has_step = !PG_ARGISNULL(2);
-	int64		step = has_step ? PG_GETARG_INT64(2) : 0;
+	text	   *account;
+	int64		job_id;
+	int64		tokens;
+	bool		has_step;
+	int64		step;
 	TimestampTz now = GetCurrentTimestamp();
 	Datum		args[5];
 	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
-	bool		isnull;
-	int64		amount;
-	int64		used;
-	int64		charged = 0;
-	bool		capped = false;
-	const char *status;
-	const char *cur;
-	TimestampTz lease_until;
+	Charge		c = {0, false, 0, "running"};
 	Datum		values[4];
 	bool		rnulls[4] = {false, false, false, false};
 
+	em_require_schema();
+	account = em_arg_name(fcinfo, 0, "account");
+	job_id = em_arg_int64(fcinfo, 1, "job_id");
+	tokens = em_arg_int64(fcinfo, 2, "tokens");
+	has_step = !PG_ARGISNULL(3);
+	step = has_step ? PG_GETARG_INT64(3) : 0;
 	if (tokens < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -1058,90 +856,65 @@ earmark_charge(PG_FUNCTION_ARGS)
 				 errhint("Number a job's steps from 0 or 1 upward.")));
 
 	SPI_connect();
-	args[0] = Int64GetDatum(job_id);
-	args[1] = Int64GetDatum(tokens);
-	args[2] = Int64GetDatum(step);
-	nulls[2] = has_step ? ' ' : 'n';
-	args[3] = TimestampTzGetDatum(now);
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(job_id);
+	args[2] = Int64GetDatum(tokens);
+	args[3] = Int64GetDatum(step);
+	nulls[3] = has_step ? ' ' : 'n';
+	args[4] = TimestampTzGetDatum(now);
 	em_exec(&charge_fits, args, nulls, 1);
 	if (SPI_processed == 1)
 	{
-		values[2] = Int64GetDatum(em_get_int64(0, 1, 0));
-		SPI_finish();
-		values[0] = Int64GetDatum(tokens);
-		values[1] = BoolGetDatum(false);
-		values[3] = CStringGetTextDatum("running");
-		em_return_row(fcinfo, values, rnulls);
-		return (Datum) 0;
-	}
-	nulls[2] = ' ';
-
-	/* capped, a repeated step, a dead lease, settled, or unknown */
-	em_exec(&lock_job, args, NULL, 1);
-	if (SPI_processed == 0)
-		unknown_job(job_id);
-	amount = em_get_int64(0, 2, 0);
-	used = em_get_int64(0, 3, 0);
-	cur = status_const(TextDatumGetCString(em_get(0, 4, &isnull)));
-	lease_until = DatumGetTimestampTz(em_get(0, 5, &isnull));
-
-	if (!is_open(cur))
-		status = cur;
-	else if (lease_until < now)
-		status = "expired";		/* dead before the sweeper gets to it */
-	else if (strcmp(cur, "capped") == 0)
-	{
-		status = cur;			/* a capped job charges nothing more */
-		capped = tokens > 0;
+		c.charged = tokens;
+		c.room = em_get_int64(0, 1, 0);
 	}
 	else
-	{
-		Interval   *lease = DatumGetIntervalP(em_get(0, 6, &isnull));
-		Datum		last = em_get(0, 7, &isnull);
-
-		status = "running";
-		if (!(has_step && !isnull && step <= DatumGetInt64(last)))
-		{
-			charged = Min(tokens, amount - used);
-			capped = charged < tokens;
-			used += charged;
-			if (capped)
-				status = "capped";
-			args[1] = Int64GetDatum(used);
-			args[2] = Int64GetDatum(step);
-			nulls[2] = has_step ? ' ' : 'n';
-			args[3] = CStringGetTextDatum(status);
-			args[4] = TimestampTzGetDatum(add_interval(now, lease));
-			em_exec(&write_charge, args, nulls, 0);
-		}
-	}
+		charge_locked(account, job_id, tokens, has_step, step, now, &c);
 	SPI_finish();
 
-	values[0] = Int64GetDatum(charged);
-	values[1] = BoolGetDatum(capped);
-	values[2] = Int64GetDatum(amount - used);
-	values[3] = CStringGetTextDatum(status);
+	values[0] = Int64GetDatum(c.charged);
+	values[1] = BoolGetDatum(c.capped);
+	values[2] = Int64GetDatum(c.room);
+	values[3] = CStringGetTextDatum(c.status);
 	em_return_row(fcinfo, values, rnulls);
 	return (Datum) 0;
 }
 
 /* ---------------------------------------------------------------------
- * earmark_heartbeat(job_id) RETURNS timestamptz
+ * earmark_heartbeat(account, job_id) RETURNS timestamptz
  *	  The new lease end, or NULL when the job is no longer running.
  * ---------------------------------------------------------------------
  */
+static EmStatement heartbeat_job = {
+	"UPDATE earmark.job SET lease_until = " LEASE_FROM("$3") " "
+	"WHERE account = $1 AND job_id = $2 AND status IN ('running', 'capped') AND lease_until >= $3 "
+	"RETURNING lease_until",
+	3, {TEXTOID, INT8OID, TIMESTAMPTZOID}
+};
+
+static EmStatement job_exists = {
+	"SELECT 1 FROM earmark.job WHERE account = $1 AND job_id = $2",
+	2, {TEXTOID, INT8OID}
+};
+
 Datum
 earmark_heartbeat(PG_FUNCTION_ARGS)
 {
-	int64		job_id = em_arg_int64(fcinfo, 0, "job_id");
-	Datum		args[2];
+	text	   *account;
+	int64		job_id;
+	Datum		args[3];
 	TimestampTz result = 0;
 	bool		found;
 	bool		isnull;
 
+	em_require_schema();
+	account = em_arg_name(fcinfo, 0, "account");
+	job_id = em_arg_int64(fcinfo, 1, "job_id");
+
 	SPI_connect();
-	args[0] = Int64GetDatum(job_id);
-	args[1] = TimestampTzGetDatum(GetCurrentTimestamp());
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(job_id);
+	args[2] = TimestampTzGetDatum(GetCurrentTimestamp());
 	em_exec(&heartbeat_job, args, NULL, 1);
 	found = SPI_processed == 1;
 	if (found)
@@ -1150,7 +923,7 @@ earmark_heartbeat(PG_FUNCTION_ARGS)
 	{
 		em_exec(&job_exists, args, NULL, 1);
 		if (SPI_processed == 0)
-			unknown_job(job_id);
+			unknown_job(account, job_id);
 	}
 	SPI_finish();
 
@@ -1160,32 +933,136 @@ earmark_heartbeat(PG_FUNCTION_ARGS)
 }
 
 /* ---------------------------------------------------------------------
- * earmark_settle(job_id, used, outcome)
+ * earmark_settle(account, job_id, used, outcome)
  *	  RETURNS TABLE (charged, released, status)
  * ---------------------------------------------------------------------
  */
+
+/*
+ * A settlement: the budget, the job, its ledger row and the cycle's meter
+ * mark in one statement ($7 the hold, $8 the budget).  The ledger row and
+ * the mark are written only after the budget row's update, which they
+ * reference: a CTE nobody reads runs last, and a mark inserted before the
+ * budget lock was granted would be held, uncommitted, while waiting for
+ * it (a deadlock with any holder of the budget row that settles too).
+ *
+ * settle_slot_job is the same for a hold taken from an escrow slot: it
+ * settles into whichever slot of the budget is free and of the generation
+ * the hold was taken in ($10) (held to used, the rest to room; the first
+ * free one from a random start, $9, as escrow.c's fast path searches), so
+ * that it never queues behind the admissions using the slot it came from;
+ * when no such slot is free it settles into the budget row, as an expiry
+ * does.  Either way no slot's allocation (room + held + used) changes,
+ * which is what the limit's books rest on (escrow.c); a row's own held may
+ * go below zero, only the sums count.  The generation matters: slots are
+ * cut again in a new generation when the limit, or the usage recorded
+ * against it, changes, and the new cut counts the old holds as taken; a
+ * hold of the old generation released into a slot of the new one would
+ * add room the new cut never gave, while the budget may be over its new
+ * limit (in the budget row, the release only lowers held, and a rebalance
+ * hands it out again only if the limit has room).
+ */
+#define SETTLE_JOB_AND_LEDGER(wrote_budget) \
+	" j AS (UPDATE earmark.job SET status = $3, settled_at = $4, charged = $5, " \
+	"       released = $6 WHERE account = $1 AND job_id = $2)," \
+	" l AS (INSERT INTO earmark.ledger (account, budget_id, units, job_id, occurred_at)" \
+	"       SELECT $1, $8, $5, $2, $4 WHERE $5 > 0 AND " wrote_budget " RETURNING 1)" \
+	"INSERT INTO earmark.meter_mark (account, budget_id) SELECT $1, $8 WHERE EXISTS (SELECT 1 FROM l) " \
+	"ON CONFLICT DO NOTHING"
+
+static EmStatement settle_job = {
+	"WITH b AS (UPDATE earmark.budget SET held = held - $7, used = used + $5 "
+	"           WHERE account = $1 AND budget_id = $8 RETURNING 1),"
+	SETTLE_JOB_AND_LEDGER("EXISTS (SELECT 1 FROM b)"),
+	8, {TEXTOID, INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID, INT8OID, INT8OID}
+};
+
+#define SETTLE_SLOT_PROBE(from_to) \
+	"(SELECT slot FROM earmark.budget_slot WHERE account = $1 AND budget_id = $8 " \
+	"   AND " from_to " AND gen = $10 ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED)"
+
+static EmStatement settle_slot_job = {
+	"WITH f AS (SELECT coalesce(" SETTLE_SLOT_PROBE("slot >= $9") ", "
+	SETTLE_SLOT_PROBE("slot < $9") ") AS slot),"
+	" bs AS (UPDATE earmark.budget_slot t SET held = t.held - $7, used = t.used + $5, "
+	"        room = t.room + ($7 - $5) "
+	"        WHERE t.account = $1 AND t.budget_id = $8 AND t.slot = (SELECT f.slot FROM f) RETURNING 1),"
+	" bb AS (UPDATE earmark.budget SET held = held - $7, used = used + $5 "
+	"        WHERE account = $1 AND budget_id = $8 AND (SELECT f.slot FROM f) IS NULL RETURNING 1),"
+	SETTLE_JOB_AND_LEDGER("(EXISTS (SELECT 1 FROM bs) OR EXISTS (SELECT 1 FROM bb))"),
+	10, {TEXTOID, INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID, INT8OID, INT8OID,
+	INT4OID, INT8OID}
+};
+
+static EmStatement budget_slot_count = {
+	"SELECT slots FROM earmark.budget WHERE account = $1 AND budget_id = $2",
+	2, {TEXTOID, INT8OID}
+};
+
+typedef struct Settle
+{
+	int64		charged;
+	int64		released;
+	const char *status;
+} Settle;
+
+/* the settlement's statement, for a job read and locked as *j */
+static void
+write_settlement(text *account, int64 job_id, Job *j, Settle *s, TimestampTz now)
+{
+	Datum		args[10];
+	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	bool		from_slot = j->has_slot && j->has_gen;
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(job_id);
+	args[2] = CStringGetTextDatum(s->status);
+	args[3] = TimestampTzGetDatum(now);
+	args[4] = Int64GetDatum(s->charged);
+	args[5] = Int64GetDatum(s->released);
+	args[6] = Int64GetDatum(j->amount);
+	args[7] = Int64GetDatum(j->budget_id);
+	if (from_slot)
+	{
+		Datum		budget[2];
+
+		/* where the search for a free slot starts (escrow.c) */
+		budget[0] = PointerGetDatum(account);
+		budget[1] = Int64GetDatum(j->budget_id);
+		em_exec(&budget_slot_count, budget, NULL, 1);
+		args[8] = Int32GetDatum(em_random_slot(SPI_processed == 1 ?
+											   (int) em_get_int64(0, 1, 0) : 0));
+		args[9] = Int64GetDatum(j->gen);
+	}
+	if (s->charged > 0)
+		em_mark_lock(j->budget_id); /* see budget.c */
+	em_exec(from_slot ? &settle_slot_job : &settle_job, args, nulls, 0);
+}
+
 Datum
 earmark_settle(PG_FUNCTION_ARGS)
 {
-	int64		job_id = em_arg_int64(fcinfo, 0, "job_id");
-	bool		has_used = !PG_ARGISNULL(1);
-	int64		used_arg = has_used ? PG_GETARG_INT64(1) : 0;
+	text	   *account;
+	int64		job_id;
+	bool		has_used;
+	int64		used_arg;
 	char	   *outcome;
 	TimestampTz now = GetCurrentTimestamp();
-	Datum		args[9];
-	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
-	bool		isnull;
-	int64		charged = 0;
-	int64		released = 0;
-	const char *status;
+	Job			j;
+	Settle		s = {0, 0, NULL};
 	Datum		values[3];
 	bool		rnulls[3] = {false, false, false};
 
-	if (PG_ARGISNULL(2))
+	em_require_schema();
+	account = em_arg_name(fcinfo, 0, "account");
+	job_id = em_arg_int64(fcinfo, 1, "job_id");
+	has_used = !PG_ARGISNULL(2);
+	used_arg = has_used ? PG_GETARG_INT64(2) : 0;
+	if (PG_ARGISNULL(3))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("outcome must not be NULL")));
-	outcome = text_to_cstring(PG_GETARG_TEXT_PP(2));
+	outcome = text_to_cstring(PG_GETARG_TEXT_PP(3));
 	if (strcmp(outcome, "completed") != 0 && strcmp(outcome, "failed") != 0 &&
 		strcmp(outcome, "cancelled") != 0)
 		ereport(ERROR,
@@ -1199,59 +1076,29 @@ earmark_settle(PG_FUNCTION_ARGS)
 				 errdetail("The value given was " INT64_FORMAT ".", used_arg)));
 
 	SPI_connect();
-	args[0] = Int64GetDatum(job_id);
-	em_exec(&lock_job, args, NULL, 1);
-	if (SPI_processed == 0)
-		unknown_job(job_id);
-	status = status_const(TextDatumGetCString(em_get(0, 4, &isnull)));
-	if (is_open(status))
+	read_job(account, job_id, &j);
+	s.status = j.status;
+	if (is_open(j.status))
 	{
-		int64		budget_id = em_get_int64(0, 1, 0);
-		int64		amount = em_get_int64(0, 2, 0);
-		int64		recorded = em_get_int64(0, 3, 0);
-		TimestampTz lease_until = DatumGetTimestampTz(em_get(0, 5, &isnull));
-		bool		has_slot;
-
-		(void) em_get(0, 8, &has_slot);
-		has_slot = !has_slot;
-
-		if (lease_until < now)
+		if (j.lease_until < now)
 		{
 			/* too late: settled as the sweeper would, at the recorded use */
-			status = "expired";
-			charged = Min(recorded, amount);
+			s.status = "expired";
+			s.charged = Min(j.used, j.amount);
 		}
 		else
 		{
-			status = status_const(outcome);
-			charged = Min(has_used ? used_arg : recorded, amount);
+			s.status = status_const(outcome);
+			s.charged = Min(has_used ? used_arg : j.used, j.amount);
 		}
-		released = amount - charged;
-
-		args[1] = CStringGetTextDatum(status);
-		args[2] = TimestampTzGetDatum(now);
-		args[3] = Int64GetDatum(charged);
-		args[4] = Int64GetDatum(released);
-		args[5] = Int64GetDatum(amount);
-		args[6] = Int64GetDatum(budget_id);
-		if (has_slot)
-		{
-			Datum		nslots = em_get(0, 9, &isnull);
-
-			args[7] = Int32GetDatum(em_random_slot(isnull ? 0 : DatumGetInt32(nslots)));
-			/* no generation (a hold from before 0.3.0): the budget row */
-			args[8] = em_get(0, 10, &isnull);
-			nulls[8] = isnull ? 'n' : ' ';
-		}
-		if (charged > 0)
-			em_mark_lock(budget_id);	/* see ledger.c */
-		em_exec(has_slot ? &settle_slot_job : &settle_job, args, nulls, 0);
+		s.released = j.amount - s.charged;
+		write_settlement(account, job_id, &j, &s, now);
 	}
 	SPI_finish();
 
-	values[0] = Int64GetDatum(charged);
-	values[1] = Int64GetDatum(released);
-	values[2] = CStringGetTextDatum(status);
+	values[0] = Int64GetDatum(s.charged);
+	values[1] = Int64GetDatum(s.released);
+	values[2] = CStringGetTextDatum(s.status);
 	em_return_row(fcinfo, values, rnulls);
 	return (Datum) 0;
 }
@@ -1260,6 +1107,47 @@ earmark_settle(PG_FUNCTION_ARGS)
  * earmark_sweep(max_jobs) RETURNS int
  * ---------------------------------------------------------------------
  */
+
+/* the budgets with dead holds, the longest dead first */
+static EmStatement expired_budgets = {
+	"SELECT account, budget_id FROM earmark.job "
+	"WHERE status IN ('running', 'capped') AND lease_until < $1 "
+	"GROUP BY account, budget_id ORDER BY pg_catalog.min(lease_until) LIMIT $2",
+	2, {TIMESTAMPTZOID, INT4OID}
+};
+
+static EmStatement lock_budget_wait = {
+	"SELECT 1 FROM earmark.budget WHERE account = $1 AND budget_id = $2 FOR UPDATE",
+	2, {TEXTOID, INT8OID}
+};
+
+static EmStatement lock_budget_skip = {
+	"SELECT 1 FROM earmark.budget WHERE account = $1 AND budget_id = $2 FOR UPDATE SKIP LOCKED",
+	2, {TEXTOID, INT8OID}
+};
+
+/*
+ * Expire up to max dead holds of one budget; 0 when its row (with wait:
+ * false, or its mark lock) is held by another session.
+ */
+static int
+sweep_budget(text *account, int64 budget_id, TimestampTz now, int max, bool wait)
+{
+	Datum		args[2];
+	int64		released;
+	int64		charged;
+	int64		n;
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	em_exec(wait ? &lock_budget_wait : &lock_budget_skip, args, NULL, 1);
+	if (SPI_processed == 0)
+		return 0;
+	n = em_budget_expire(account, budget_id, now, max, wait, &released, &charged);
+	if (n > 0)
+		em_budget_release(account, budget_id, released, charged);
+	return (int) n;
+}
 
 /*
  * Settle up to max_jobs holds whose lease has passed, as 'expired' at the
@@ -1274,6 +1162,7 @@ em_sweep(int max_jobs, bool wait_first)
 {
 	TimestampTz now = GetCurrentTimestamp();
 	Datum		args[2];
+	text	  **accounts;
 	int64	   *budgets;
 	int			nbudgets;
 	int			i;
@@ -1283,33 +1172,18 @@ em_sweep(int max_jobs, bool wait_first)
 	args[1] = Int32GetDatum(max_jobs);
 	em_exec(&expired_budgets, args, NULL, 0);
 	nbudgets = (int) SPI_processed;
+	accounts = palloc(sizeof(text *) * Max(nbudgets, 1));
 	budgets = palloc(sizeof(int64) * Max(nbudgets, 1));
 	for (i = 0; i < nbudgets; i++)
-		budgets[i] = em_get_int64(i, 1, 0);
-
-	for (i = 0; i < nbudgets && done < max_jobs; i++)
 	{
-		int64		released;
-		int64		charged;
-		int64		n;
+		bool		isnull;
 
-		args[0] = Int64GetDatum(budgets[i]);
-		em_exec(i == 0 && wait_first ? &lock_budget_wait : &lock_budget_skip, args, NULL, 1);
-		if (SPI_processed == 0)
-			continue;
-		n = em_expire_budget_jobs(budgets[i], now, max_jobs - done,
-								  i == 0 && wait_first, &released, &charged);
-		if (n > 0)
-		{
-			Datum		upd[3];
-
-			upd[0] = Int64GetDatum(budgets[i]);
-			upd[1] = Int64GetDatum(released);
-			upd[2] = Int64GetDatum(charged);
-			em_exec(&release_budget, upd, NULL, 0);
-			done += (int) n;
-		}
+		accounts[i] = DatumGetTextPCopy(em_get(i, 1, &isnull));
+		budgets[i] = em_get_int64(i, 2, 0);
 	}
+	for (i = 0; i < nbudgets && done < max_jobs; i++)
+		done += sweep_budget(accounts[i], budgets[i], now, max_jobs - done,
+							 i == 0 && wait_first);
 	return done;
 }
 
@@ -1319,6 +1193,7 @@ earmark_sweep(PG_FUNCTION_ARGS)
 	int32		max_jobs;
 	int			n;
 
+	em_require_schema();
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),

@@ -18,7 +18,7 @@
  *	    corrections of one cycle queue, so two of them cannot both pass the
  *	    check that the total stays at or above zero, and one whose snapshot
  *	    is older than another's commit fails with 40001;
- *	  - the cycle's mark lock, shared (em_mark_lock): held by every writer
+ *	  - the cycle's mark lock, shared (em_mark_lock, budget.c): held by every writer
  *	    that may find the mark already there, until it commits.  The
  *	    reporter deletes a mark only with that lock taken exclusively and
  *	    without waiting (meter.c), so it never deletes a mark whose
@@ -39,7 +39,12 @@
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
+#include "account.h"
+#include "budget.h"
+#include "cluster.h"
 #include "earmark.h"
+#include "ledger.h"
+#include "spi.h"
 
 PG_FUNCTION_INFO_V1(earmark_record_usage);
 
@@ -59,7 +64,7 @@ static EmStatement advisory_shared = {
 /* the key's row if it exists: a repeat adds nothing */
 static EmStatement key_row = {
 	"SELECT l.units, b.feature FROM earmark.ledger l "
-	"JOIN earmark.budget b USING (budget_id) "
+	"JOIN earmark.budget b ON b.account = l.account AND b.budget_id = l.budget_id "
 	"WHERE l.account = $1 AND l.entry_key = $2",
 	2, {TEXTOID, TEXTOID}
 };
@@ -70,22 +75,10 @@ static EmStatement find_budget = {
 	3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
 };
 
-static EmStatement create_budget = {
-	"INSERT INTO earmark.budget (account, feature, cycle_start, cycle_end, slots) "
-	"SELECT $1, $2, $3, $4, coalesce(a.escrow_slots, $5) FROM earmark.account a WHERE a.account = $1 "
-	"ON CONFLICT (account, feature, cycle_start) DO NOTHING",
-	5, {TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT4OID}
-};
 
-/*
- * A correction updates its budget row (to itself): corrections of one cycle
- * queue on it, and under REPEATABLE READ or SERIALIZABLE a correction whose
- * snapshot missed another's commit fails with 40001 instead of checking an
- * old total.
- */
 static EmStatement lock_budget_for_correction = {
-	"UPDATE earmark.budget SET used = used WHERE budget_id = $1",
-	1, {INT8OID}
+	"UPDATE earmark.budget SET used = used WHERE account = $1 AND budget_id = $2",
+	2, {TEXTOID, INT8OID}
 };
 
 /*
@@ -93,8 +86,13 @@ static EmStatement lock_budget_for_correction = {
  * and escrow slots) and the recorded usage (the shards).
  */
 static EmStatement cycle_total = {
-	"SELECT " EM_CYCLE_TOTAL_SQL " FROM earmark.budget b WHERE b.budget_id = $1",
-	1, {INT8OID}
+	"SELECT b.used "
+	"       + (SELECT coalesce(pg_catalog.sum(s.used), 0)::bigint FROM earmark.budget_slot s "
+	"           WHERE s.account = $1 AND s.budget_id = $2) "
+	"       + (SELECT coalesce(pg_catalog.sum(u.units), 0)::bigint FROM earmark.usage_shard u "
+	"           WHERE u.account = $1 AND u.budget_id = $2) "
+	"FROM earmark.budget b WHERE b.account = $1 AND b.budget_id = $2",
+	2, {TEXTOID, INT8OID}
 };
 
 /*
@@ -104,69 +102,29 @@ static EmStatement cycle_total = {
  */
 static EmStatement record_row = {
 	"WITH l AS ("
-	"  INSERT INTO earmark.ledger (budget_id, units, account, entry_key, occurred_at, recorded_at)"
-	"  VALUES ($1, $2, $3, $4, $5, pg_catalog.clock_timestamp())"
+	"  INSERT INTO earmark.ledger (account, budget_id, units, entry_key, occurred_at, recorded_at)"
+	"  VALUES ($3, $1, $2, $4, $5, $7)"
 	"  ON CONFLICT (account, entry_key) WHERE entry_key IS NOT NULL DO NOTHING"
 	"  RETURNING 1),"
-	" c AS (INSERT INTO earmark.usage_shard AS u (budget_id, shard, units)"
-	"       SELECT $1, $6, $2 WHERE EXISTS (SELECT 1 FROM l)"
-	"       ON CONFLICT (budget_id, shard) DO UPDATE SET units = u.units + excluded.units"
+	" c AS (INSERT INTO earmark.usage_shard AS u (account, budget_id, shard, units)"
+	"       SELECT $3, $1, $6, $2 WHERE EXISTS (SELECT 1 FROM l)"
+	"       ON CONFLICT (account, budget_id, shard) DO UPDATE SET units = u.units + excluded.units"
 	"       RETURNING 1),"
-	" m AS (INSERT INTO earmark.meter_mark (budget_id)"
-	"       SELECT $1 WHERE EXISTS (SELECT 1 FROM c)"
+	" m AS (INSERT INTO earmark.meter_mark (account, budget_id)"
+	"       SELECT $3, $1 WHERE EXISTS (SELECT 1 FROM c)"
 	"       ON CONFLICT DO NOTHING) "
 	"SELECT pg_catalog.count(*) FROM l",
-	6, {INT8OID, INT8OID, TEXTOID, TEXTOID, TIMESTAMPTZOID, INT4OID}
+	7, {INT8OID, INT8OID, TEXTOID, TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID}
 };
 
-/*
- * The mark lock of a cycle: a transaction-level advisory lock in a key
- * space of its own (the int4-pair form with earmark's mark class), so that
- * it never meets an application's advisory locks on plain bigints.  Two
- * cycles whose ids agree in the low 32 bits share a lock; that only makes
- * a mark live one pass longer.
- */
-static void
-mark_locktag(LOCKTAG *tag, int64 budget_id)
-{
-	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, EARMARK_MARK_CLASS,
-						 (uint32) budget_id, 2);
-}
-
-void
-em_mark_lock(int64 budget_id)
-{
-	LOCKTAG		tag;
-
-	mark_locktag(&tag, budget_id);
-	(void) LockAcquire(&tag, ShareLock, false, false);
-}
-
-/* the same without waiting: false when the reporter holds it */
-bool
-em_mark_try_lock(int64 budget_id)
-{
-	LOCKTAG		tag;
-
-	mark_locktag(&tag, budget_id);
-	return LockAcquire(&tag, ShareLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
-}
-
-bool
-em_mark_try_lock_exclusive(int64 budget_id)
-{
-	LOCKTAG		tag;
-
-	mark_locktag(&tag, budget_id);
-	return LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
-}
-
 int64
-em_cycle_total(int64 budget_id, bool *found)
+em_cycle_total(text *account, int64 budget_id, bool *found)
 {
-	Datum		arg = Int64GetDatum(budget_id);
+	Datum		args[2];
 
-	em_exec(&cycle_total, &arg, NULL, 1);
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	em_exec(&cycle_total, args, NULL, 1);
 	*found = SPI_processed == 1;
 	return *found ? em_get_int64(0, 1, 0) : 0;
 }
@@ -227,34 +185,10 @@ repeat_of_key(text *account, text *key, int64 units, text *feature)
 	return true;
 }
 
-/*
- * earmark_record_usage(account, units, idempotency_key, feature,
- * occurred_at): usage that did not pass a hold.  Returns true when the row
- * was written, false when the key had already written it.
- */
-Datum
-earmark_record_usage(PG_FUNCTION_ARGS)
+/* the arguments' checks that need no table: units and occurred_at */
+static void
+check_usage(int64 units, TimestampTz occurred_at, TimestampTz now)
 {
-	text	   *account = em_arg_name(fcinfo, 0, "account");
-	int64		units = em_arg_int64(fcinfo, 1, "units");
-	text	   *key = em_arg_name(fcinfo, 2, "idempotency_key");
-	text	   *feature = em_arg_name(fcinfo, 3, "feature");
-	TimestampTz occurred_at;
-	TimestampTz now = GetCurrentTimestamp();
-	TimestampTz anchor = 0;
-	bool		has_anchor = false;
-	TimestampTz start;
-	TimestampTz end;
-	Datum		args[6];
-	bool		isnull;
-	int64		budget_id;
-	bool		written;
-
-	if (PG_ARGISNULL(4))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("occurred_at must not be NULL")));
-	occurred_at = PG_GETARG_TIMESTAMPTZ(4);
 	if (units == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -275,10 +209,19 @@ earmark_record_usage(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("occurred_at is in the future"),
 				 errdetail("Usage is recorded after it happened; five minutes of clock skew are allowed.")));
+}
 
-	SPI_connect();
+/*
+ * The account's cycle anchor, under the account's advisory lock (shared):
+ * the anchor cannot change under us from here on (account.c).
+ */
+static void
+lock_anchor(text *account, bool *has_anchor, TimestampTz *anchor)
+{
+	Datum		args[2];
+	bool		isnull;
+	Datum		d;
 
-	/* the anchor cannot change under us from here on (account.c) */
 	args[0] = PointerGetDatum(account);
 	args[1] = Int32GetDatum(EARMARK_ADVISORY_CLASS);
 	em_exec(&advisory_shared, args, NULL, 0);
@@ -288,55 +231,65 @@ earmark_record_usage(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_EARMARK_UNKNOWN_ACCOUNT),
 				 errmsg("account \"%s\" does not exist", text_to_cstring(account)),
 				 errhint("Create it with earmark_set_account or earmark_set_limit first.")));
-	{
-		Datum		d = em_get(0, 1, &isnull);
-
-		has_anchor = !isnull;
-		if (has_anchor)
-			anchor = DatumGetTimestampTz(d);
-	}
+	d = em_get(0, 1, &isnull);
+	*has_anchor = !isnull;
+	*anchor = isnull ? 0 : DatumGetTimestampTz(d);
 	if (IsolationUsesXactSnapshot())
-		check_anchor_current(args, has_anchor, anchor, account);
+		check_anchor_current(args, *has_anchor, *anchor, account);
+}
 
-	if (repeat_of_key(account, key, units, feature))
-	{
-		SPI_finish();
-		PG_RETURN_BOOL(false);
-	}
+/* the budget row of the cycle that contains occurred_at, created on first use */
+static int64
+usage_budget(text *account, text *feature, TimestampTz start, TimestampTz end)
+{
+	Datum		args[3];
 
-	/* the cycle of the usage: a correction goes where the usage went */
-	em_cycle_bounds(anchor, has_anchor, occurred_at, &start, &end);
 	args[0] = PointerGetDatum(account);
 	args[1] = PointerGetDatum(feature);
 	args[2] = TimestampTzGetDatum(start);
-	args[3] = TimestampTzGetDatum(end);
-	args[4] = Int32GetDatum(earmark_escrow_slots);
 	em_exec(&find_budget, args, NULL, 1);
 	if (SPI_processed == 0)
 	{
-		em_exec(&create_budget, args, NULL, 0);
+		em_budget_create(account, feature, start, end);
 		em_exec(&find_budget, args, NULL, 1);
 		if (SPI_processed == 0)
 			elog(ERROR, "earmark: budget row of account \"%s\" vanished",
 				 text_to_cstring(account));
 	}
-	budget_id = em_get_int64(0, 1, 0);
+	return em_get_int64(0, 1, 0);
+}
 
-	if (units < 0)
-	{
-		bool		found;
-		int64		total;
+/*
+ * A correction (negative units) may not take the cycle's total below zero.
+ * It updates the budget row (to itself) first: corrections of one cycle
+ * queue there, and one whose snapshot missed another's commit fails with
+ * 40001 instead of checking an old total.
+ */
+static void
+check_correction(text *account, int64 budget_id, int64 units, TimestampTz start)
+{
+	Datum		args[2];
+	bool		found;
+	int64		total;
 
-		args[0] = Int64GetDatum(budget_id);
-		em_exec(&lock_budget_for_correction, args, NULL, 1);
-		total = em_cycle_total(budget_id, &found);
-		if (total + units < 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("the correction is larger than the cycle's usage"),
-					 errdetail("The cycle starting %s has " INT64_FORMAT " units; the correction takes away "
-							   INT64_FORMAT ".", timestamptz_to_str(start), total, -units)));
-	}
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	em_exec(&lock_budget_for_correction, args, NULL, 1);
+	total = em_cycle_total(account, budget_id, &found);
+	if (total + units < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("the correction is larger than the cycle's usage"),
+				 errdetail("The cycle starting %s has " INT64_FORMAT " units; the correction takes away "
+						   INT64_FORMAT ".", timestamptz_to_str(start), total, -units)));
+}
+
+/* the ledger row, one counter and the mark; false when the key was taken */
+static bool
+write_usage(text *account, int64 budget_id, int64 units, text *key,
+			TimestampTz occurred_at, TimestampTz now)
+{
+	Datum		args[7];
 
 	em_mark_lock(budget_id);
 	args[0] = Int64GetDatum(budget_id);
@@ -346,13 +299,58 @@ earmark_record_usage(PG_FUNCTION_ARGS)
 	args[4] = TimestampTzGetDatum(occurred_at);
 	args[5] = Int32GetDatum((int32) pg_prng_uint64_range(&pg_global_prng_state, 0,
 														 EARMARK_USAGE_SHARDS - 1));
+	args[6] = TimestampTzGetDatum(now);
 	em_exec(&record_row, args, NULL, 1);
-	written = em_get_int64(0, 1, 0) > 0;
+	return em_get_int64(0, 1, 0) > 0;
+}
 
-	/* a concurrent call with the same key won: same usage, or a conflict */
-	if (!written && !repeat_of_key(account, key, units, feature))
-		elog(ERROR, "earmark: ledger row of key \"%s\" vanished", text_to_cstring(key));
+/*
+ * earmark_record_usage(account, units, idempotency_key, feature,
+ * occurred_at): usage that did not pass a hold.  Returns true when the row
+ * was written, false when the key had already written it.
+ */
+Datum
+earmark_record_usage(PG_FUNCTION_ARGS)
+{
+	text	   *account;
+	int64		units;
+	text	   *key;
+	text	   *feature;
+	TimestampTz occurred_at;
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz anchor;
+	bool		has_anchor;
+	TimestampTz start;
+	TimestampTz end;
+	int64		budget_id;
+	bool		written = false;
 
+	em_require_schema();
+	account = em_arg_name(fcinfo, 0, "account");
+	units = em_arg_int64(fcinfo, 1, "units");
+	key = em_arg_name(fcinfo, 2, "idempotency_key");
+	feature = em_arg_name(fcinfo, 3, "feature");
+	if (PG_ARGISNULL(4))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("occurred_at must not be NULL")));
+	occurred_at = PG_GETARG_TIMESTAMPTZ(4);
+	check_usage(units, occurred_at, now);
+
+	SPI_connect();
+	lock_anchor(account, &has_anchor, &anchor);
+	if (!repeat_of_key(account, key, units, feature))
+	{
+		/* the cycle of the usage: a correction goes where the usage went */
+		em_cycle_bounds(anchor, has_anchor, occurred_at, &start, &end);
+		budget_id = usage_budget(account, feature, start, end);
+		if (units < 0)
+			check_correction(account, budget_id, units, start);
+		written = write_usage(account, budget_id, units, key, occurred_at, now);
+		/* a concurrent call with the same key won: same usage, or a conflict */
+		if (!written && !repeat_of_key(account, key, units, feature))
+			elog(ERROR, "earmark: ledger row of key \"%s\" vanished", text_to_cstring(key));
+	}
 	SPI_finish();
 	PG_RETURN_BOOL(written);
 }

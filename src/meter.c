@@ -50,38 +50,39 @@ static EmStatement claim_marks = {
 	"       a.provider_customer, a.provider_agreement, "
 	"       CASE WHEN t.tot <= 9223372036854775807 THEN t.tot::bigint END, "
 	"       (SELECT x.total FROM earmark.meter_send x "
-	"         WHERE x.budget_id = m.budget_id AND x.ok ORDER BY x.send_id DESC LIMIT 1) "
+	"         WHERE x.account = m.account AND x.budget_id = m.budget_id AND x.ok "
+	"         ORDER BY x.send_id DESC LIMIT 1), m.account "
 	"FROM earmark.meter_mark m "
-	"LEFT JOIN earmark.budget b ON b.budget_id = m.budget_id "
+	"LEFT JOIN earmark.budget b ON b.account = m.account AND b.budget_id = m.budget_id "
 	"LEFT JOIN earmark.account a ON a.account = b.account "
 	"LEFT JOIN LATERAL (SELECT " EM_CYCLE_TOTAL_NUMERIC_SQL " AS tot) t ON true "
-	"ORDER BY m.marked_at, m.budget_id LIMIT $1",
+	"ORDER BY m.marked_at, m.account, m.budget_id LIMIT $1",
 	1, {INT4OID}
 };
 
 static EmStatement log_send = {
-	"INSERT INTO earmark.meter_send (budget_id, total, origin, ok, http_status, error, duration_ms) "
-	"VALUES ($1, $2, $3, $4, $5, $6, $7)",
-	7, {INT8OID, INT8OID, TEXTOID, BOOLOID, INT4OID, TEXTOID, FLOAT8OID}
+	"INSERT INTO earmark.meter_send (budget_id, total, origin, ok, http_status, error, duration_ms, account) "
+	"VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+	8, {INT8OID, INT8OID, TEXTOID, BOOLOID, INT4OID, TEXTOID, FLOAT8OID, TEXTOID}
 };
 
 static EmStatement delete_mark = {
-	"DELETE FROM earmark.meter_mark WHERE budget_id = $1",
-	1, {INT8OID}
+	"DELETE FROM earmark.meter_mark WHERE budget_id = $1 AND account = $2",
+	2, {INT8OID, TEXTOID}
 };
 
 static EmStatement requeue_mark = {
-	"UPDATE earmark.meter_mark SET marked_at = pg_catalog.now() WHERE budget_id = $1",
-	1, {INT8OID}
+	"UPDATE earmark.meter_mark SET marked_at = $3 WHERE budget_id = $1 AND account = $2",
+	3, {INT8OID, TEXTOID, TIMESTAMPTZOID}
 };
 
 static EmStatement note_review = {
 	"INSERT INTO earmark.meter_review AS r (budget_id, account, feature, cycle_start, cycle_end, "
-	"                                      ledger_total, last_sent, reason) "
-	"VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
-	"ON CONFLICT (budget_id) DO UPDATE SET ledger_total = excluded.ledger_total, "
-	"  last_sent = excluded.last_sent, reason = excluded.reason, last_noted = pg_catalog.now()",
-	8, {INT8OID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID, INT8OID, TEXTOID}
+	"                                      ledger_total, last_sent, reason, first_noted, last_noted) "
+	"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9) "
+	"ON CONFLICT (account, budget_id) DO UPDATE SET ledger_total = excluded.ledger_total, "
+	"  last_sent = excluded.last_sent, reason = excluded.reason, last_noted = excluded.last_noted",
+	9, {INT8OID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID, INT8OID, TEXTOID, TIMESTAMPTZOID}
 };
 
 static EmStatement note_pass = {
@@ -122,6 +123,9 @@ em_report_claim(int max_cycles, TimestampTz now, EmMeterOp **ops_out,
 		MemoryContext old;
 
 		op->budget_id = em_get_int64(i, 1, 0);
+		old = MemoryContextSwitchTo(cxt);
+		op->mark_account = TextDatumGetCString(em_get(i, 10, &isnull));
+		MemoryContextSwitchTo(old);
 		(void) em_get(i, 2, &isnull);
 		if (isnull)
 		{
@@ -181,8 +185,8 @@ em_report_send(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg)
 void
 em_log_send(EmMeterOp *op, const char *origin)
 {
-	Datum		args[7];
-	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		args[8];
+	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 
 	args[0] = Int64GetDatum(op->budget_id);
 	args[1] = Int64GetDatum(op->total);
@@ -193,6 +197,7 @@ em_log_send(EmMeterOp *op, const char *origin)
 	args[5] = op->error ? CStringGetTextDatum(op->error) : (Datum) 0;
 	nulls[5] = op->error ? ' ' : 'n';
 	args[6] = Float8GetDatum(op->elapsed_ms);
+	args[7] = CStringGetTextDatum(op->account);
 	em_exec(&log_send, args, nulls, 0);
 }
 
@@ -208,18 +213,21 @@ em_report_finish(EmMeterOp *ops, int n, TimestampTz now, int *failed)
 	long		retry_after = -1;
 	bool		saw_429 = false;
 	char	   *last_error = NULL;
-	Datum		args[8];
-	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		args[9];
+	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 
 	*failed = 0;
 	for (i = 0; i < n; i++)
 	{
 		EmMeterOp  *op = &ops[i];
-		Datum		arg = Int64GetDatum(op->budget_id);
+		Datum		arg[3];
 
+		arg[0] = Int64GetDatum(op->budget_id);
+		arg[1] = CStringGetTextDatum(op->mark_account);
+		arg[2] = TimestampTzGetDatum(now);
 		if (op->account == NULL)
 		{
-			em_exec(&delete_mark, &arg, NULL, 0);
+			em_exec(&delete_mark, arg, NULL, 0);
 			continue;
 		}
 		if (op->too_large)
@@ -236,20 +244,21 @@ em_report_finish(EmMeterOp *ops, int n, TimestampTz now, int *failed)
 			{
 				bool		found;
 
-				args[0] = arg;
+				args[0] = arg[0];
 				args[1] = CStringGetTextDatum(op->account);
 				args[2] = CStringGetTextDatum(op->feature);
 				args[3] = TimestampTzGetDatum(op->cycle_start);
 				args[4] = TimestampTzGetDatum(op->cycle_end);
-				args[5] = Int64GetDatum(em_cycle_total(op->budget_id, &found));
+				args[5] = Int64GetDatum(em_cycle_total(cstring_to_text(op->account), op->budget_id, &found));
 				args[6] = Int64GetDatum(op->read_total);
 				nulls[6] = op->read_total < 0 ? 'n' : ' ';
 				args[7] = CStringGetTextDatum("The cycle closed before its last total reached the meter; "
 											  "a closed cycle is not written.");
+				args[8] = TimestampTzGetDatum(now);
 				em_exec(&note_review, args, nulls, 0);
 				nulls[6] = ' ';
 			}
-			em_exec(&delete_mark, &arg, NULL, 0);
+			em_exec(&delete_mark, arg, NULL, 0);
 			continue;
 		}
 
@@ -260,8 +269,8 @@ em_report_finish(EmMeterOp *ops, int n, TimestampTz now, int *failed)
 
 			sent++;
 			if (em_mark_try_lock_exclusive(op->budget_id) &&
-				em_cycle_total(op->budget_id, &found) == op->total)
-				em_exec(&delete_mark, &arg, NULL, 0);
+				em_cycle_total(cstring_to_text(op->account), op->budget_id, &found) == op->total)
+				em_exec(&delete_mark, arg, NULL, 0);
 			/* else: usage arrived meanwhile, the mark stays for the next pass */
 		}
 		else
@@ -276,7 +285,7 @@ em_report_finish(EmMeterOp *ops, int n, TimestampTz now, int *failed)
 			}
 			/* marked again: behind the cycles that are waiting */
 			if (em_mark_try_lock_exclusive(op->budget_id))
-				em_exec(&requeue_mark, &arg, NULL, 0);
+				em_exec(&requeue_mark, arg, NULL, 0);
 		}
 	}
 

@@ -72,6 +72,7 @@ typedef struct EmMeterOp
 {
 	/* in */
 	int64		budget_id;
+	const char *mark_account;	/* the mark's account (reporter) */
 	const char *account;
 	const char *feature;
 	const char *customer;		/* provider_customer, may be NULL */

@@ -105,8 +105,9 @@ static EmStatement rebuild_counters = {
 	"            WHERE budget_id = $1 AND job_id IS NOT NULL),"
 	"     s AS (SELECT coalesce(pg_catalog.sum(used), 0)::bigint AS used FROM earmark.budget_slot "
 	"            WHERE budget_id = $1),"
-	"     i AS (INSERT INTO earmark.usage_shard (budget_id, shard, units) "
-	"           SELECT $1, 0, k.units FROM k WHERE k.units <> 0) "
+	"     i AS (INSERT INTO earmark.usage_shard (account, budget_id, shard, units) "
+	"           SELECT (SELECT account FROM earmark.budget WHERE budget_id = $1), $1, 0, k.units "
+	"             FROM k WHERE k.units <> 0) "
 	"UPDATE earmark.budget SET used = (SELECT units FROM j) - (SELECT used FROM s) "
 	"WHERE budget_id = $1",
 	1, {INT8OID}
@@ -114,7 +115,8 @@ static EmStatement rebuild_counters = {
 
 /* after a repair the reporter sends the cycle once more (see repair) */
 static EmStatement mark_cycle = {
-	"INSERT INTO earmark.meter_mark (budget_id) VALUES ($1) ON CONFLICT DO NOTHING",
+	"INSERT INTO earmark.meter_mark (account, budget_id) "
+	"SELECT account, budget_id FROM earmark.budget WHERE budget_id = $1 ON CONFLICT DO NOTHING",
 	1, {INT8OID}
 };
 

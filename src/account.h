@@ -1,0 +1,19 @@
+/*-------------------------------------------------------------------------
+ *
+ * account.h
+ *	  Accounts, limits and billing cycles (account.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef EARMARK_ACCOUNT_H
+#define EARMARK_ACCOUNT_H
+
+#include "postgres.h"
+
+#include "datatype/timestamp.h"
+
+/* the cycle that contains "at": a month from the anchor's day, in UTC */
+extern void em_cycle_bounds(TimestampTz anchor, bool has_anchor, TimestampTz at,
+							TimestampTz *start, TimestampTz *end);
+
+#endif							/* EARMARK_ACCOUNT_H */

@@ -1,0 +1,396 @@
+/*-------------------------------------------------------------------------
+ *
+ * budget.c
+ *	  A cycle's budget row and what is written under its lock: creating
+ *	  and locking the row, admitting a hold into it, expiring its dead
+ *	  holds, the admission rate limit, and the cycle's mark lock.  The
+ *	  gate (gate.c) and escrow's slow path (escrow.c) both call these; the
+ *	  ledger (ledger.c) creates budget rows and takes mark locks here too.
+ *
+ *	  Tables: earmark.budget, earmark.job (inserted and expired here),
+ *	  earmark.ledger and earmark.meter_mark (an expiry's rows),
+ *	  earmark.account (the rate limit's state).
+ *
+ *	  Locks: the budget row FOR UPDATE (em_budget_lock; the callers hold
+ *	  it for the rest of their transaction); dead job rows FOR UPDATE SKIP
+ *	  LOCKED (an expiry never waits for a job); the cycle's mark lock
+ *	  (below); the account row, updated by the rate limit after the budget
+ *	  row, the order every earmark function keeps.
+ *
+ *	  The mark lock of a cycle is a transaction-level advisory lock in a
+ *	  key space of its own (the int4-pair form with earmark's mark class),
+ *	  so that it never meets an application's advisory locks on plain
+ *	  bigints.  Every writer that may find the cycle's meter mark already
+ *	  there holds it shared until it commits; the reporter takes it
+ *	  exclusively, without waiting, before it deletes a mark (meter.c), so
+ *	  it never deletes a mark whose writer's usage it has not seen.  Two
+ *	  cycles whose ids agree in the low 32 bits share a lock; that only
+ *	  makes a mark live one pass longer.  Advisory locks are per node: on
+ *	  Citus every taker runs on the node that holds the account (cluster.c
+ *	  checks it).
+ *
+ *	  Every statement names the account (account = $1 on every relation),
+ *	  so that on Citus it runs on the account's shard alone.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "common/int.h"
+#include "miscadmin.h"
+#include "storage/lmgr.h"
+#include "storage/lock.h"
+
+#include "budget.h"
+#include "earmark.h"
+#include "spi.h"
+
+/* ---------------------------------------------------------------------
+ * The budget row
+ * ---------------------------------------------------------------------
+ */
+static EmStatement lock_budget = {
+	"SELECT budget_id, used, held, slots, slot_lim, slot_gen FROM earmark.budget "
+	"WHERE account = $1 AND feature = $2 AND cycle_start = $3 FOR UPDATE",
+	3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
+};
+enum
+{
+	LB_BUDGET_ID = 1, LB_USED, LB_HELD, LB_SLOTS, LB_SLOT_LIM, LB_SLOT_GEN
+};
+
+/* the new row takes the account's escrow slots, or earmark.escrow_slots */
+static EmStatement create_budget = {
+	"INSERT INTO earmark.budget (account, feature, cycle_start, cycle_end, slots) "
+	"SELECT $1, $2, $3, $4, coalesce(a.escrow_slots, $5) FROM earmark.account a WHERE a.account = $1 "
+	"ON CONFLICT (account, feature, cycle_start) DO NOTHING",
+	5, {TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT4OID}
+};
+
+static EmStatement write_budget = {
+	"UPDATE earmark.budget SET used = $3, held = $4 WHERE account = $1 AND budget_id = $2",
+	4, {TEXTOID, INT8OID, INT8OID, INT8OID}
+};
+
+static EmStatement release_budget = {
+	"UPDATE earmark.budget SET held = held - $3, used = used + $4 "
+	"WHERE account = $1 AND budget_id = $2",
+	4, {TEXTOID, INT8OID, INT8OID, INT8OID}
+};
+
+/*
+ * Lock the cycle's budget row; false when it does not exist.  Fills the
+ * row's own numbers into *b; the limit is the caller's to read.
+ */
+bool
+em_budget_lock(text *account, text *feature, TimestampTz start, EmBudget *b)
+{
+	Datum		args[3];
+
+	args[0] = PointerGetDatum(account);
+	args[1] = PointerGetDatum(feature);
+	args[2] = TimestampTzGetDatum(start);
+	em_exec(&lock_budget, args, NULL, 1);
+	if (SPI_processed == 0)
+		return false;
+	b->cycle_start = start;
+	b->budget_id = em_get_int64(0, LB_BUDGET_ID, 0);
+	b->used = em_get_int64(0, LB_USED, 0);
+	b->held = em_get_int64(0, LB_HELD, 0);
+	b->slots = (int) em_get_int64(0, LB_SLOTS, 0);
+	b->slot_lim = em_get_int64(0, LB_SLOT_LIM, 0);
+	(void) em_get(0, LB_SLOT_LIM, &b->slot_lim_null);
+	b->slot_gen = em_get_int64(0, LB_SLOT_GEN, 0);
+	return true;
+}
+
+/* create the cycle's row unless it exists (the caller then locks it) */
+void
+em_budget_create(text *account, text *feature, TimestampTz start,
+				 TimestampTz end)
+{
+	Datum		args[5];
+
+	args[0] = PointerGetDatum(account);
+	args[1] = PointerGetDatum(feature);
+	args[2] = TimestampTzGetDatum(start);
+	args[3] = TimestampTzGetDatum(end);
+	args[4] = Int32GetDatum(earmark_escrow_slots);
+	em_exec(&create_budget, args, NULL, 0);
+}
+
+void
+em_budget_write(text *account, int64 budget_id, int64 used, int64 held)
+{
+	Datum		args[4];
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	args[2] = Int64GetDatum(used);
+	args[3] = Int64GetDatum(held);
+	em_exec(&write_budget, args, NULL, 0);
+}
+
+/* holds of *released ended, *charged of them used: into the budget row */
+void
+em_budget_release(text *account, int64 budget_id, int64 released, int64 charged)
+{
+	Datum		args[4];
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	args[2] = Int64GetDatum(released);
+	args[3] = Int64GetDatum(charged);
+	em_exec(&release_budget, args, NULL, 0);
+}
+
+/* limit - used - held, at least 0; unlimited reads as PG_INT64_MAX */
+int64
+em_room_left(bool unlimited, int64 lim, int64 used, int64 held)
+{
+	int64		r;
+
+	if (unlimited)
+		return PG_INT64_MAX;
+	if (pg_sub_s64_overflow(lim, used, &r) || pg_sub_s64_overflow(r, held, &r))
+		return 0;
+	return Max(r, 0);
+}
+
+/* ---------------------------------------------------------------------
+ * A hold in the budget row
+ * ---------------------------------------------------------------------
+ */
+
+/*
+ * The job row and the budget row's new numbers in one statement; neither
+ * happens when the key is already taken ($8 used, $9 the held before this
+ * hold).  The job's id is earmark.job's default (cluster.c's next_id).
+ */
+static EmStatement admit_job = {
+	"WITH j AS ("
+	"  INSERT INTO earmark.job (account, budget_id, feature, idempotency_key, amount, lease, lease_until, created_at) "
+	"  VALUES ($1, $2, $3, $4, $5, $6, $7, $10) "
+	"  ON CONFLICT (account, idempotency_key) DO NOTHING RETURNING job_id),"
+	" b AS (UPDATE earmark.budget SET used = $8, held = $9 + $5 "
+	"       WHERE account = $1 AND budget_id = $2 AND EXISTS (SELECT 1 FROM j)) "
+	"SELECT job_id FROM j",
+	10, {TEXTOID, INT8OID, TEXTOID, TEXTOID, INT8OID, INTERVALOID, TIMESTAMPTZOID,
+	INT8OID, INT8OID, TIMESTAMPTZOID}
+};
+
+/*
+ * Admit the hold outside any escrow slot, into the locked budget row *b
+ * (which then counts it).  EM_ADMIT_KEY_TAKEN when a concurrent reserve
+ * with the same key committed first (the insert's conflict check waited
+ * for it).
+ */
+EmAdmit
+em_budget_admit(EmHold *h, EmBudget *b)
+{
+	int64		new_held;
+	Datum		args[10];
+
+	if (pg_add_s64_overflow(b->held, h->amount, &new_held))
+		ereport(ERROR,
+				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+				 errmsg("the account's holds would exceed the largest bigint")));
+	args[0] = PointerGetDatum(h->account);
+	args[1] = Int64GetDatum(b->budget_id);
+	args[2] = PointerGetDatum(h->feature);
+	args[3] = PointerGetDatum(h->key);
+	args[4] = Int64GetDatum(h->amount);
+	args[5] = IntervalPGetDatum(h->lease);
+	args[6] = TimestampTzGetDatum(h->lease_until);
+	args[7] = Int64GetDatum(b->used);
+	args[8] = Int64GetDatum(b->held);
+	args[9] = TimestampTzGetDatum(h->now);
+	em_exec(&admit_job, args, NULL, 1);
+	if (SPI_processed != 1)
+		return EM_ADMIT_KEY_TAKEN;
+	h->job_id = em_get_int64(0, 1, 0);
+	b->held = new_held;
+	return EM_ADMIT_OK;
+}
+
+/*
+ * The same after the admission rate limit: EM_ADMIT_RATE_LIMITED when the
+ * account is over earmark.rate_limit.  A hold that then finds its key taken
+ * gives its count back: a repeat of a key never counts.
+ */
+EmAdmit
+em_budget_admit_rated(EmHold *h, EmBudget *b)
+{
+	EmAdmit		r;
+
+	if (!em_rate_conforms(h->account, h->now))
+		return EM_ADMIT_RATE_LIMITED;
+	r = em_budget_admit(h, b);
+	if (r == EM_ADMIT_KEY_TAKEN)
+		em_rate_give_back(h->account);
+	return r;
+}
+
+/* ---------------------------------------------------------------------
+ * Dead holds
+ * ---------------------------------------------------------------------
+ */
+
+/*
+ * Expire a locked budget's dead holds, at the use they recorded: the job
+ * rows, their ledger rows and the meter mark in one statement.  A hold
+ * taken from an escrow slot is expired into the budget row like any other
+ * (only the sums count: escrow.c).
+ */
+static EmStatement expire_jobs = {
+	"WITH j AS ("
+	"  UPDATE earmark.job AS t"
+	"     SET status = 'expired', settled_at = $3, charged = t.used, released = t.amount - t.used"
+	"   WHERE t.account = $1 AND t.job_id IN ("
+	"         SELECT s.job_id FROM earmark.job s"
+	"          WHERE s.account = $1 AND s.budget_id = $2 AND s.status IN ('running', 'capped')"
+	"            AND s.lease_until < $3"
+	"          LIMIT $4 FOR UPDATE SKIP LOCKED)"
+	"  RETURNING t.job_id, t.amount, t.used),"
+	" l AS (INSERT INTO earmark.ledger (account, budget_id, units, job_id, occurred_at)"
+	"       SELECT $1, $2, j.used, j.job_id, $3 FROM j WHERE j.used > 0 RETURNING 1),"
+	" m AS (INSERT INTO earmark.meter_mark (account, budget_id)"
+	"       SELECT $1, $2 WHERE EXISTS (SELECT 1 FROM l) ON CONFLICT DO NOTHING) "
+	"SELECT pg_catalog.count(*), coalesce(pg_catalog.sum(j.amount), 0)::bigint,"
+	"       coalesce(pg_catalog.sum(j.used), 0)::bigint FROM j",
+	4, {TEXTOID, INT8OID, TIMESTAMPTZOID, INT4OID}
+};
+enum
+{
+	EX_COUNT = 1, EX_RELEASED, EX_CHARGED
+};
+
+/*
+ * Expire up to max dead holds of a budget whose row the caller holds
+ * locked; returns how many.  *released and *charged are their sums, for
+ * the caller to apply to the budget row.  It may find the cycle marked, so
+ * it takes the cycle's mark lock; without wait, a lock the reporter holds
+ * makes it expire nothing (the worker never waits while it holds a budget
+ * row).
+ */
+int64
+em_budget_expire(text *account, int64 budget_id, TimestampTz now, int max,
+				 bool wait, int64 *released, int64 *charged)
+{
+	Datum		args[4];
+
+	*released = 0;
+	*charged = 0;
+	if (!wait && !em_mark_try_lock(budget_id))
+		return 0;
+	if (wait)
+		em_mark_lock(budget_id);
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	args[2] = TimestampTzGetDatum(now);
+	args[3] = Int32GetDatum(max);
+	em_exec(&expire_jobs, args, NULL, 1);
+	*released = em_get_int64(0, EX_RELEASED, 0);
+	*charged = em_get_int64(0, EX_CHARGED, 0);
+	return em_get_int64(0, EX_COUNT, 0);
+}
+
+/* ---------------------------------------------------------------------
+ * The admission rate limit
+ * ---------------------------------------------------------------------
+ */
+
+/*
+ * GCRA on the account row: an admission at "now" conforms when the
+ * theoretical arrival time is at most "tolerance" ahead; it then moves on
+ * by one emission interval.  No row comes back when the account is over
+ * its rate, and then nothing was written.
+ */
+static EmStatement rate_admit = {
+	"UPDATE earmark.account "
+	"SET rate_tat = GREATEST(coalesce(rate_tat, $2), $2) + $3 * interval '1 microsecond' "
+	"WHERE account = $1 "
+	"  AND GREATEST(coalesce(rate_tat, $2), $2) <= $2 + $4 * interval '1 microsecond' "
+	"RETURNING 1",
+	4, {TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID}
+};
+
+static EmStatement rate_refund = {
+	"UPDATE earmark.account SET rate_tat = rate_tat - $2 * interval '1 microsecond' WHERE account = $1",
+	2, {TEXTOID, INT8OID}
+};
+
+/* true when one more admission conforms (and is counted) */
+bool
+em_rate_conforms(text *account, TimestampTz now)
+{
+	Datum		args[4];
+	int64		step;
+
+	if (earmark_rate_limit <= 0)
+		return true;
+	step = USECS_PER_MINUTE / earmark_rate_limit;
+	args[0] = PointerGetDatum(account);
+	args[1] = TimestampTzGetDatum(now);
+	args[2] = Int64GetDatum(step);
+	args[3] = Int64GetDatum(USECS_PER_MINUTE - step);
+	em_exec(&rate_admit, args, NULL, 1);
+	return SPI_processed == 1;
+}
+
+/*
+ * Give back the admission em_rate_conforms counted, when the hold then
+ * found its key taken by a concurrent reserve: a repeat of a key never
+ * counts.
+ */
+void
+em_rate_give_back(text *account)
+{
+	Datum		args[2];
+
+	if (earmark_rate_limit <= 0)
+		return;
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(USECS_PER_MINUTE / earmark_rate_limit);
+	em_exec(&rate_refund, args, NULL, 0);
+}
+
+/* ---------------------------------------------------------------------
+ * The cycle's mark lock (see the file header)
+ * ---------------------------------------------------------------------
+ */
+static void
+mark_locktag(LOCKTAG *tag, int64 budget_id)
+{
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, EARMARK_MARK_CLASS,
+						 (uint32) budget_id, 2);
+}
+
+void
+em_mark_lock(int64 budget_id)
+{
+	LOCKTAG		tag;
+
+	mark_locktag(&tag, budget_id);
+	(void) LockAcquire(&tag, ShareLock, false, false);
+}
+
+/* the same without waiting: false when the reporter holds it */
+bool
+em_mark_try_lock(int64 budget_id)
+{
+	LOCKTAG		tag;
+
+	mark_locktag(&tag, budget_id);
+	return LockAcquire(&tag, ShareLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
+}
+
+bool
+em_mark_try_lock_exclusive(int64 budget_id)
+{
+	LOCKTAG		tag;
+
+	mark_locktag(&tag, budget_id);
+	return LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
+}

@@ -1,0 +1,160 @@
+/*-------------------------------------------------------------------------
+ *
+ * cluster.c
+ *	  Where this backend stands: the schema version installed in its
+ *	  database (every SQL-callable function checks it before it reads its
+ *	  arguments), this node's place in a Citus cluster, and the ids that
+ *	  follow from it (earmark.next_id).
+ *
+ *	  Tables: reads pg_extension and, when Citus is installed,
+ *	  pg_dist_local_group; writes nothing but the id sequences.
+ *
+ *	  Locks: none beyond the catalog scans' AccessShareLock and the
+ *	  sequences' own.
+ *
+ *	  Why a version check: between a server restart with a new library and
+ *	  ALTER EXTENSION earmark UPDATE, the functions of the old install
+ *	  script call into the new library, whose arguments and tables may
+ *	  differ (0.3.0 added the account to earmark_charge's arguments).  The
+ *	  check runs once per transaction, before any argument is read.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "catalog/indexing.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_extension.h"
+#include "catalog/pg_namespace.h"
+#include "commands/extension.h"
+#include "commands/sequence.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "storage/proc.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+
+#include "cluster.h"
+#include "earmark.h"
+
+PG_FUNCTION_INFO_V1(earmark_next_id);
+
+/* the installed version as this transaction saw it */
+static LocalTransactionId schema_checked_lxid = InvalidLocalTransactionId;
+
+/* this node's Citus group (0: the coordinator, or no Citus); -1 unknown */
+static int32 node_group = -1;
+
+/*
+ * The extversion of earmark in this database, palloc'd, or NULL when the
+ * extension is not installed.
+ */
+static char *
+installed_version(void)
+{
+	Relation	rel;
+	SysScanDesc scan;
+	ScanKeyData key;
+	HeapTuple	tup;
+	char	   *version = NULL;
+
+	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber,
+				F_NAMEEQ, CStringGetDatum("earmark"));
+	scan = systable_beginscan(rel, ExtensionNameIndexId, true, NULL, 1, &key);
+	tup = systable_getnext(scan);
+	if (HeapTupleIsValid(tup))
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(tup, Anum_pg_extension_extversion,
+									 RelationGetDescr(rel), &isnull);
+
+		if (!isnull)
+			version = text_to_cstring(DatumGetTextPP(d));
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return version;
+}
+
+/*
+ * Fail with EM008 unless the database has the schema of this library's
+ * version.  Once per transaction (a new lxid); never while CREATE or ALTER
+ * EXTENSION runs a script.
+ */
+void
+em_require_schema(void)
+{
+	char	   *version;
+
+	if (MyProc->lxid == schema_checked_lxid || creating_extension)
+		return;
+	version = installed_version();
+	if (version == NULL || strcmp(version, EARMARK_VERSION) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_EARMARK_SCHEMA_VERSION),
+				 errmsg("earmark's library is version %s, but this database has earmark %s installed",
+						EARMARK_VERSION, version ? version : "(none)"),
+				 errdetail("The server was restarted with a new earmark library and the extension was not updated yet."),
+				 errhint("Run ALTER EXTENSION earmark UPDATE in this database.")));
+	schema_checked_lxid = MyProc->lxid;
+}
+
+/*
+ * This node's Citus group id, read once per backend: 0 on the coordinator
+ * and without Citus.  (A node keeps its group for as long as it is in the
+ * cluster.)
+ */
+int32
+em_node_group(void)
+{
+	if (node_group >= 0)
+		return node_group;
+	node_group = 0;
+	if (OidIsValid(get_relname_relid("pg_dist_local_group", PG_CATALOG_NAMESPACE)))
+	{
+		SPI_connect();
+		if (SPI_execute("SELECT groupid FROM pg_catalog.pg_dist_local_group", true, 1) == SPI_OK_SELECT &&
+			SPI_processed == 1)
+		{
+			bool		isnull;
+			Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+
+			if (!isnull)
+				node_group = DatumGetInt32(d);
+		}
+		SPI_finish();
+	}
+	return node_group;
+}
+
+/*
+ * earmark.next_id(sequence): the sequence's next value with this node's
+ * group id in the top 16 bits, so that ids written on different nodes of a
+ * Citus cluster never meet, also after an account's shard moves to another
+ * node.  Without Citus it is the sequence's value.
+ */
+Datum
+earmark_next_id(PG_FUNCTION_ARGS)
+{
+	Oid			seq = PG_GETARG_OID(0);
+	int64		v = nextval_internal(seq, true);
+	int64		group = em_node_group();
+
+	/* a sequence that already counts in this node's range is left so */
+	if (group != 0 && (v >> EM_NODE_ID_SHIFT) != group)
+	{
+		if (v >= (INT64CONST(1) << EM_NODE_ID_SHIFT))
+			ereport(ERROR,
+					(errcode(ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED),
+					 errmsg("earmark's id sequence %s passed 2^%d on this node",
+							get_rel_name(seq), EM_NODE_ID_SHIFT)));
+		v |= group << EM_NODE_ID_SHIFT;
+	}
+	PG_RETURN_INT64(v);
+}

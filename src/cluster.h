@@ -1,0 +1,20 @@
+/*-------------------------------------------------------------------------
+ *
+ * cluster.h
+ *	  The schema version check, this node's place in a Citus cluster, and
+ *	  earmark's ids (cluster.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef EARMARK_CLUSTER_H
+#define EARMARK_CLUSTER_H
+
+#include "postgres.h"
+
+/* ids carry the node's Citus group in their top bits, above this one */
+#define EM_NODE_ID_SHIFT	48
+
+extern void em_require_schema(void);
+extern int32 em_node_group(void);
+
+#endif							/* EARMARK_CLUSTER_H */

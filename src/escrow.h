@@ -1,0 +1,35 @@
+/*-------------------------------------------------------------------------
+ *
+ * escrow.h
+ *	  Escrow for hot budgets (escrow.c): the fast path that admits from a
+ *	  slot without the budget row, and the slow path's rebalance.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef EARMARK_ESCROW_H
+#define EARMARK_ESCROW_H
+
+#include "postgres.h"
+
+#include "budget.h"
+
+#define EARMARK_MAX_SLOTS	256
+
+/* the default number of slots of a new budget (earmark.escrow_slots) */
+extern int	earmark_escrow_slots;
+
+/* a budget's numbers as the fast path saw them, before its hold */
+typedef struct EscrowNumbers
+{
+	int64		used;			/* slots and recorded usage included */
+	int64		held;
+	int64		lim;
+	bool		unlimited;
+} EscrowNumbers;
+
+extern EmAdmit em_escrow_fast(EmHold *h, TimestampTz cycle_start, int slots,
+							  EscrowNumbers *numbers);
+extern EmAdmit em_escrow_rebalance(EmHold *h, EmBudget *b, int64 *remaining);
+extern int	em_random_slot(int slots);
+
+#endif							/* EARMARK_ESCROW_H */

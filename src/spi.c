@@ -1,0 +1,167 @@
+/*-------------------------------------------------------------------------
+ *
+ * spi.c
+ *	  The statements every earmark file runs: SPI with plans prepared once
+ *	  per backend and kept, result access, the argument checks of the SQL
+ *	  functions, and returning one row.
+ *
+ *	  Owns no shared state and takes no locks of its own.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "funcapi.h"
+#include "mb/pg_wchar.h"
+#include "utils/builtins.h"
+#include "utils/snapmgr.h"
+#include "utils/tuplestore.h"
+
+#include "spi.h"
+
+/*
+ * Run a cached statement.  Errors from SPI itself are internal errors; the
+ * SQL errors of the statement (constraint violations, serialization
+ * failures) propagate with their own SQLSTATE.
+ *
+ * Always with read_only = false: only then does SPI take a new snapshot for
+ * each statement (under READ COMMITTED), and the gate depends on that: a
+ * read after a row lock must see what the lock waited for.
+ */
+static SPIPlanPtr
+em_plan(EmStatement *stmt)
+{
+	if (stmt->plan == NULL)
+	{
+		SPIPlanPtr	plan = SPI_prepare(stmt->sql, stmt->nargs, stmt->argtypes);
+
+		if (plan == NULL)
+			elog(ERROR, "earmark: could not prepare statement: %s",
+				 SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(plan) != 0)
+			elog(ERROR, "earmark: could not keep plan");
+		stmt->plan = plan;
+	}
+	return stmt->plan;
+}
+
+int
+em_exec(EmStatement *stmt, Datum *values, const char *nulls, long count)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	int			rc;
+
+	rc = SPI_execute_plan(em_plan(stmt), values, nulls, false, count);
+	/* SPI leaves its own context current; give the caller's back */
+	MemoryContextSwitchTo(cxt);
+	if (rc < 0)
+		elog(ERROR, "earmark: statement failed: %s", SPI_result_code_string(rc));
+	return rc;
+}
+
+/*
+ * Run a cached read-only statement in a new snapshot that sees every commit
+ * so far, whatever the transaction's isolation level.  Under REPEATABLE
+ * READ the gate compares what its transaction snapshot showed with this,
+ * and fails with 40001 when they differ (see gate.c).
+ */
+int
+em_exec_latest(EmStatement *stmt, Datum *values, const char *nulls, long count)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	int			rc;
+
+	rc = SPI_execute_snapshot(em_plan(stmt), values, nulls, GetLatestSnapshot(),
+							  InvalidSnapshot, true, false, count);
+	MemoryContextSwitchTo(cxt);
+	if (rc < 0)
+		elog(ERROR, "earmark: statement failed: %s", SPI_result_code_string(rc));
+	return rc;
+}
+
+/*
+ * The reporter and the reconciler compare totals with what concurrent
+ * writers committed a moment ago: that needs a snapshot per statement.
+ * Under REPEATABLE READ a mark could be deleted for usage the report never
+ * saw, so they refuse to run there.
+ */
+void
+em_require_read_committed(const char *what)
+{
+	if (IsolationUsesXactSnapshot())
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_TRANSACTION_STATE),
+				 errmsg("%s must run in a READ COMMITTED transaction", what),
+				 errdetail("It compares totals with what other sessions committed since it started; "
+						   "a transaction snapshot would hide that."),
+				 errhint("Call it outside a REPEATABLE READ or SERIALIZABLE transaction.")));
+}
+
+Datum
+em_get(int row, int col, bool *isnull)
+{
+	Assert(row < (int) SPI_processed);
+	return SPI_getbinval(SPI_tuptable->vals[row], SPI_tuptable->tupdesc,
+						 col, isnull);
+}
+
+int64
+em_get_int64(int row, int col, int64 if_null)
+{
+	bool		isnull;
+	Datum		d = em_get(row, col, &isnull);
+
+	return isnull ? if_null : DatumGetInt64(d);
+}
+
+/*
+ * An account, feature or idempotency key: not NULL, not empty, at most
+ * EARMARK_MAX_NAME_LEN characters.
+ */
+static text *
+check_name(text *t, const char *what)
+{
+	int			len = pg_mbstrlen_with_len(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be empty", what)));
+	if (len > EARMARK_MAX_NAME_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("%s is too long", what),
+				 errdetail("It has %d characters; the most is %d.",
+						   len, EARMARK_MAX_NAME_LEN)));
+	return t;
+}
+
+text *
+em_arg_name(FunctionCallInfo fcinfo, int argno, const char *what)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be NULL", what)));
+	return check_name(PG_GETARG_TEXT_PP(argno), what);
+}
+
+int64
+em_arg_int64(FunctionCallInfo fcinfo, int argno, const char *what)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be NULL", what)));
+	return PG_GETARG_INT64(argno);
+}
+
+void
+em_return_row(FunctionCallInfo fcinfo, Datum *values, bool *nulls)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+}

@@ -1,0 +1,50 @@
+/*-------------------------------------------------------------------------
+ *
+ * spi.h
+ *	  Cached SPI statements, result access and argument checks (spi.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef EARMARK_SPI_H
+#define EARMARK_SPI_H
+
+#include "postgres.h"
+
+#include "executor/spi.h"
+#include "fmgr.h"
+
+/* the longest account, feature or idempotency key accepted, in characters */
+#define EARMARK_MAX_NAME_LEN	255
+
+/*
+ * A SQL statement run through SPI whose plan is prepared once per backend
+ * and kept (SPI_keepplan).  The plan cache revalidates it after DDL, so a
+ * dropped and re-created extension is picked up.
+ */
+typedef struct EmStatement
+{
+	const char *sql;
+	int			nargs;
+	Oid			argtypes[16];
+	SPIPlanPtr	plan;
+} EmStatement;
+
+extern int	em_exec(EmStatement *stmt, Datum *values, const char *nulls,
+					long count);
+extern int	em_exec_latest(EmStatement *stmt, Datum *values, const char *nulls,
+						   long count);
+
+/* result access for the last em_exec */
+extern Datum em_get(int row, int col, bool *isnull);
+extern int64 em_get_int64(int row, int col, int64 if_null);
+
+extern void em_require_read_committed(const char *what);
+
+/* argument checks: they raise the documented SQLSTATE or return the value */
+extern text *em_arg_name(FunctionCallInfo fcinfo, int argno, const char *what);
+extern int64 em_arg_int64(FunctionCallInfo fcinfo, int argno, const char *what);
+
+/* hand back one row of a RETURNS TABLE function */
+extern void em_return_row(FunctionCallInfo fcinfo, Datum *values, bool *nulls);
+
+#endif							/* EARMARK_SPI_H */
