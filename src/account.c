@@ -322,6 +322,8 @@ earmark_set_account(PG_FUNCTION_ARGS)
 			(void) em_arg_name(fcinfo, i, i == 2 ? "provider_customer" : "provider_agreement");
 	}
 
+	em_require_account_local(account);
+
 	SPI_connect();
 	values[0] = PointerGetDatum(account);
 	values[1] = Int32GetDatum(EARMARK_ADVISORY_CLASS);

@@ -27,6 +27,7 @@
 #include "access/table.h"
 #include "catalog/indexing.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_type.h"
 #include "catalog/pg_extension.h"
 #include "catalog/pg_namespace.h"
 #include "commands/extension.h"
@@ -46,6 +47,10 @@ PG_FUNCTION_INFO_V1(earmark_next_id);
 
 /* the installed version as this transaction saw it */
 static LocalTransactionId schema_checked_lxid = InvalidLocalTransactionId;
+
+/* whether earmark is distributed, as this transaction saw it */
+static LocalTransactionId distributed_lxid = InvalidLocalTransactionId;
+static bool distributed = false;
 
 /* this node's Citus group (0: the coordinator, or no Citus); -1 unknown */
 static int32 node_group = -1;
@@ -157,4 +162,75 @@ earmark_next_id(PG_FUNCTION_ARGS)
 		v |= group << EM_NODE_ID_SHIFT;
 	}
 	PG_RETURN_INT64(v);
+}
+
+/*
+ * Whether earmark's tables are distributed with Citus (earmark_distribute
+ * ran): earmark.account is in pg_dist_partition.  Read once per
+ * transaction; without Citus (no pg_dist_partition) it costs a catalog
+ * cache lookup.
+ */
+bool
+em_distributed(void)
+{
+	if (MyProc->lxid == distributed_lxid)
+		return distributed;
+	distributed = false;
+	if (OidIsValid(get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE)))
+	{
+		SPI_connect();
+		if (SPI_execute("SELECT 1 FROM pg_catalog.pg_dist_partition "
+						"WHERE logicalrelid = 'earmark.account'::regclass",
+						true, 1) == SPI_OK_SELECT)
+			distributed = SPI_processed == 1;
+		SPI_finish();
+	}
+	distributed_lxid = MyProc->lxid;
+	return distributed;
+}
+
+/*
+ * On a distributed install, fail unless this node holds the account's
+ * shard.  Citus runs an earmark call on the account's node only when it is
+ * called bare (SELECT * FROM earmark_reserve(...)); any other form runs it
+ * on the node it was sent to, where its advisory locks (the account's, the
+ * cycle's mark lock) and node-local state would not exclude the calls
+ * that do run on the account's node.
+ */
+void
+em_require_account_local(text *account)
+{
+	Oid			argtypes[1] = {TEXTOID};
+	Datum		args[1];
+	bool		local = true;
+
+	if (!em_distributed())
+		return;
+	args[0] = PointerGetDatum(account);
+	SPI_connect();
+	if (SPI_execute_with_args("SELECT p.groupid FROM pg_catalog.pg_dist_placement p "
+							  "WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column("
+							  "'earmark.account'::regclass, $1)",
+							  1, argtypes, args, NULL, true, 0) == SPI_OK_SELECT)
+	{
+		uint64		i;
+
+		local = false;
+		for (i = 0; i < SPI_processed; i++)
+		{
+			bool		isnull;
+			Datum		d = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull);
+
+			if (!isnull && DatumGetInt32(d) == em_node_group())
+				local = true;
+		}
+	}
+	SPI_finish();
+	if (!local)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("earmark call for account \"%s\" ran on a node that does not hold the account",
+						text_to_cstring(account)),
+				 errdetail("On a distributed install an earmark call runs on the account's node only when it is called on its own."),
+				 errhint("Call it as SELECT * FROM earmark_...(account, ...), not inside an expression, a join or another function.")));
 }

@@ -21,6 +21,172 @@ ALTER TABLE earmark.job ADD COLUMN gen bigint;
 UPDATE earmark.budget SET slot_gen = slot_gen + 1 WHERE slot_gen > 0;
 
 -- ---------------------------------------------------------------------------
+-- Account first.  Every per-account table is keyed by the account, so that
+-- Citus can distribute earmark by account; ids come from earmark.next_id
+-- (unique in a cluster by construction) instead of identity columns; the
+-- sequences keep the identities' positions.  Rows whose budget is gone
+-- (an account deleted under 0.2.0, which cascaded to its budgets only) are
+-- dropped from the tables that now need the account: nothing reads them.
+-- ---------------------------------------------------------------------------
+CREATE FUNCTION earmark.next_id(seq regclass) RETURNS bigint
+AS 'MODULE_PATHNAME', 'earmark_next_id' LANGUAGE C VOLATILE STRICT;
+REVOKE ALL ON FUNCTION earmark.next_id(regclass) FROM PUBLIC;
+
+DROP TRIGGER budget_truncate_slots ON earmark.budget;
+DROP FUNCTION earmark.truncate_slots();
+
+CREATE SEQUENCE earmark.budget_id_seq;
+CREATE SEQUENCE earmark.job_id_seq;
+CREATE SEQUENCE earmark.entry_id_seq;
+CREATE SEQUENCE earmark.send_id_seq;
+CREATE SEQUENCE earmark.evidence_id_seq;
+SELECT pg_catalog.setval('earmark.budget_id_seq', last_value, is_called) FROM earmark.budget_budget_id_seq;
+SELECT pg_catalog.setval('earmark.job_id_seq', last_value, is_called) FROM earmark.job_job_id_seq;
+SELECT pg_catalog.setval('earmark.entry_id_seq', last_value, is_called) FROM earmark.ledger_entry_id_seq;
+SELECT pg_catalog.setval('earmark.send_id_seq', last_value, is_called) FROM earmark.meter_send_send_id_seq;
+SELECT pg_catalog.setval('earmark.evidence_id_seq', last_value, is_called) FROM earmark.evidence_evidence_id_seq;
+-- the identities' sequences leave pg_dump's list (and the extension) first:
+-- dropping an identity does not take its sequence off the list
+ALTER EXTENSION earmark DROP SEQUENCE earmark.budget_budget_id_seq;
+ALTER EXTENSION earmark DROP SEQUENCE earmark.job_job_id_seq;
+ALTER EXTENSION earmark DROP SEQUENCE earmark.ledger_entry_id_seq;
+ALTER EXTENSION earmark DROP SEQUENCE earmark.meter_send_send_id_seq;
+ALTER EXTENSION earmark DROP SEQUENCE earmark.evidence_evidence_id_seq;
+
+-- budget
+ALTER TABLE earmark.budget ALTER COLUMN budget_id DROP IDENTITY;
+ALTER TABLE earmark.budget ALTER COLUMN budget_id SET DEFAULT earmark.next_id('earmark.budget_id_seq');
+ALTER SEQUENCE earmark.budget_id_seq OWNED BY earmark.budget.budget_id;
+ALTER TABLE earmark.budget DROP CONSTRAINT budget_pkey;
+ALTER TABLE earmark.budget ADD PRIMARY KEY (account, budget_id);
+
+-- budget_slot
+ALTER TABLE earmark.budget_slot ADD COLUMN account text;
+UPDATE earmark.budget_slot s SET account = b.account FROM earmark.budget b WHERE b.budget_id = s.budget_id;
+DELETE FROM earmark.budget_slot WHERE account IS NULL;
+ALTER TABLE earmark.budget_slot ALTER COLUMN account SET NOT NULL;
+ALTER TABLE earmark.budget_slot DROP CONSTRAINT budget_slot_pkey;
+ALTER TABLE earmark.budget_slot ADD PRIMARY KEY (account, budget_id, slot);
+
+-- job
+ALTER TABLE earmark.job ALTER COLUMN job_id DROP IDENTITY;
+ALTER TABLE earmark.job ALTER COLUMN job_id SET DEFAULT earmark.next_id('earmark.job_id_seq');
+ALTER SEQUENCE earmark.job_id_seq OWNED BY earmark.job.job_id;
+ALTER TABLE earmark.job DROP CONSTRAINT job_pkey;
+ALTER TABLE earmark.job ADD PRIMARY KEY (account, job_id);
+DROP INDEX earmark.job_open;
+CREATE INDEX job_open ON earmark.job (account, budget_id)
+    WHERE status IN ('running', 'capped');
+
+-- ledger
+UPDATE earmark.ledger l SET account = b.account
+  FROM earmark.budget b WHERE b.budget_id = l.budget_id AND l.account IS NULL;
+UPDATE earmark.ledger l SET account = j.account
+  FROM earmark.job j WHERE j.job_id = l.job_id AND l.account IS NULL;
+DELETE FROM earmark.ledger WHERE account IS NULL;
+ALTER TABLE earmark.ledger ALTER COLUMN account SET NOT NULL;
+ALTER TABLE earmark.ledger ALTER COLUMN entry_id DROP IDENTITY;
+ALTER TABLE earmark.ledger ALTER COLUMN entry_id SET DEFAULT earmark.next_id('earmark.entry_id_seq');
+ALTER SEQUENCE earmark.entry_id_seq OWNED BY earmark.ledger.entry_id;
+ALTER TABLE earmark.ledger DROP CONSTRAINT ledger_pkey;
+ALTER TABLE earmark.ledger ADD PRIMARY KEY (account, entry_id);
+ALTER TABLE earmark.ledger DROP CONSTRAINT ledger_job_id_key;
+ALTER TABLE earmark.ledger ADD UNIQUE (account, job_id);
+DROP INDEX earmark.ledger_budget;
+CREATE INDEX ledger_budget ON earmark.ledger (account, budget_id);
+
+-- usage_shard
+ALTER TABLE earmark.usage_shard ADD COLUMN account text;
+UPDATE earmark.usage_shard u SET account = b.account FROM earmark.budget b WHERE b.budget_id = u.budget_id;
+DELETE FROM earmark.usage_shard WHERE account IS NULL;
+ALTER TABLE earmark.usage_shard ALTER COLUMN account SET NOT NULL;
+ALTER TABLE earmark.usage_shard DROP CONSTRAINT usage_shard_pkey;
+ALTER TABLE earmark.usage_shard ADD PRIMARY KEY (account, budget_id, shard);
+
+-- meter_mark
+ALTER TABLE earmark.meter_mark ADD COLUMN account text;
+UPDATE earmark.meter_mark m SET account = b.account FROM earmark.budget b WHERE b.budget_id = m.budget_id;
+DELETE FROM earmark.meter_mark WHERE account IS NULL;
+ALTER TABLE earmark.meter_mark ALTER COLUMN account SET NOT NULL;
+ALTER TABLE earmark.meter_mark DROP CONSTRAINT meter_mark_pkey;
+ALTER TABLE earmark.meter_mark ADD PRIMARY KEY (account, budget_id);
+DROP INDEX earmark.meter_mark_order;
+CREATE INDEX meter_mark_order ON earmark.meter_mark (marked_at, account, budget_id);
+
+-- meter_send
+ALTER TABLE earmark.meter_send ADD COLUMN account text;
+UPDATE earmark.meter_send x SET account = b.account FROM earmark.budget b WHERE b.budget_id = x.budget_id;
+DELETE FROM earmark.meter_send WHERE account IS NULL;
+ALTER TABLE earmark.meter_send ALTER COLUMN account SET NOT NULL;
+ALTER TABLE earmark.meter_send ALTER COLUMN send_id DROP IDENTITY;
+ALTER TABLE earmark.meter_send ALTER COLUMN send_id SET DEFAULT earmark.next_id('earmark.send_id_seq');
+ALTER SEQUENCE earmark.send_id_seq OWNED BY earmark.meter_send.send_id;
+ALTER TABLE earmark.meter_send DROP CONSTRAINT meter_send_pkey;
+ALTER TABLE earmark.meter_send ADD PRIMARY KEY (account, send_id);
+DROP INDEX earmark.meter_send_budget;
+CREATE INDEX meter_send_budget ON earmark.meter_send (account, budget_id, send_id);
+
+-- meter_review
+ALTER TABLE earmark.meter_review DROP CONSTRAINT meter_review_pkey;
+ALTER TABLE earmark.meter_review ADD PRIMARY KEY (account, budget_id);
+
+-- evidence
+ALTER TABLE earmark.evidence ALTER COLUMN evidence_id DROP IDENTITY;
+ALTER TABLE earmark.evidence ALTER COLUMN evidence_id SET DEFAULT earmark.next_id('earmark.evidence_id_seq');
+ALTER SEQUENCE earmark.evidence_id_seq OWNED BY earmark.evidence.evidence_id;
+ALTER TABLE earmark.evidence DROP CONSTRAINT evidence_pkey;
+ALTER TABLE earmark.evidence ADD PRIMARY KEY (account, evidence_id);
+DROP INDEX earmark.evidence_budget;
+CREATE INDEX evidence_budget ON earmark.evidence (account, budget_id, evidence_id);
+
+REVOKE ALL ON ALL TABLES IN SCHEMA earmark FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA earmark FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('earmark.budget_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.job_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.entry_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.send_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.evidence_id_seq', '');
+
+-- the send log's join names the account
+CREATE OR REPLACE VIEW earmark.send_log AS
+    SELECT x.send_id, b.account, b.feature, b.cycle_start, x.total, x.origin, x.ok,
+           x.http_status, x.error, x.duration_ms, x.sent_at, x.budget_id
+      FROM earmark.meter_send x LEFT JOIN earmark.budget b USING (account, budget_id);
+
+-- charge, heartbeat and settle take the account first (0.2.0 callers add
+-- it: the job's account, as they reserved it)
+DROP FUNCTION earmark_charge(bigint, bigint, bigint);
+DROP FUNCTION earmark_heartbeat(bigint);
+DROP FUNCTION earmark_settle(bigint, bigint, text);
+CREATE FUNCTION earmark_charge(account text, job_id bigint, tokens bigint, step bigint DEFAULT NULL)
+RETURNS TABLE (charged bigint, capped boolean, room bigint, status text)
+AS 'MODULE_PATHNAME', 'earmark_charge'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION earmark_heartbeat(account text, job_id bigint)
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'earmark_heartbeat'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION earmark_settle(account text, job_id bigint, used bigint DEFAULT NULL, outcome text DEFAULT 'completed')
+RETURNS TABLE (charged bigint, released bigint, status text)
+AS 'MODULE_PATHNAME', 'earmark_settle'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1
+SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION
+    earmark_charge(text, bigint, bigint, bigint),
+    earmark_heartbeat(text, bigint),
+    earmark_settle(text, bigint, bigint, text)
+FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    earmark_charge(text, bigint, bigint, bigint),
+    earmark_heartbeat(text, bigint),
+    earmark_settle(text, bigint, bigint, text)
+TO earmark_user;
+
+-- ---------------------------------------------------------------------------
 -- earmark_check(): over_limit counts recorded usage; overspent (a hold
 -- admitted while the cycle was past its limit) and cycle_overlap (holds or
 -- usage in two overlapping cycles of one account) are new.
@@ -30,22 +196,34 @@ RETURNS TABLE (invariant text, account text, feature text, cycle_start timestamp
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-WITH b AS (
+WITH s AS (SELECT s.account, s.budget_id, sum(s.used) AS used, sum(s.held) AS held
+             FROM earmark.budget_slot s GROUP BY s.account, s.budget_id),
+u AS (SELECT u.account, u.budget_id, sum(u.units) AS units
+        FROM earmark.usage_shard u GROUP BY u.account, u.budget_id),
+j AS (SELECT j.account, j.budget_id,
+             sum(j.amount) FILTER (WHERE j.status IN ('running', 'capped')) AS open_holds,
+             max(j.created_at) AS last_admitted
+        FROM earmark.job j GROUP BY j.account, j.budget_id),
+l AS (SELECT l.account, l.budget_id, sum(l.units) AS units,
+             sum(l.units) FILTER (WHERE l.job_id IS NOT NULL) AS job_units,
+             max(l.recorded_at) FILTER (WHERE l.entry_key IS NOT NULL) AS last_recorded
+        FROM earmark.ledger l GROUP BY l.account, l.budget_id),
+b AS (
     SELECT b.budget_id, b.account, b.feature, b.cycle_start, b.cycle_end,
-           b.used + coalesce((SELECT sum(s.used) FROM earmark.budget_slot s WHERE s.budget_id = b.budget_id), 0)::bigint AS job_used,
-           b.held + coalesce((SELECT sum(s.held) FROM earmark.budget_slot s WHERE s.budget_id = b.budget_id), 0)::bigint AS held,
-           coalesce((SELECT sum(u.units) FROM earmark.usage_shard u WHERE u.budget_id = b.budget_id), 0)::bigint AS recorded,
-           coalesce((SELECT sum(j.amount) FROM earmark.job j
-                      WHERE j.budget_id = b.budget_id AND j.status IN ('running', 'capped')), 0)::bigint AS open_holds,
-           coalesce((SELECT sum(l.units) FROM earmark.ledger l WHERE l.budget_id = b.budget_id), 0)::bigint AS ledger,
-           coalesce((SELECT sum(l.units) FROM earmark.ledger l
-                      WHERE l.budget_id = b.budget_id AND l.job_id IS NOT NULL), 0)::bigint AS ledger_jobs,
-           (SELECT max(j.created_at) FROM earmark.job j WHERE j.budget_id = b.budget_id) AS last_admitted,
-           greatest(lim.updated_at,
-                    (SELECT max(l.recorded_at) FROM earmark.ledger l
-                      WHERE l.budget_id = b.budget_id AND l.entry_key IS NOT NULL)) AS last_cause,
+           b.used + coalesce(s.used, 0)::bigint AS job_used,
+           b.held + coalesce(s.held, 0)::bigint AS held,
+           coalesce(u.units, 0)::bigint AS recorded,
+           coalesce(j.open_holds, 0)::bigint AS open_holds,
+           coalesce(l.units, 0)::bigint AS ledger,
+           coalesce(l.job_units, 0)::bigint AS ledger_jobs,
+           j.last_admitted,
+           greatest(lim.updated_at, l.last_recorded) AS last_cause,
            lim.lim, lim.account IS NOT NULL AS has_limit
       FROM earmark.budget b
+      LEFT JOIN s ON s.account = b.account AND s.budget_id = b.budget_id
+      LEFT JOIN u ON u.account = b.account AND u.budget_id = b.budget_id
+      LEFT JOIN j ON j.account = b.account AND j.budget_id = b.budget_id
+      LEFT JOIN l ON l.account = b.account AND l.budget_id = b.budget_id
       LEFT JOIN earmark.account_limit lim ON lim.account = b.account AND lim.feature = b.feature
 )
 SELECT 'over_limit', b.account, b.feature, b.cycle_start,
@@ -81,17 +259,16 @@ UNION ALL
 SELECT 'settled_twice', j.account, j.feature, NULL::timestamptz,
        format('job %s (%s) charged %s, its ledger rows add up to %s in %s rows',
               j.job_id, j.status, j.charged, coalesce(sum(l.units), 0), count(l.entry_id))
-  FROM earmark.job j LEFT JOIN earmark.ledger l ON l.job_id = j.job_id
+  FROM earmark.job j LEFT JOIN earmark.ledger l ON l.account = j.account AND l.job_id = j.job_id
  WHERE j.status NOT IN ('running', 'capped')
- GROUP BY j.job_id
+ GROUP BY j.account, j.job_id
 HAVING count(l.entry_id) > 1 OR coalesce(sum(l.units), 0) <> coalesce(j.charged, 0)
     OR j.charged IS NULL OR j.settled_at IS NULL
 UNION ALL
 SELECT 'open_job_settled', j.account, j.feature, NULL::timestamptz,
        format('job %s is %s but has a ledger row or a settlement', j.job_id, j.status)
-  FROM earmark.job j
- WHERE j.status IN ('running', 'capped')
-   AND (j.settled_at IS NOT NULL OR EXISTS (SELECT 1 FROM earmark.ledger l WHERE l.job_id = j.job_id))
+  FROM earmark.job j LEFT JOIN earmark.ledger l ON l.account = j.account AND l.job_id = j.job_id
+ WHERE j.status IN ('running', 'capped') AND (j.settled_at IS NOT NULL OR l.entry_id IS NOT NULL)
 UNION ALL
 SELECT 'charge_over_hold', j.account, j.feature, NULL::timestamptz,
        format('job %s: hold %s, recorded use %s, charged %s, released %s',
@@ -109,9 +286,11 @@ SELECT 'unmarked_change', b.account, b.feature, b.cycle_start,
        format('the ledger total %s differs from the last total sent %s, and the cycle is not marked',
               b.ledger, x.total)
   FROM b
-  JOIN LATERAL (SELECT s.total FROM earmark.meter_send s WHERE s.budget_id = b.budget_id AND s.ok
-                 ORDER BY s.send_id DESC LIMIT 1) x ON true
- WHERE x.total <> b.ledger
-   AND NOT EXISTS (SELECT 1 FROM earmark.meter_mark m WHERE m.budget_id = b.budget_id)
-   AND NOT EXISTS (SELECT 1 FROM earmark.meter_review r WHERE r.budget_id = b.budget_id)
+  JOIN (SELECT DISTINCT ON (s.account, s.budget_id) s.account, s.budget_id, s.total
+          FROM earmark.meter_send s WHERE s.ok
+         ORDER BY s.account, s.budget_id, s.send_id DESC) x
+    ON x.account = b.account AND x.budget_id = b.budget_id
+  LEFT JOIN earmark.meter_mark m ON m.account = b.account AND m.budget_id = b.budget_id
+  LEFT JOIN earmark.meter_review r ON r.account = b.account AND r.budget_id = b.budget_id
+ WHERE x.total <> b.ledger AND m.budget_id IS NULL AND r.budget_id IS NULL
 $$;

@@ -667,6 +667,7 @@ earmark_reserve(PG_FUNCTION_ARGS)
 	r.h.lease = arg_lease(fcinfo, 4, r.h.now);
 	r.h.lease_until = add_interval(r.h.now, r.h.lease);
 	r.result = &result;
+	em_require_account_local(r.h.account);
 
 	SPI_connect();
 	do_reserve(&r);
@@ -1074,6 +1075,7 @@ earmark_settle(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("used must not be negative"),
 				 errdetail("The value given was " INT64_FORMAT ".", used_arg)));
+	em_require_account_local(account);
 
 	SPI_connect();
 	read_job(account, job_id, &j);

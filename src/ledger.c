@@ -336,6 +336,7 @@ earmark_record_usage(PG_FUNCTION_ARGS)
 				 errmsg("occurred_at must not be NULL")));
 	occurred_at = PG_GETARG_TIMESTAMPTZ(4);
 	check_usage(units, occurred_at, now);
+	em_require_account_local(account);
 
 	SPI_connect();
 	lock_anchor(account, &has_anchor, &anchor);
