@@ -294,3 +294,146 @@ SELECT 'unmarked_change', b.account, b.feature, b.cycle_start,
   LEFT JOIN earmark.meter_review r ON r.account = b.account AND r.budget_id = b.budget_id
  WHERE x.total <> b.ledger AND m.budget_id IS NULL AND r.budget_id IS NULL
 $$;
+
+-- One account's holds whose lease has passed: what the worker calls per
+-- account on a distributed install (Citus runs it on the account's node).
+CREATE FUNCTION earmark.sweep_account(account text, max_jobs int)
+RETURNS int
+AS 'MODULE_PATHNAME', 'earmark_sweep_account'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION earmark.sweep_account(text, int) FROM PUBLIC;
+
+------------------------------------------------------------------------------
+-- Citus: earmark distributed by account
+------------------------------------------------------------------------------
+
+-- earmark_distribute(): run once on a Citus coordinator after CREATE
+-- EXTENSION earmark (docs/scale-out.md).  Every per-account table becomes
+-- a distributed table by account, all colocated with earmark.account; the
+-- plans and webhook secrets become reference tables; the inbox, the key
+-- set cache and the reporter's state stay on the coordinator (the worker
+-- that applies the inbox and reports runs there).  Every function that
+-- takes an account is distributed by it, with force_delegation, so that a
+-- call runs on the account's node inside the caller's transaction.
+-- Idempotent: a second run finds everything in place and changes nothing.
+-- Refuses, changing nothing, without Citus, off the coordinator, with
+-- nodes whose metadata is not synced or whose earmark differs, and on a
+-- half-distributed install (some tables distributed, or distributed
+-- otherwise than this function does).
+CREATE FUNCTION earmark_distribute()
+RETURNS TABLE (object text, action text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    per_account text[] := ARRAY['earmark.account', 'earmark.account_limit', 'earmark.budget',
+        'earmark.budget_slot', 'earmark.job', 'earmark.ledger', 'earmark.usage_shard',
+        'earmark.meter_mark', 'earmark.meter_send', 'earmark.meter_review', 'earmark.evidence',
+        'earmark.local_meter'];
+    reference text[] := ARRAY['earmark.plan_limit', 'earmark.webhook_secret'];
+    functions text[] := ARRAY[
+        'earmark_reserve(text, bigint, text, text, interval)',
+        'earmark_charge(text, bigint, bigint, bigint)',
+        'earmark_heartbeat(text, bigint)',
+        'earmark_settle(text, bigint, bigint, text)',
+        'earmark_budget(text, text, timestamptz)',
+        'earmark_record_usage(text, bigint, text, text, timestamptz)',
+        'earmark_set_limit(text, bigint, text)',
+        'earmark_set_account(text, timestamptz, text, text)',
+        'earmark_set_escrow(text, int)',
+        'earmark.sweep_account(text, int)'];
+    t text;
+    f text;
+    n_dist int;
+    colocation int;
+    bad text;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
+        RAISE EXCEPTION 'earmark_distribute needs Citus'
+            USING ERRCODE = '55000',
+                  HINT = 'Create the extension citus in this database first; earmark runs on one node without it.';
+    END IF;
+    IF NOT (SELECT citus_is_coordinator()) THEN
+        RAISE EXCEPTION 'earmark_distribute runs on the Citus coordinator'
+            USING ERRCODE = '55000', HINT = 'Connect to the coordinator and run it there.';
+    END IF;
+    SELECT string_agg(nodename || ':' || nodeport, ', ') INTO bad
+      FROM pg_dist_node WHERE noderole = 'primary' AND NOT (hasmetadata AND metadatasynced)
+       AND groupid <> 0;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'the metadata of Citus nodes % is not synced', bad
+            USING ERRCODE = '55000', HINT = 'Wait for citus_add_node to finish, or run start_metadata_sync_to_node.';
+    END IF;
+    SELECT string_agg(nodename || ':' || nodeport || ' has ' || coalesce(result, '?'), ', ') INTO bad
+      FROM run_command_on_workers($c$SELECT extversion FROM pg_extension WHERE extname = 'earmark'$c$)
+     WHERE NOT success OR result IS DISTINCT FROM (SELECT extversion FROM pg_extension WHERE extname = 'earmark');
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'earmark is not the same version on every node: %', bad
+            USING ERRCODE = '55000',
+                  HINT = 'Install the same earmark library on every node and run ALTER EXTENSION earmark UPDATE on the coordinator.';
+    END IF;
+
+    -- whole or nothing: a half-distributed install is refused
+    SELECT count(*) INTO n_dist FROM pg_dist_partition
+     WHERE logicalrelid::text = ANY (per_account || reference);
+    IF n_dist > 0 AND n_dist < cardinality(per_account) + cardinality(reference) THEN
+        RAISE EXCEPTION 'earmark is half-distributed: % of its % tables are distributed',
+                        n_dist, cardinality(per_account) + cardinality(reference)
+            USING ERRCODE = '55000',
+                  HINT = 'SELECT logicalrelid FROM pg_dist_partition shows which; undistribute them (undistribute_table) and run earmark_distribute() again.';
+    END IF;
+    IF n_dist = 0 THEN
+        -- rows a call wrote into a worker's own copy before distribution
+        -- would be hidden by the distributed table: refuse instead
+        SELECT string_agg(nodename || ':' || nodeport || ' ' || t || ' (' || result || ' rows)', ', ') INTO bad
+          FROM unnest(per_account || reference) AS t,
+               LATERAL run_command_on_workers(format('SELECT count(*) FROM ONLY %s', t)) r
+         WHERE NOT success OR result <> '0';
+        IF bad IS NOT NULL THEN
+            RAISE EXCEPTION 'earmark tables on worker nodes hold rows of their own: %', bad
+                USING ERRCODE = '55000',
+                      HINT = 'Those rows were written by calls that ran on a worker before earmark was distributed; move them to the coordinator or delete them, then run it again.';
+        END IF;
+        FOREACH t IN ARRAY per_account LOOP
+            IF t = 'earmark.account' THEN
+                PERFORM create_distributed_table(t, 'account');
+            ELSE
+                PERFORM create_distributed_table(t, 'account', colocate_with => 'earmark.account');
+            END IF;
+            object := t; action := 'distributed by account'; RETURN NEXT;
+        END LOOP;
+        FOREACH t IN ARRAY reference LOOP
+            PERFORM create_reference_table(t);
+            object := t; action := 'reference table'; RETURN NEXT;
+        END LOOP;
+        FOREACH t IN ARRAY per_account || reference LOOP
+            PERFORM truncate_local_data_after_distributing_table(t);
+        END LOOP;
+    END IF;
+
+    SELECT colocationid INTO colocation FROM pg_dist_partition
+     WHERE logicalrelid = 'earmark.account'::regclass;
+    SELECT string_agg(logicalrelid::text, ', ') INTO bad FROM pg_dist_partition
+     WHERE logicalrelid::text = ANY (per_account)
+       AND (partmethod <> 'h' OR colocationid <> colocation
+            OR column_to_column_name(logicalrelid, partkey) <> 'account');
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'earmark tables % are distributed otherwise than by account with earmark.account', bad
+            USING ERRCODE = '55000', HINT = 'Undistribute them and run earmark_distribute() again.';
+    END IF;
+
+    FOREACH f IN ARRAY functions LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_dist_object o
+                        WHERE o.classid = 'pg_proc'::regclass AND o.objid = f::regprocedure
+                          AND o.distribution_argument_index = 0 AND o.colocationid = colocation
+                          AND o.force_delegation) THEN
+            PERFORM create_distributed_function(f, distribution_arg_name => 'account',
+                                                colocate_with => 'earmark.account',
+                                                force_delegation => true);
+            object := f; action := 'distributed by account, delegated'; RETURN NEXT;
+        END IF;
+    END LOOP;
+END
+$$;
+REVOKE ALL ON FUNCTION earmark_distribute() FROM PUBLIC;

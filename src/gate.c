@@ -63,6 +63,7 @@ PG_FUNCTION_INFO_V1(earmark_charge);
 PG_FUNCTION_INFO_V1(earmark_heartbeat);
 PG_FUNCTION_INFO_V1(earmark_settle);
 PG_FUNCTION_INFO_V1(earmark_sweep);
+PG_FUNCTION_INFO_V1(earmark_sweep_account);
 
 /* a lease end from the job's own lease: ($n + lease), computed in UTC */
 #define LEASE_FROM(param) \
@@ -1151,6 +1152,98 @@ sweep_budget(text *account, int64 budget_id, TimestampTz now, int max, bool wait
 	return (int) n;
 }
 
+/* one account's budgets with dead holds, the longest dead first */
+static EmStatement expired_budgets_of = {
+	"SELECT budget_id FROM earmark.job "
+	"WHERE account = $1 AND status IN ('running', 'capped') AND lease_until < $2 "
+	"GROUP BY budget_id ORDER BY pg_catalog.min(lease_until) LIMIT $3",
+	3, {TEXTOID, TIMESTAMPTZOID, INT4OID}
+};
+
+/* on a distributed install: the account's sweep, on the account's node */
+static EmStatement call_sweep_account = {
+	"SELECT earmark.sweep_account($1, $2)",
+	2, {TEXTOID, INT4OID}
+};
+
+/*
+ * The dead holds of one account, up to max, never waiting for a budget row
+ * or a mark lock: the worker's step per account.
+ */
+static int
+sweep_account(text *account, TimestampTz now, int max)
+{
+	Datum		args[3];
+	int64	   *budgets;
+	int			nbudgets;
+	int			i;
+	int			done = 0;
+
+	args[0] = PointerGetDatum(account);
+	args[1] = TimestampTzGetDatum(now);
+	args[2] = Int32GetDatum(max);
+	em_exec(&expired_budgets_of, args, NULL, 0);
+	nbudgets = (int) SPI_processed;
+	budgets = palloc(sizeof(int64) * Max(nbudgets, 1));
+	for (i = 0; i < nbudgets; i++)
+		budgets[i] = em_get_int64(i, 1, 0);
+	for (i = 0; i < nbudgets && done < max; i++)
+		done += sweep_budget(account, budgets[i], now, max - done, false);
+	return done;
+}
+
+/*
+ * earmark.sweep_account(account, max_jobs): one account's dead holds, for
+ * the worker on a distributed install, which calls it on its own so that
+ * Citus runs it on the account's node.
+ */
+Datum
+earmark_sweep_account(PG_FUNCTION_ARGS)
+{
+	text	   *account;
+	int32		max_jobs;
+	int			n;
+
+	em_require_schema();
+	account = em_arg_name(fcinfo, 0, "account");
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("max_jobs must not be NULL")));
+	max_jobs = PG_GETARG_INT32(1);
+	check_positive(max_jobs, "max_jobs");
+	em_require_account_local(account);
+	SPI_connect();
+	n = sweep_account(account, GetCurrentTimestamp(), max_jobs);
+	SPI_finish();
+	PG_RETURN_INT32(n);
+}
+
+/*
+ * On a distributed install the worker sweeps account by account, each
+ * account on its node: a call of earmark.sweep_account made on its own,
+ * which Citus sends there.
+ */
+static int
+sweep_distributed(text **accounts, int n, int max_jobs)
+{
+	Datum		args[2];
+	int			i;
+	int			done = 0;
+
+	for (i = 0; i < n && done < max_jobs; i++)
+	{
+		if (i > 0 && accounts[i - 1] != NULL &&
+			strcmp(text_to_cstring(accounts[i - 1]), text_to_cstring(accounts[i])) == 0)
+			continue;
+		args[0] = PointerGetDatum(accounts[i]);
+		args[1] = Int32GetDatum(max_jobs - done);
+		em_exec(&call_sweep_account, args, NULL, 1);
+		done += (int) em_get_int64(0, 1, 0);
+	}
+	return done;
+}
+
 /*
  * Settle up to max_jobs holds whose lease has passed, as 'expired' at the
  * use they recorded.  Runs inside the caller's SPI connection.  With
@@ -1183,6 +1276,8 @@ em_sweep(int max_jobs, bool wait_first)
 		accounts[i] = DatumGetTextPCopy(em_get(i, 1, &isnull));
 		budgets[i] = em_get_int64(i, 2, 0);
 	}
+	if (em_distributed())
+		return sweep_distributed(accounts, nbudgets, max_jobs);
 	for (i = 0; i < nbudgets && done < max_jobs; i++)
 		done += sweep_budget(accounts[i], budgets[i], now, max_jobs - done,
 							 i == 0 && wait_first);
@@ -1202,6 +1297,12 @@ earmark_sweep(PG_FUNCTION_ARGS)
 				 errmsg("max_jobs must not be NULL")));
 	max_jobs = PG_GETARG_INT32(0);
 	check_positive(max_jobs, "max_jobs");
+	if (em_distributed())
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("earmark_sweep sweeps one node; earmark is distributed"),
+				 errdetail("On a distributed install the background worker on the coordinator sweeps every account on its node."),
+				 errhint("To sweep one account now, call SELECT earmark.sweep_account(account, max_jobs) on its own.")));
 
 	SPI_connect();
 	n = em_sweep(max_jobs, true);
