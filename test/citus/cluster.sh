@@ -132,11 +132,13 @@ ct_kill_node() {
 
 ct_restart_node() { ct_kill_node "$1" && ct_start_node "$1"; }
 
-# ct_start [postgresql.conf lines...]: init and start the coordinator (node
-# 0) and CT_WORKERS workers, CREATE EXTENSION citus on each, and register
-# them from the coordinator.  ct_stop runs on exit.
+# ct_start [postgresql.conf lines...]: skip as ct_require_citus does when
+# Citus is absent; otherwise init and start the coordinator (node 0) and
+# CT_WORKERS workers, CREATE EXTENSION citus on each, and register them from
+# the coordinator.  ct_stop runs on exit.
 ct_start() {
     local n
+    ct_require_citus
     CT_BASE=$(mktemp -d /tmp/earmark-citus.XXXXXX)
     chmod 755 "$CT_BASE"
     trap ct_stop EXIT
