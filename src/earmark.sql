@@ -862,10 +862,11 @@ BEGIN
     IF n_dist = 0 THEN
         -- rows a call wrote into a worker's own copy before distribution
         -- would be hidden by the distributed table: refuse instead
-        SELECT string_agg(nodename || ':' || nodeport || ' ' || t || ' (' || result || ' rows)', ', ') INTO bad
-          FROM unnest(per_account || reference) AS t,
-               LATERAL run_command_on_workers(format('SELECT count(*) FROM ONLY %s', t)) r
-         WHERE NOT success OR result <> '0';
+        SELECT string_agg(r.nodename || ':' || r.nodeport || ' ' || u.rel || ' (' || r.result || ' rows)', ', ')
+          INTO bad
+          FROM unnest(per_account || reference) AS u (rel),
+               LATERAL run_command_on_workers(format('SELECT count(*) FROM ONLY %s', u.rel)) r
+         WHERE NOT r.success OR r.result <> '0';
         IF bad IS NOT NULL THEN
             RAISE EXCEPTION 'earmark tables on worker nodes hold rows of their own: %', bad
                 USING ERRCODE = '55000',
@@ -900,11 +901,17 @@ BEGIN
     END IF;
 
     FOREACH f IN ARRAY functions LOOP
+        -- the API functions are in the schema the extension was created in
+        IF f NOT LIKE 'earmark.%' THEN
+            f := format('%I.%s', (SELECT n.nspname FROM pg_extension e
+                                    JOIN pg_namespace n ON n.oid = e.extnamespace
+                                   WHERE e.extname = 'earmark'), f);
+        END IF;
         IF NOT EXISTS (SELECT 1 FROM pg_dist_object o
                         WHERE o.classid = 'pg_proc'::regclass AND o.objid = f::regprocedure
                           AND o.distribution_argument_index = 0 AND o.colocationid = colocation
                           AND o.force_delegation) THEN
-            PERFORM create_distributed_function(f, distribution_arg_name => 'account',
+            PERFORM create_distributed_function(f::regprocedure, distribution_arg_name => 'account',
                                                 colocate_with => 'earmark.account',
                                                 force_delegation => true);
             object := f; action := 'distributed by account, delegated'; RETURN NEXT;
