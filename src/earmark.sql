@@ -12,6 +12,21 @@
 
 \echo Use "CREATE EXTENSION earmark" to load this file. \quit
 
+-- Without shared_preload_libraries no background worker runs: nothing
+-- sweeps dead holds, reports to the meter or applies the inbox.  Say so
+-- now, with the fix, rather than let it be found in the books later.
+DO $$
+BEGIN
+    IF NOT pg_catalog.string_to_array(pg_catalog.replace(
+               pg_catalog.current_setting('shared_preload_libraries'), ' ', ''), ',')
+           && ARRAY['earmark', '$libdir/earmark'] THEN
+        RAISE WARNING 'earmark is not in shared_preload_libraries: its background worker does not run'
+            USING DETAIL = 'Holds whose lease passed are not swept, usage is not reported to the meter, and inbox events are not applied.',
+                  HINT = 'Add earmark to shared_preload_libraries in postgresql.conf and restart the server.';
+    END IF;
+END
+$$;
+
 CREATE SCHEMA earmark;
 REVOKE ALL ON SCHEMA earmark FROM PUBLIC;
 
@@ -998,6 +1013,14 @@ SELECT 'cycle_overlap', b.account, b.feature, b.cycle_start,
                     AND o.cycle_start < b.cycle_end AND b.cycle_start < o.cycle_end
                     AND o.cycle_start > b.cycle_start
  WHERE (b.ledger <> 0 OR b.open_holds <> 0) AND (o.ledger <> 0 OR o.open_holds <> 0)
+UNION ALL
+SELECT 'overdue_hold', j.account, j.feature, NULL::timestamptz,
+       format('job %s is %s, but its lease ended at %s: the background worker has not swept it',
+              j.job_id, j.status, j.lease_until)
+  FROM earmark.job j
+ WHERE j.status IN ('running', 'capped')
+   AND j.lease_until < now() - greatest(interval '1 minute',
+                                        10 * coalesce(pg_catalog.current_setting('earmark.sweep_interval', true), '1s')::interval)
 UNION ALL
 SELECT 'held_mismatch', b.account, b.feature, b.cycle_start,
        format('held %s, but the open holds add up to %s', b.held, b.open_holds)
