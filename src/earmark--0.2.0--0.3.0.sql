@@ -170,9 +170,38 @@ CREATE OR REPLACE VIEW earmark.send_log AS
 
 -- charge, heartbeat and settle take the account first (0.2.0 callers add
 -- it: the job's account, as they reserved it)
-DROP FUNCTION earmark_charge(bigint, bigint, bigint);
-DROP FUNCTION earmark_heartbeat(bigint);
-DROP FUNCTION earmark_settle(bigint, bigint, text);
+-- (the 0.2.0 forms become functions that say how to call them now; their
+-- grants stay)
+-- The 0.2.0 forms of charge, heartbeat and settle took no account.  They
+-- stay, so that a 0.2.0 caller gets a message that says what to change
+-- instead of "function does not exist".
+CREATE OR REPLACE FUNCTION earmark_charge(job_id bigint, tokens bigint, step bigint DEFAULT NULL)
+RETURNS TABLE (charged bigint, capped boolean, room bigint, status text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION 'earmark_charge takes the account first since earmark 0.3.0'
+        USING ERRCODE = '42883',
+              HINT = 'Call earmark_charge(account, job_id, tokens, step) with the account the job was reserved for.';
+END
+$$;
+CREATE OR REPLACE FUNCTION earmark_heartbeat(job_id bigint)
+RETURNS timestamptz
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION 'earmark_heartbeat takes the account first since earmark 0.3.0'
+        USING ERRCODE = '42883',
+              HINT = 'Call earmark_heartbeat(account, job_id) with the account the job was reserved for.';
+END
+$$;
+CREATE OR REPLACE FUNCTION earmark_settle(job_id bigint, used bigint DEFAULT NULL, outcome text DEFAULT 'completed')
+RETURNS TABLE (charged bigint, released bigint, status text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION 'earmark_settle takes the account first since earmark 0.3.0'
+        USING ERRCODE = '42883',
+              HINT = 'Call earmark_settle(account, job_id, used, outcome) with the account the job was reserved for.';
+END
+$$;
 CREATE FUNCTION earmark_charge(account text, job_id bigint, tokens bigint, step bigint DEFAULT NULL)
 RETURNS TABLE (charged bigint, capped boolean, room bigint, status text)
 AS 'MODULE_PATHNAME', 'earmark_charge'

@@ -439,6 +439,41 @@ AS 'MODULE_PATHNAME', 'earmark_settle'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1
 SET search_path = pg_catalog, pg_temp;
 
+-- The 0.2.0 forms of charge, heartbeat and settle took no account.  They
+-- stay, so that a 0.2.0 caller gets a message that says what to change
+-- instead of "function does not exist".
+CREATE FUNCTION earmark_charge(job_id bigint, tokens bigint, step bigint DEFAULT NULL)
+RETURNS TABLE (charged bigint, capped boolean, room bigint, status text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION 'earmark_charge takes the account first since earmark 0.3.0'
+        USING ERRCODE = '42883',
+              HINT = 'Call earmark_charge(account, job_id, tokens, step) with the account the job was reserved for.';
+END
+$$;
+CREATE FUNCTION earmark_heartbeat(job_id bigint)
+RETURNS timestamptz
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION 'earmark_heartbeat takes the account first since earmark 0.3.0'
+        USING ERRCODE = '42883',
+              HINT = 'Call earmark_heartbeat(account, job_id) with the account the job was reserved for.';
+END
+$$;
+CREATE FUNCTION earmark_settle(job_id bigint, used bigint DEFAULT NULL, outcome text DEFAULT 'completed')
+RETURNS TABLE (charged bigint, released bigint, status text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION 'earmark_settle takes the account first since earmark 0.3.0'
+        USING ERRCODE = '42883',
+              HINT = 'Call earmark_settle(account, job_id, used, outcome) with the account the job was reserved for.';
+END
+$$;
+REVOKE ALL ON FUNCTION earmark_charge(bigint, bigint, bigint), earmark_heartbeat(bigint),
+    earmark_settle(bigint, bigint, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION earmark_charge(bigint, bigint, bigint), earmark_heartbeat(bigint),
+    earmark_settle(bigint, bigint, text) TO earmark_user;
+
 CREATE FUNCTION earmark_set_escrow(account text, slots int)
 RETURNS void
 AS 'MODULE_PATHNAME', 'earmark_set_escrow'
