@@ -14,7 +14,10 @@
  *	  complete, ignore, fail and replay update one event row.  No inbox
  *	  function touches a gate table, so the inbox and the gate cannot
  *	  deadlock with each other; handlers may call the gate, in their own
- *	  transaction.
+ *	  transaction.  The built-in plan change (earmark.apply_plan_change,
+ *	  in earmark.sql) locks the account's earmark.account_limit rows
+ *	  before its earmark.account row, the order of the limit refresh
+ *	  (em_refresh_account_limits, limits.c), so the two cannot deadlock.
  *
  *	  The worker applies events that have a handler (em_inbox_apply): it
  *	  claims one event in a short transaction of its own (so that a handler
@@ -874,7 +877,7 @@ refuse_unverified(int64 event_id, Oid handler)
 							   format_procedure_qualified(handler));
 
 	ereport(LOG,
-			(errmsg("earmark: inbox event " INT64_FORMAT " %s", event_id, why + strlen("not applied: "))));
+			(errmsg("earmark: inbox event " INT64_FORMAT " %s", event_id, why)));
 	set_event_status(event_id, "ignored", why, NULL, false, 0);
 	return "ignored";
 }
