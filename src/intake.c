@@ -919,7 +919,7 @@ raise_unknown_kid(const char *kid, TimestampTz last, const char *why)
 			(errcode(ERRCODE_EARMARK_UNKNOWN_KEY),
 			 errmsg("JWT key id \"%s\" is not in the JSON Web Key Set", kid),
 			 why ? errdetail("%s", why) :
-			 errdetail("The key set was fetched " INT64_FORMAT " seconds ago; it is fetched again at most every %d seconds.",
+			 errdetail("The key set was fetched (or tried) " INT64_FORMAT " seconds ago; an unknown key id makes a fetch at most every %d seconds.",
 					   age, earmark_jwks_refetch_cooldown_s)));
 }
 
