@@ -122,3 +122,117 @@ SELECT event_id AS tie FROM earmark_inbox_receive('kinde', 'wh-6', 'customer.pla
 UPDATE earmark.inbox_event SET status = 'processing' WHERE event_id = :tie;
 SELECT earmark.apply_plan_change(e) FROM earmark.inbox_event e WHERE event_id = :tie;
 SELECT plan FROM earmark.account WHERE account = 'acme';
+
+------------------------------------------------------------------------------
+-- Who may store what: verified and unverified events
+------------------------------------------------------------------------------
+-- Every event records how its source was verified: a signed intake
+-- (standard_webhooks, kinde_jwt), a caller with earmark_admin's rights
+-- (admin), or nobody (NULL).  The superuser here has every role's rights.
+SELECT source, dedupe_key, verified_by FROM earmark.inbox_event WHERE dedupe_key IN ('wh-1', 'wh-2') ORDER BY 1, 2;
+
+CREATE ROLE em_inbox_app IN ROLE earmark_user;
+SELECT earmark_inbox_set_secret('billing', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw');
+SET ROLE em_inbox_app;
+-- an application may store its own unverified events, for its own consumers
+SELECT inserted FROM earmark_inbox_receive('app', 'note-1', 'customer.note', '{}', '2026-11-02 00:00+00', 'acme');
+-- but not an event whose handler changes billing state, nor one under a
+-- source that earmark verifies (kinde, or a source with a webhook secret)
+\set VERBOSITY sqlstate
+SELECT earmark_inbox_receive('app', 'forged-1', 'customer.plan_changed',
+    '{"data": {"plan": {"key": "pro"}}}', '2026-11-03 00:00+00', 'acme');
+SELECT earmark_inbox_receive('kinde', 'squat-1', 'customer.note', '{}', '2026-11-03 00:00+00', 'acme');
+SELECT earmark_inbox_receive('billing', 'squat-2', 'customer.note', '{}', '2026-11-03 00:00+00', 'acme');
+\set VERBOSITY default
+SELECT earmark_inbox_receive('app', 'forged-1', 'customer.plan_changed',
+    '{"data": {"plan": {"key": "pro"}}}', '2026-11-03 00:00+00', 'acme');
+SELECT earmark_inbox_receive('kinde', 'squat-1', 'customer.note', '{}', '2026-11-03 00:00+00', 'acme');
+RESET ROLE;
+SELECT dedupe_key, verified_by, status FROM earmark.inbox_event
+ WHERE dedupe_key IN ('note-1', 'forged-1', 'squat-1', 'squat-2') ORDER BY 1;
+
+-- a handler registered as accepting unverified events takes them from
+-- the application; the built-in plan change cannot be registered so
+CREATE FUNCTION open_handler(e earmark.inbox_event) RETURNS text LANGUAGE sql AS $$ SELECT 'opened ' || e.dedupe_key $$;
+SELECT earmark_inbox_set_handler('customer.opened', 'open_handler(earmark.inbox_event)', accepts_unverified => true);
+SELECT earmark_inbox_set_handler('customer.audited', 'note_handler(earmark.inbox_event)');
+SELECT event_type, handler, accepts_unverified FROM earmark.inbox_handler ORDER BY 1;
+SET ROLE em_inbox_app;
+SELECT inserted FROM earmark_inbox_receive('app', 'open-1', 'customer.opened', '{}', '2026-11-04 00:00+00', 'acme');
+\set VERBOSITY sqlstate
+SELECT earmark_inbox_receive('app', 'audit-1', 'customer.audited', '{}', '2026-11-04 00:00+00', 'acme');
+\set VERBOSITY default
+RESET ROLE;
+\set VERBOSITY sqlstate
+SELECT earmark_inbox_set_handler('customer.plan_changed', 'earmark.apply_plan_change(earmark.inbox_event)', true);
+\set VERBOSITY default
+SELECT earmark_inbox_set_handler('customer.plan_changed', 'earmark.apply_plan_change(earmark.inbox_event)', true);
+SELECT earmark_inbox_set_handler('customer.opened', NULL);
+SELECT earmark_inbox_set_handler('customer.audited', NULL);
+
+-- the application finishes only the events its claims can return: the
+-- worker's events (types with a handler) are not its to complete, ignore
+-- or fail, so it cannot silence a genuine plan change either
+SELECT event_id AS plan_evt FROM earmark_inbox_receive('kinde', 'wh-7', 'customer.plan_changed',
+    '{"data": {"plan": {"key": "free"}}}', '2026-11-05 00:00+00', 'acme') \gset
+SET ROLE em_inbox_app;
+\set VERBOSITY sqlstate
+SELECT earmark_inbox_ignore(:plan_evt, 'not today');
+SELECT earmark_inbox_complete(:plan_evt);
+SELECT earmark_inbox_fail(:plan_evt, 'no');
+\set VERBOSITY default
+SELECT earmark_inbox_ignore(:plan_evt, 'not today');
+SELECT earmark_inbox_complete(event_id, 'noted by the app ' || dedupe_key) FROM earmark_inbox_claim(10);
+RESET ROLE;
+SELECT dedupe_key, status, result FROM earmark.inbox_event WHERE dedupe_key IN ('wh-7', 'note-1', 'open-1') ORDER BY 1;
+DELETE FROM earmark.inbox_event WHERE dedupe_key = 'wh-7';
+
+-- an unverified plan change that is already stored (the built-in handler
+-- was off while the application stored it) changes nothing: the built-in
+-- ignores it, and says why
+SELECT earmark_inbox_set_handler('customer.plan_changed', NULL);
+SET ROLE em_inbox_app;
+SELECT event_id AS unverified FROM earmark_inbox_receive('app', 'forged-2', 'customer.plan_changed',
+    '{"data": {"plan": {"key": "free"}}}', '2026-11-06 00:00+00', 'acme') \gset
+RESET ROLE;
+SELECT earmark_inbox_set_handler('customer.plan_changed', 'earmark.apply_plan_change(earmark.inbox_event)');
+UPDATE earmark.inbox_event SET status = 'processing' WHERE event_id = :unverified;
+SELECT earmark.apply_plan_change(e) FROM earmark.inbox_event e WHERE event_id = :unverified;
+SELECT status, verified_by, result FROM earmark.inbox_event WHERE event_id = :unverified;
+SELECT plan, lim FROM earmark.account JOIN earmark.account_limit USING (account) WHERE account = 'acme';
+
+------------------------------------------------------------------------------
+-- Event times from the future
+------------------------------------------------------------------------------
+-- an event time more than earmark.webhook_tolerance (300 s) ahead of the
+-- clock is refused at intake: it would hold the plan-change guard shut
+\set VERBOSITY sqlstate
+SELECT earmark_inbox_receive('kinde', 'late-1', 'customer.plan_changed',
+    '{"data": {"plan": {"key": "free"}}}', '2999-01-01 00:00+00', 'acme');
+SELECT earmark_inbox_receive('kinde', 'late-2', 'customer.plan_changed',
+    '{"event_timestamp": "2999-01-01T00:00:00Z", "data": {"plan": {"key": "free"}}}', NULL, 'acme');
+SELECT earmark_inbox_receive('kinde', 'late-3', 'customer.note', '{}', now() + interval '301 seconds', 'acme');
+\set VERBOSITY default
+SELECT earmark_inbox_receive('kinde', 'late-1', 'customer.plan_changed',
+    '{"data": {"plan": {"key": "free"}}}', '2999-01-01 00:00+00', 'acme');
+-- within the allowance it is taken
+SELECT inserted FROM earmark_inbox_receive('kinde', 'skew-1', 'customer.note', '{}', now() + interval '250 seconds', 'acme');
+SELECT count(*) AS stored_from_the_future FROM earmark.inbox_event WHERE dedupe_key LIKE 'late-%';
+
+-- a guard an older version let a forged event poison (a plan change dated
+-- 2999 already stored) no longer holds back a genuine change
+UPDATE earmark.account SET plan = 'forged', plan_changed_at = '2999-01-01 00:00+00' WHERE account = 'acme';
+SELECT event_id AS genuine FROM earmark_inbox_receive('kinde', 'wh-8', 'customer.plan_changed',
+    '{"data": {"plan": {"key": "free"}}}', '2026-11-07 00:00+00', 'acme') \gset
+UPDATE earmark.inbox_event SET status = 'processing' WHERE event_id = :genuine;
+SELECT earmark.apply_plan_change(e) FROM earmark.inbox_event e WHERE event_id = :genuine;
+SELECT plan, plan_changed_at, lim FROM earmark.account JOIN earmark.account_limit USING (account) WHERE account = 'acme';
+-- and a future-dated event an older version stored is ignored, with why
+INSERT INTO earmark.inbox_event (source, dedupe_key, event_type, payload, occurred_at, account, status, verified_by)
+VALUES ('kinde', 'old-2999', 'customer.plan_changed', '{"data": {"plan": {"key": "pro"}}}', '2999-01-01 00:00+00',
+        'acme', 'processing', 'kinde_jwt')
+RETURNING event_id AS future \gset
+SELECT earmark.apply_plan_change(e) FROM earmark.inbox_event e WHERE event_id = :future;
+SELECT status, result FROM earmark.inbox_event WHERE event_id = :future;
+SELECT plan, plan_changed_at, lim FROM earmark.account JOIN earmark.account_limit USING (account) WHERE account = 'acme';
+DROP ROLE em_inbox_app;

@@ -274,3 +274,40 @@ DROP ROLE em_wh_user;
 
 SELECT dedupe_key, seen_count, (SELECT count(*) FROM earmark.inbox_receipt r WHERE r.event_id = e.event_id) AS receipts
   FROM earmark.inbox_event e ORDER BY event_id;
+
+------------------------------------------------------------------------------
+-- 4. secrets whose last base64 character has unused bits set
+------------------------------------------------------------------------------
+-- The reference libraries decode secrets leniently: Python's
+-- base64.b64decode and Node's Buffer ignore the bits of the last character
+-- that fall past the last byte.  earmark does too, and stores the secret in
+-- its canonical form; signatures stay strict.
+-- 'MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS': 31 characters, the last ('S')
+-- carries two bits past the 23rd byte; 'Q' is the same bytes, canonical.
+SELECT earmark_inbox_set_secret('lenient', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS');
+SELECT earmark_inbox_set_secret('lenient', 'MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaT=');
+SELECT earmark_inbox_set_secret('lenient', 'whsec_AAAAAAAAAAAAAAAAAAAAAB==');
+SELECT source, secret FROM earmark.webhook_secret WHERE source = 'lenient' ORDER BY secret;
+SELECT earmark_webhook_signature_valid('whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS', :'id', :'ts',
+           pg_temp.sig('whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaQ=', :'id', :'ts', :'body'), :'body',
+           to_timestamp(:ts)) AS lenient_secret_verifies;
+SELECT pg_temp.try(format('SELECT earmark_webhook_signature_valid(%L, %L, %L, %L, %L, %L)', :'s1', :'id', :'ts',
+                          'v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OF=', :'body', to_timestamp(:ts))) AS signature_stays_strict;
+SELECT earmark_inbox_drop_secret('lenient', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS') AS dropped,
+       earmark_inbox_drop_secret('lenient', 'AAAAAAAAAAAAAAAAAAAAAC==') AS dropped_too;
+SELECT count(*) AS lenient_secrets FROM earmark.webhook_secret WHERE source = 'lenient';
+
+------------------------------------------------------------------------------
+-- 5. a signed event is verified, names its account, and has a present time
+------------------------------------------------------------------------------
+SELECT earmark_set_account('acme_signed', provider_customer => 'cus_signed');
+\set ev5 '{"type": "customer.plan_changed", "event_timestamp": "2026-11-20T00:00:00Z", "data": {"customer_id": "cus_signed", "plan": {"key": "pro"}}}'
+SELECT inserted FROM earmark_inbox_receive_signed('acme', 'msg_acct', :'now_s',
+    pg_temp.sig(:'s2', 'msg_acct', :'now_s', :'ev5'), :'ev5');
+SELECT dedupe_key, account, verified_by FROM earmark.inbox_event
+ WHERE dedupe_key IN ('msg_acct', 'msg_t2') ORDER BY dedupe_key;
+-- an event time beyond earmark.webhook_tolerance ahead of now: EM108
+\set ev6 '{"type": "customer.plan_changed", "event_timestamp": "2999-01-01T00:00:00Z"}'
+SELECT pg_temp.try(format('SELECT earmark_inbox_receive_signed(%L, %L, %L, %L, %L)', 'acme', 'msg_2999',
+                          :now_s, pg_temp.sig(:'s2', 'msg_2999', :'now_s', :'ev6'), :'ev6')) AS dated_2999;
+SELECT count(*) AS stored_2999 FROM earmark.inbox_event WHERE dedupe_key = 'msg_2999';

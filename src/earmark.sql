@@ -325,6 +325,10 @@ CREATE INDEX evidence_budget ON earmark.evidence (account, budget_id, evidence_i
 -- adds one to seen_count and nothing else.  occurred_at is the event's own
 -- time, not the arrival.  status: received -> processing -> applied |
 -- ignored | failed (waits next_attempt_at) -> dead after 6 attempts.
+-- verified_by: how the event's source was verified (a signed intake, or a
+-- member of earmark_admin who stored it); NULL: unverified, which a
+-- handler takes only if it was registered as accepting unverified events.
+-- (Added in 0.3.0, hence last.)
 CREATE TABLE earmark.inbox_event (
     event_id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     source          text NOT NULL,
@@ -343,7 +347,8 @@ CREATE TABLE earmark.inbox_event (
     last_error      text,
     received_at     timestamptz NOT NULL DEFAULT pg_catalog.now(),
     updated_at      timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    UNIQUE (source, dedupe_key)
+    UNIQUE (source, dedupe_key),
+    verified_by     text CHECK (verified_by IN ('standard_webhooks', 'kinde_jwt', 'admin'))
 );
 -- claims read due events in (occurred_at, event_id) order
 CREATE INDEX inbox_event_due ON earmark.inbox_event (occurred_at, event_id)
@@ -363,10 +368,12 @@ CREATE TABLE earmark.inbox_receipt (
 CREATE INDEX inbox_receipt_event ON earmark.inbox_receipt (event_id);
 
 -- Event types the worker applies, and the function that applies them:
--- handler(earmark.inbox_event) RETURNS text.
+-- handler(earmark.inbox_event) RETURNS text.  A handler is given only
+-- verified events unless accepts_unverified (added in 0.3.0).
 CREATE TABLE earmark.inbox_handler (
     event_type  text PRIMARY KEY,
-    handler     regprocedure NOT NULL
+    handler     regprocedure NOT NULL,
+    accepts_unverified boolean NOT NULL DEFAULT false
 );
 
 -- Standard Webhooks secrets ("whsec_..."), per source; several rows for a
@@ -497,11 +504,15 @@ REVOKE ALL ON FUNCTION earmark.sweep_account(text, int) FROM PUBLIC;
 
 -- Inbox
 
+-- earmark_inbox_receive, _complete, _ignore and _fail look at who calls
+-- them (a member of earmark_admin may vouch for an event, and finish the
+-- worker's events), which a SECURITY DEFINER function cannot: they are
+-- SECURITY INVOKER, and switch to their owner in C for their statements.
 CREATE FUNCTION earmark_inbox_receive(source text, dedupe_key text, event_type text, payload jsonb,
                                       occurred_at timestamptz DEFAULT NULL, account text DEFAULT NULL)
 RETURNS TABLE (event_id bigint, inserted boolean)
 AS 'MODULE_PATHNAME', 'earmark_inbox_receive'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY INVOKER ROWS 1
 SET search_path = pg_catalog, pg_temp;
 
 CREATE FUNCTION earmark_inbox_claim(max_events int DEFAULT 25, lease interval DEFAULT '30 seconds')
@@ -513,19 +524,19 @@ SET search_path = pg_catalog, pg_temp;
 CREATE FUNCTION earmark_inbox_complete(event_id bigint, result text DEFAULT 'applied')
 RETURNS text
 AS 'MODULE_PATHNAME', 'earmark_inbox_complete'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp;
 
 CREATE FUNCTION earmark_inbox_ignore(event_id bigint, reason text)
 RETURNS text
 AS 'MODULE_PATHNAME', 'earmark_inbox_ignore'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp;
 
 CREATE FUNCTION earmark_inbox_fail(event_id bigint, error text)
 RETURNS text
 AS 'MODULE_PATHNAME', 'earmark_inbox_fail'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp;
 
 CREATE FUNCTION earmark_inbox_replay(event_id bigint, account text)
@@ -534,7 +545,8 @@ AS 'MODULE_PATHNAME', 'earmark_inbox_replay'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 
-CREATE FUNCTION earmark_inbox_set_handler(event_type text, handler regprocedure)
+CREATE FUNCTION earmark_inbox_set_handler(event_type text, handler regprocedure,
+                                          accepts_unverified boolean DEFAULT false)
 RETURNS void
 AS 'MODULE_PATHNAME', 'earmark_inbox_set_handler'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
@@ -584,6 +596,19 @@ $$;
 -- (customer.plan_changed): it records the plan only when the event is newer
 -- than the stored change (a tie is ignored), and gives the account the
 -- plan's limits, so that the next admission uses the new plan.
+--
+-- Only a verified event may change a plan (the worker gives it no other,
+-- and it checks again), and only one whose time is not ahead of the clock
+-- by more than earmark.webhook_tolerance: intake refuses those (EM108); an
+-- older version may have stored one, or written such a time into the
+-- guard, which is then taken for no guard at all.
+--
+-- Locks: the account's earmark.account_limit rows first, its
+-- earmark.account row last, the order of the limit refresh
+-- (em_refresh_account_limits in limits.c), so that the two never
+-- deadlock.  The guard is read first without a lock; the guarded update
+-- re-checks it after the limits are written, and a newer change that
+-- committed in between rolls the limits back (the inner block).
 CREATE FUNCTION earmark.apply_plan_change(e earmark.inbox_event)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
@@ -591,9 +616,19 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     new_plan text := e.payload #>> '{data,plan,key}';
+    -- the clock skew allowed: earmark.webhook_tolerance (300 s by default)
+    skew interval := coalesce(current_setting('earmark.webhook_tolerance', true), '300')::interval;
+    horizon timestamptz := clock_timestamp() + skew;
+    stored timestamptz;
     n int;
 BEGIN
-    IF e.account IS NULL OR NOT EXISTS (SELECT 1 FROM earmark.account a WHERE a.account = e.account) THEN
+    IF e.verified_by IS NULL THEN
+        PERFORM @extschema@.earmark_inbox_ignore(e.event_id,
+            'not applied: an unverified plan change (only a signed event, or one a member of earmark_admin stored, may change a plan)');
+        RETURN 'ignored';
+    END IF;
+    SELECT a.plan_changed_at INTO stored FROM earmark.account a WHERE a.account = e.account;
+    IF e.account IS NULL OR NOT FOUND THEN
         PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'the event names no known account');
         RETURN 'ignored';
     END IF;
@@ -601,19 +636,34 @@ BEGIN
         RAISE EXCEPTION 'plan change event % has no data.plan.key', e.event_id
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    UPDATE earmark.account
-       SET plan = new_plan, plan_changed_at = e.occurred_at, updated_at = now()
-     WHERE account = e.account
-       AND (plan_changed_at IS NULL OR plan_changed_at < e.occurred_at);
-    GET DIAGNOSTICS n = ROW_COUNT;
-    IF n = 0 THEN
+    IF e.occurred_at > horizon THEN
+        PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'not applied: the event time is in the future');
+        RETURN 'ignored';
+    END IF;
+    IF stored > horizon THEN
+        stored := NULL;                 -- a time from the future guards nothing
+    END IF;
+    IF stored >= e.occurred_at THEN
         PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'a newer plan change is already stored');
         RETURN 'ignored';
     END IF;
-    INSERT INTO earmark.account_limit AS l (account, feature, lim, source, updated_at)
-    SELECT e.account, p.feature, p.lim, 'manual', now()
-      FROM earmark.plan_limit p WHERE p.plan = new_plan
-    ON CONFLICT (account, feature) DO UPDATE SET lim = excluded.lim, updated_at = excluded.updated_at;
+    BEGIN
+        INSERT INTO earmark.account_limit AS l (account, feature, lim, source, updated_at)
+        SELECT e.account, p.feature, p.lim, 'manual', now()
+          FROM earmark.plan_limit p WHERE p.plan = new_plan ORDER BY p.feature
+        ON CONFLICT (account, feature) DO UPDATE SET lim = excluded.lim, updated_at = excluded.updated_at;
+        UPDATE earmark.account
+           SET plan = new_plan, plan_changed_at = e.occurred_at, updated_at = now()
+         WHERE account = e.account
+           AND (plan_changed_at IS NULL OR plan_changed_at < e.occurred_at OR plan_changed_at > horizon);
+        GET DIAGNOSTICS n = ROW_COUNT;
+        IF n = 0 THEN
+            RAISE EXCEPTION 'a newer plan change was stored meanwhile' USING ERRCODE = 'EMP01';
+        END IF;
+    EXCEPTION WHEN SQLSTATE 'EMP01' THEN
+        PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'a newer plan change is already stored');
+        RETURN 'ignored';
+    END;
     RETURN 'plan set to ' || new_plan;
 END
 $$;
@@ -627,7 +677,7 @@ REVOKE ALL ON FUNCTION
     earmark_inbox_ignore(bigint, text),
     earmark_inbox_fail(bigint, text),
     earmark_inbox_replay(bigint, text),
-    earmark_inbox_set_handler(text, regprocedure),
+    earmark_inbox_set_handler(text, regprocedure, boolean),
     earmark_set_plan_limit(text, bigint, text)
 FROM PUBLIC;
 -- intake and the application's own consumers run as earmark_user; replay
@@ -641,7 +691,7 @@ GRANT EXECUTE ON FUNCTION
 TO earmark_user;
 GRANT EXECUTE ON FUNCTION
     earmark_inbox_replay(bigint, text),
-    earmark_inbox_set_handler(text, regprocedure),
+    earmark_inbox_set_handler(text, regprocedure, boolean),
     earmark_set_plan_limit(text, bigint, text)
 TO earmark_admin;
 

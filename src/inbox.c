@@ -14,13 +14,27 @@
  *	  complete, ignore, fail and replay update one event row.  No inbox
  *	  function touches a gate table, so the inbox and the gate cannot
  *	  deadlock with each other; handlers may call the gate, in their own
- *	  transaction.
+ *	  transaction.  The built-in plan change (earmark.apply_plan_change,
+ *	  in earmark.sql) locks the account's earmark.account_limit rows
+ *	  before its earmark.account row, the order of the limit refresh
+ *	  (em_refresh_account_limits, limits.c), so the two cannot deadlock.
  *
  *	  The worker applies events that have a handler (em_inbox_apply): it
  *	  claims one event in a short transaction of its own (so that a handler
  *	  that crashes the process still uses up an attempt), then runs the
  *	  handler and the event's mark in a second transaction: both happen or
- *	  neither.
+ *	  neither.  A handler runs as its owner in a security-restricted
+ *	  operation whose settings are rolled back when it returns.
+ *
+ *	  Verified and unverified events: each event records how its source
+ *	  was verified (verified_by: a signed intake, or a member of
+ *	  earmark_admin who stored it).  An unverified event is refused at
+ *	  intake where only verified ones may go (a type whose handler does not
+ *	  accept unverified events, a source earmark verifies), and the worker
+ *	  never gives one to such a handler.  An event time further ahead than
+ *	  earmark.webhook_tolerance is refused at intake (EM108).  An
+ *	  application finishes (complete, ignore, fail) only events of types
+ *	  without a handler; the worker's events are earmark_admin's.
  *
  *-------------------------------------------------------------------------
  */
@@ -44,6 +58,7 @@
 #include "utils/tuplestore.h"
 
 #include "earmark.h"
+#include "sigverify.h"
 
 PG_FUNCTION_INFO_V1(earmark_inbox_receive);
 PG_FUNCTION_INFO_V1(earmark_inbox_claim);
@@ -136,16 +151,71 @@ payload_event_time(Jsonb *payload, TimestampTz *result)
 }
 
 /* ---------------------------------------------------------------------
+ * Who calls
+ * ---------------------------------------------------------------------
+ */
+
+/* the worker's handler runs for this event (em_inbox_apply), or 0 */
+static int64 applying_event_id = 0;
+
+/*
+ * earmark_inbox_receive, _complete, _ignore and _fail decide with the
+ * caller's rights (is it a member of earmark_admin?), which a SECURITY
+ * DEFINER function can no longer see: the caller is gone once fmgr has
+ * switched to the owner.  So they are SECURITY INVOKER, with the pinned
+ * search_path, and switch to the function's owner themselves, as SECURITY
+ * DEFINER would have, for their statements.  An error on the way is
+ * undone by the (sub)transaction's abort, which restores the user.
+ */
+typedef struct AsOwner
+{
+	Oid			caller;
+	Oid			save_userid;
+	int			save_sec;
+} AsOwner;
+
+static void
+become_owner(FunctionCallInfo fcinfo, AsOwner *a)
+{
+	HeapTuple	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fcinfo->flinfo->fn_oid));
+	Oid			owner;
+
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for function %u", fcinfo->flinfo->fn_oid);
+	owner = ((Form_pg_proc) GETSTRUCT(tup))->proowner;
+	ReleaseSysCache(tup);
+	GetUserIdAndSecContext(&a->save_userid, &a->save_sec);
+	a->caller = a->save_userid;
+	SetUserIdAndSecContext(owner, a->save_sec | SECURITY_LOCAL_USERID_CHANGE);
+}
+
+static void
+end_owner(AsOwner *a)
+{
+	SetUserIdAndSecContext(a->save_userid, a->save_sec);
+}
+
+/* has role the rights of earmark_admin (a superuser has every role's)? */
+static bool
+is_admin(Oid role)
+{
+	Oid			admin = get_role_oid("earmark_admin", true);
+
+	return superuser_arg(role) ||
+		(OidIsValid(admin) && has_privs_of_role(role, admin));
+}
+
+/* ---------------------------------------------------------------------
  * Receive
  * ---------------------------------------------------------------------
  */
 static EmStatement store_event = {
 	"INSERT INTO earmark.inbox_event AS e "
-	"  (source, dedupe_key, event_type, payload, occurred_at, account) "
-	"VALUES ($1, $2, $3, $4, $5, $6) "
+	"  (source, dedupe_key, event_type, payload, occurred_at, account, verified_by) "
+	"VALUES ($1, $2, $3, $4, $5, $6, $7) "
 	"ON CONFLICT (source, dedupe_key) DO UPDATE SET seen_count = e.seen_count + 1 "
 	"RETURNING e.event_id, (e.xmax = 0)",
-	6, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID, TEXTOID}
+	7, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID, TEXTOID, TEXTOID}
 };
 
 static EmStatement store_receipt = {
@@ -154,25 +224,91 @@ static EmStatement store_receipt = {
 };
 
 /*
+ * Where an unverified event may not go: under a source earmark verifies
+ * (kinde, or one with a webhook secret), where it could take the dedupe
+ * key of a genuine event to come; or to a type whose handler takes only
+ * verified events.
+ */
+static EmStatement unverified_refused = {
+	"SELECT ($1 = 'kinde' OR EXISTS (SELECT 1 FROM earmark.webhook_secret s WHERE s.source = $1)), "
+	"       (SELECT h.handler::oid FROM earmark.inbox_handler h "
+	"         WHERE h.event_type = $2 AND NOT h.accepts_unverified)",
+	2, {TEXTOID, TEXTOID}
+};
+
+static void
+check_unverified(text *source, text *event_type)
+{
+	Datum		args[2];
+	bool		isnull;
+	Datum		handler;
+
+	args[0] = PointerGetDatum(source);
+	args[1] = PointerGetDatum(event_type);
+	em_exec(&unverified_refused, args, NULL, 1);
+	if (DatumGetBool(em_get(0, 1, &isnull)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("source \"%s\" takes only verified events", text_to_cstring(source)),
+				 errdetail("Its events come through a signed intake (earmark_inbox_receive_signed, "
+						   "earmark_inbox_receive_kinde); an unverified event could take the key of a genuine one."),
+				 errhint("Store your own events under a source of your own, or as a member of earmark_admin.")));
+	handler = em_get(0, 2, &isnull);
+	if (!isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("an unverified event of type \"%s\" cannot be stored", text_to_cstring(event_type)),
+				 errdetail("Its handler %s takes only verified events: signed "
+						   "(earmark_inbox_receive_signed, earmark_inbox_receive_kinde) or stored by a member of earmark_admin.",
+						   format_procedure_qualified(DatumGetObjectId(handler))),
+				 errhint("Deliver it through a signed intake.")));
+}
+
+/*
+ * An event time further ahead of the clock than earmark.webhook_tolerance
+ * (the clock skew allowed between earmark and a sender) is refused: a
+ * handler that orders by event time, like the built-in plan change, would
+ * take every later genuine event for an older one.
+ */
+static void
+check_not_future(TimestampTz occurred_at, TimestampTz now)
+{
+	if (occurred_at > now &&
+		occurred_at - now > (int64) earmark_webhook_tolerance_s * USECS_PER_SEC)
+		ereport(ERROR,
+				(errcode(ERRCODE_EARMARK_EVENT_IN_FUTURE),
+				 errmsg("event time %s is in the future", timestamptz_to_str(occurred_at)),
+				 errdetail("An event time may be at most earmark.webhook_tolerance (%d s) ahead of the server's clock.",
+						   earmark_webhook_tolerance_s),
+				 errhint("Check the sender's clock, and pass the time the event happened.")));
+}
+
+/*
  * Store a delivery: the event once per (source, dedupe_key), a copy only
- * counted, and a receipt for every delivery.  Runs in the caller's SPI
+ * counted, and a receipt for every delivery.  verified_by says how its
+ * source was verified (NULL: not at all).  Runs in the caller's SPI
  * connection.
  */
 void
-em_inbox_store(text *source, text *dedupe_key, text *event_type, Jsonb *payload,
-			   bool has_occurred_at, TimestampTz occurred_at, text *account,
-			   int64 *event_id, bool *inserted)
+em_inbox_store_verified(text *source, text *dedupe_key, text *event_type,
+						Jsonb *payload, bool has_occurred_at,
+						TimestampTz occurred_at, text *account,
+						const char *verified_by, int64 *event_id, bool *inserted)
 {
-	Datum		args[6];
-	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		args[7];
+	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	bool		isnull;
+	TimestampTz now = GetCurrentTimestamp();
 
 	if (!has_occurred_at && !payload_event_time(payload, &occurred_at))
-		occurred_at = GetCurrentTimestamp();
+		occurred_at = now;
 	if (TIMESTAMP_NOT_FINITE(occurred_at))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("occurred_at must be a finite timestamp")));
+	if (verified_by == NULL)
+		check_unverified(source, event_type);
+	check_not_future(occurred_at, now);
 
 	args[0] = PointerGetDatum(source);
 	args[1] = PointerGetDatum(dedupe_key);
@@ -182,6 +318,9 @@ em_inbox_store(text *source, text *dedupe_key, text *event_type, Jsonb *payload,
 	args[5] = PointerGetDatum(account);
 	if (account == NULL)
 		nulls[5] = 'n';
+	args[6] = verified_by ? CStringGetTextDatum(verified_by) : (Datum) 0;
+	if (verified_by == NULL)
+		nulls[6] = 'n';
 	em_exec(&store_event, args, nulls, 1);
 	*event_id = em_get_int64(0, 1, 0);
 	*inserted = DatumGetBool(em_get(0, 2, &isnull));
@@ -189,6 +328,17 @@ em_inbox_store(text *source, text *dedupe_key, text *event_type, Jsonb *payload,
 	args[0] = Int64GetDatum(*event_id);
 	args[1] = BoolGetDatum(*inserted);
 	em_exec(&store_receipt, args, NULL, 0);
+}
+
+/* an unverified store (earmark.h's older entry point) */
+void
+em_inbox_store(text *source, text *dedupe_key, text *event_type, Jsonb *payload,
+			   bool has_occurred_at, TimestampTz occurred_at, text *account,
+			   int64 *event_id, bool *inserted)
+{
+	em_inbox_store_verified(source, dedupe_key, event_type, payload,
+							has_occurred_at, occurred_at, account, NULL,
+							event_id, inserted);
 }
 
 void
@@ -205,6 +355,11 @@ em_return_event_id(FunctionCallInfo fcinfo, int64 event_id, bool inserted)
 /*
  * earmark_inbox_receive(source, dedupe_key, event_type, payload,
  * occurred_at, account) RETURNS TABLE (event_id, inserted)
+ *
+ * Nothing here checks a signature, so the event is verified only when
+ * its caller vouches for it: a member of earmark_admin ('admin').  Anyone
+ * else's event is unverified, and is refused where only verified events
+ * may go (check_unverified).
  */
 Datum
 earmark_inbox_receive(PG_FUNCTION_ARGS)
@@ -216,6 +371,7 @@ earmark_inbox_receive(PG_FUNCTION_ARGS)
 	text	   *account = NULL;
 	int64		event_id;
 	bool		inserted;
+	AsOwner		a;
 
 	if (PG_ARGISNULL(3))
 		ereport(ERROR,
@@ -225,11 +381,14 @@ earmark_inbox_receive(PG_FUNCTION_ARGS)
 	if (!PG_ARGISNULL(5))
 		account = em_arg_name(fcinfo, 5, "account");
 
+	become_owner(fcinfo, &a);
 	SPI_connect();
-	em_inbox_store(source, dedupe_key, event_type, payload,
-				   !PG_ARGISNULL(4), PG_ARGISNULL(4) ? 0 : PG_GETARG_TIMESTAMPTZ(4),
-				   account, &event_id, &inserted);
+	em_inbox_store_verified(source, dedupe_key, event_type, payload,
+							!PG_ARGISNULL(4), PG_ARGISNULL(4) ? 0 : PG_GETARG_TIMESTAMPTZ(4),
+							account, is_admin(a.caller) ? EM_VERIFIED_ADMIN : NULL,
+							&event_id, &inserted);
 	SPI_finish();
+	end_owner(&a);
 
 	em_return_event_id(fcinfo, event_id, inserted);
 	return (Datum) 0;
@@ -424,6 +583,36 @@ arg_event_id(FunctionCallInfo fcinfo)
 	return em_arg_int64(fcinfo, 0, "event_id");
 }
 
+static EmStatement event_has_handler = {
+	"SELECT EXISTS (SELECT 1 FROM earmark.inbox_event e JOIN earmark.inbox_handler h "
+	"USING (event_type) WHERE e.event_id = $1)",
+	1, {INT8OID}
+};
+
+/*
+ * An event whose type has a handler is the worker's: an application (a
+ * caller without earmark_admin's rights) finishes only the events its
+ * claims can return, so that it cannot complete, ignore or fail a genuine
+ * plan change before the worker applies it.  The handler the worker is
+ * running may finish its own event.
+ */
+static void
+check_may_finish(int64 event_id, Oid caller, const char *action)
+{
+	Datum		arg = Int64GetDatum(event_id);
+	bool		isnull;
+
+	if (event_id == applying_event_id || is_admin(caller))
+		return;
+	em_exec(&event_has_handler, &arg, NULL, 1);
+	if (DatumGetBool(em_get(0, 1, &isnull)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("inbox event " INT64_FORMAT " cannot be %s by an application", event_id, action),
+				 errdetail("Its type has a handler: the worker applies it, and only a member of earmark_admin may finish it by hand."),
+				 errhint("An application finishes the events earmark_inbox_claim returns.")));
+}
+
 static char *
 arg_text(FunctionCallInfo fcinfo, int argno, const char *what)
 {
@@ -442,13 +631,17 @@ earmark_inbox_complete(PG_FUNCTION_ARGS)
 	char	   *result = arg_text(fcinfo, 1, "result");
 	int			attempts;
 	const char *status;
+	AsOwner		a;
 
+	become_owner(fcinfo, &a);
 	SPI_connect();
+	check_may_finish(event_id, a.caller, "completed");
 	status = lock_event_row(event_id, &attempts, NULL);
 	if (strcmp(status, "processing") != 0)
 		wrong_state(event_id, status, "completed");
 	set_event_status(event_id, "applied", result, NULL, false, 0);
 	SPI_finish();
+	end_owner(&a);
 	PG_RETURN_TEXT_P(cstring_to_text("applied"));
 }
 
@@ -463,18 +656,22 @@ earmark_inbox_ignore(PG_FUNCTION_ARGS)
 	char	   *reason = arg_text(fcinfo, 1, "reason");
 	int			attempts;
 	const char *status;
+	AsOwner		a;
 
 	if (reason[0] == '\0')
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("reason must not be empty"),
 				 errhint("Say why the event changes nothing: it is kept for whoever reads the inbox.")));
+	become_owner(fcinfo, &a);
 	SPI_connect();
+	check_may_finish(event_id, a.caller, "ignored");
 	status = lock_event_row(event_id, &attempts, NULL);
 	if (strcmp(status, "applied") == 0 || strcmp(status, "ignored") == 0)
 		wrong_state(event_id, status, "ignored");
 	set_event_status(event_id, "ignored", reason, NULL, false, 0);
 	SPI_finish();
+	end_owner(&a);
 	PG_RETURN_TEXT_P(cstring_to_text("ignored"));
 }
 
@@ -508,10 +705,14 @@ earmark_inbox_fail(PG_FUNCTION_ARGS)
 	int64		event_id = arg_event_id(fcinfo);
 	char	   *error = arg_text(fcinfo, 1, "error");
 	const char *status;
+	AsOwner		a;
 
+	become_owner(fcinfo, &a);
 	SPI_connect();
+	check_may_finish(event_id, a.caller, "failed");
 	status = em_inbox_fail(event_id, error);
 	SPI_finish();
+	end_owner(&a);
 	PG_RETURN_TEXT_P(cstring_to_text(status));
 }
 
@@ -549,9 +750,10 @@ earmark_inbox_replay(PG_FUNCTION_ARGS)
  * ---------------------------------------------------------------------
  */
 static EmStatement put_handler = {
-	"INSERT INTO earmark.inbox_handler (event_type, handler) VALUES ($1, $2) "
-	"ON CONFLICT (event_type) DO UPDATE SET handler = excluded.handler",
-	2, {TEXTOID, REGPROCEDUREOID}
+	"INSERT INTO earmark.inbox_handler (event_type, handler, accepts_unverified) VALUES ($1, $2, $3) "
+	"ON CONFLICT (event_type) DO UPDATE SET handler = excluded.handler, "
+	"  accepts_unverified = excluded.accepts_unverified",
+	3, {TEXTOID, REGPROCEDUREOID, BOOLOID}
 };
 
 static EmStatement drop_handler = {
@@ -559,18 +761,58 @@ static EmStatement drop_handler = {
 	1, {TEXTOID}
 };
 
+/* raise unless fn can be the handler of an event type, run by its owner */
+static void
+check_handler(Oid fn, bool accepts_unverified)
+{
+	HeapTuple	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn));
+	Form_pg_proc proc;
+	Oid			earmark_ns = get_namespace_oid("earmark", false);
+	Oid			rowtype = get_rel_type_id(get_relname_relid("inbox_event", earmark_ns));
+
+	if (!HeapTupleIsValid(tup))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_FUNCTION),
+				 errmsg("function %u does not exist", fn)));
+	proc = (Form_pg_proc) GETSTRUCT(tup);
+	if (proc->pronargs != 1 || proc->proargtypes.values[0] != rowtype ||
+		proc->prorettype != TEXTOID || proc->proretset)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_FUNCTION_DEFINITION),
+				 errmsg("inbox handler %s must take one earmark.inbox_event and return text",
+						format_procedure(fn))));
+	if (!superuser_arg(GetOuterUserId()) &&
+		!has_privs_of_role(GetOuterUserId(), proc->proowner))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("must own function %s to make it an inbox handler",
+						format_procedure(fn)),
+				 errdetail("The worker runs a handler as the role that owns it.")));
+	/* an unverified event must never change an account's plan or limits */
+	if (accepts_unverified && proc->pronamespace == earmark_ns &&
+		strcmp(NameStr(proc->proname), "apply_plan_change") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("the built-in plan change cannot accept unverified events"),
+				 errdetail("It changes an account's limits: only a signed event, or one a member of earmark_admin stored, may.")));
+	ReleaseSysCache(tup);
+}
+
 /*
- * earmark_inbox_set_handler(event_type, handler) RETURNS void.  The
- * handler takes an earmark.inbox_event and returns text (the result kept on
- * the event); NULL removes the handler.  The worker runs it as the role
- * that owns it, so the caller must own it (or be a superuser): registering
- * a handler never lends anybody the worker's rights.
+ * earmark_inbox_set_handler(event_type, handler, accepts_unverified)
+ * RETURNS void.  The handler takes an earmark.inbox_event and returns text
+ * (the result kept on the event); NULL removes the handler.  The worker
+ * runs it as the role that owns it, so the caller must own it (or be a
+ * superuser): registering a handler never lends anybody the worker's
+ * rights.  A handler takes only verified events unless registered with
+ * accepts_unverified: by default a handler is taken to change billing
+ * state.
  */
 Datum
 earmark_inbox_set_handler(PG_FUNCTION_ARGS)
 {
 	text	   *event_type = em_arg_name(fcinfo, 0, "event_type");
-	Datum		args[2];
+	Datum		args[3];
 
 	SPI_connect();
 	args[0] = PointerGetDatum(event_type);
@@ -578,32 +820,13 @@ earmark_inbox_set_handler(PG_FUNCTION_ARGS)
 		em_exec(&drop_handler, args, NULL, 0);
 	else
 	{
-		Oid			fn = PG_GETARG_OID(1);
-		HeapTuple	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn));
-		Form_pg_proc proc;
-		Oid			rowtype = get_rel_type_id(get_relname_relid("inbox_event",
-																 get_namespace_oid("earmark", false)));
-
-		if (!HeapTupleIsValid(tup))
+		if (PG_ARGISNULL(2))
 			ereport(ERROR,
-					(errcode(ERRCODE_UNDEFINED_FUNCTION),
-					 errmsg("function %u does not exist", fn)));
-		proc = (Form_pg_proc) GETSTRUCT(tup);
-		if (proc->pronargs != 1 || proc->proargtypes.values[0] != rowtype ||
-			proc->prorettype != TEXTOID || proc->proretset)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_FUNCTION_DEFINITION),
-					 errmsg("inbox handler %s must take one earmark.inbox_event and return text",
-							format_procedure(fn))));
-		if (!superuser_arg(GetOuterUserId()) &&
-			!has_privs_of_role(GetOuterUserId(), proc->proowner))
-			ereport(ERROR,
-					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-					 errmsg("must own function %s to make it an inbox handler",
-							format_procedure(fn)),
-					 errdetail("The worker runs a handler as the role that owns it.")));
-		ReleaseSysCache(tup);
-		args[1] = ObjectIdGetDatum(fn);
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("accepts_unverified must not be NULL")));
+		check_handler(PG_GETARG_OID(1), PG_GETARG_BOOL(2));
+		args[1] = PG_GETARG_DATUM(1);
+		args[2] = PG_GETARG_DATUM(2);
 		em_exec(&put_handler, args, NULL, 0);
 	}
 	SPI_finish();
@@ -615,7 +838,9 @@ earmark_inbox_set_handler(PG_FUNCTION_ARGS)
  * ---------------------------------------------------------------------
  */
 static EmStatement event_for_handler = {
-	"SELECT e, h.handler, e.status, e.attempts FROM earmark.inbox_event e "
+	"SELECT e, h.handler, e.status, e.attempts, "
+	"       e.verified_by IS NOT NULL OR h.accepts_unverified "
+	"FROM earmark.inbox_event e "
 	"JOIN earmark.inbox_handler h USING (event_type) "
 	"WHERE e.event_id = $1 FOR UPDATE OF e",
 	1, {INT8OID}
@@ -642,12 +867,76 @@ handler_owner(Oid fn)
 }
 
 /*
+ * An unverified event whose handler takes only verified events ends
+ * ignored, with why, and its handler never runs.
+ */
+static const char *
+refuse_unverified(int64 event_id, Oid handler)
+{
+	char	   *why = psprintf("not applied: the event is unverified, and its handler %s takes only verified events",
+							   format_procedure_qualified(handler));
+
+	ereport(LOG,
+			(errmsg("earmark: inbox event " INT64_FORMAT " %s", event_id, why)));
+	set_event_status(event_id, "ignored", why, NULL, false, 0);
+	return "ignored";
+}
+
+/*
+ * Run the handler as its owner, the way PostgreSQL runs an index function
+ * or a trigger of another role: a security-restricted operation (no
+ * temporary tables, no SET ROLE, no cursors WITH HOLD, ...) inside a GUC
+ * nest level that is rolled back when it returns, so that nothing it
+ * sets, even with SET SESSION or set_config(..., false), outlives its
+ * event.  The caller runs it in a subtransaction, whose abort restores
+ * the user and the settings if it raises.  Returns its result, copied
+ * into cxt, or NULL.
+ */
+static char *
+run_handler(Oid handler, Oid owner, Datum row, MemoryContext cxt)
+{
+	Oid			save_userid;
+	int			save_sec;
+	int			guc_level;
+	Datum		d;
+	char	   *result = NULL;
+	LOCAL_FCINFO(hfcinfo, 1);
+	FmgrInfo	flinfo;
+
+	GetUserIdAndSecContext(&save_userid, &save_sec);
+	SetUserIdAndSecContext(owner, save_sec | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+	guc_level = NewGUCNestLevel();
+
+	/*
+	 * The worker pins its own search_path; a handler gets the ordinary one,
+	 * as if its owner had called it, unless it pins its own with SET (which
+	 * fmgr applies).
+	 */
+	(void) set_config_option("search_path", "\"$user\", public",
+							 PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
+	fmgr_info(handler, &flinfo);
+	InitFunctionCallInfoData(*hfcinfo, &flinfo, 1, InvalidOid, NULL, NULL);
+	hfcinfo->args[0].value = row;
+	hfcinfo->args[0].isnull = false;
+	d = FunctionCallInvoke(hfcinfo);
+	if (!hfcinfo->isnull)
+		result = MemoryContextStrdup(cxt, TextDatumGetCString(d));
+
+	AtEOXact_GUC(false, guc_level);
+	SetUserIdAndSecContext(save_userid, save_sec);
+	return result;
+}
+
+/*
  * Apply a claimed event in the current transaction (the caller commits):
- * run its handler as the handler's owner in a subtransaction; on success
- * mark it applied with the handler's result (unless the handler ignored
- * it itself), on error roll the handler back and mark the event failed.
- * "attempts" is the attempt number the claim gave it: if the event moved
- * on since (its lease passed and someone else claimed it), leave it.
+ * run its handler (run_handler) in a subtransaction; on success mark it
+ * applied with the handler's result (unless the handler ignored it
+ * itself), on error roll the handler back and mark the event failed.  An
+ * unverified event is not given to a handler that takes only verified
+ * ones.  "attempts" is the attempt number the claim gave it: if the event
+ * moved on since (its lease passed and someone else claimed it), leave it.
  * Returns the event's new status, or NULL when it was not ours.
  */
 const char *
@@ -660,7 +949,6 @@ em_inbox_apply(int64 event_id, int attempts)
 	Oid			owner;
 	Oid			save_userid;
 	int			save_sec;
-	int			guc_level;
 	MemoryContext oldcxt = CurrentMemoryContext;
 	ResourceOwner oldowner = CurrentResourceOwner;
 	const char *volatile status = NULL;
@@ -675,38 +963,20 @@ em_inbox_apply(int64 event_id, int attempts)
 	if (strcmp(st, "processing") != 0 ||
 		DatumGetInt32(em_get(0, 4, &isnull)) != attempts)
 		return NULL;
-	row = SPI_datumTransfer(em_get(0, 1, &isnull), false, -1);
 	handler = DatumGetObjectId(em_get(0, 2, &isnull));
+	if (!DatumGetBool(em_get(0, 5, &isnull)))
+		return refuse_unverified(event_id, handler);
+	row = SPI_datumTransfer(em_get(0, 1, &isnull), false, -1);
 	owner = handler_owner(handler);
 
 	GetUserIdAndSecContext(&save_userid, &save_sec);
 	BeginInternalSubTransaction(NULL);
 	MemoryContextSwitchTo(oldcxt);
+	applying_event_id = event_id;
 	PG_TRY();
 	{
-		Datum		d;
-		LOCAL_FCINFO(hfcinfo, 1);
-		FmgrInfo	flinfo;
-
-		/*
-		 * The worker pins its own search_path; a handler gets the
-		 * ordinary one, as if its owner had called it, unless it pins its
-		 * own with SET (which fmgr applies).
-		 */
-		guc_level = NewGUCNestLevel();
-		(void) set_config_option("search_path", "\"$user\", public",
-								 PGC_USERSET, PGC_S_SESSION,
-								 GUC_ACTION_SAVE, true, 0, false);
-		SetUserIdAndSecContext(owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
-		fmgr_info(handler, &flinfo);
-		InitFunctionCallInfoData(*hfcinfo, &flinfo, 1, InvalidOid, NULL, NULL);
-		hfcinfo->args[0].value = row;
-		hfcinfo->args[0].isnull = false;
-		d = FunctionCallInvoke(hfcinfo);
-		if (!hfcinfo->isnull)
-			result = MemoryContextStrdup(oldcxt, TextDatumGetCString(d));
-		SetUserIdAndSecContext(save_userid, save_sec);
-		AtEOXact_GUC(true, guc_level);
+		result = run_handler(handler, owner, row, oldcxt);
+		applying_event_id = 0;
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcxt);
 		CurrentResourceOwner = oldowner;
@@ -715,6 +985,7 @@ em_inbox_apply(int64 event_id, int attempts)
 	{
 		ErrorData  *edata;
 
+		applying_event_id = 0;
 		SetUserIdAndSecContext(save_userid, save_sec);
 		MemoryContextSwitchTo(oldcxt);
 		edata = CopyErrorData();

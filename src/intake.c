@@ -7,26 +7,36 @@
  *	  earmark_inbox_drop_secret, earmark_refresh_jwks, em_jwks_refresh) and
  *	  earmark_webhook_signature_valid.
  *
- *	  A delivery is verified first and stored after (em_inbox_store, in
- *	  inbox.c); any error stores nothing.  Verification itself is in
- *	  sigverify.c; this file reads the secrets and keys, decides what to
- *	  raise, and reads the event's fields.
+ *	  A delivery is verified first and stored after (em_inbox_store_verified,
+ *	  in inbox.c, which records how: standard_webhooks or kinde_jwt); any
+ *	  error stores nothing.  Verification itself is in sigverify.c; this
+ *	  file reads the secrets and keys, decides what to raise, and reads the
+ *	  event's fields (its type, time and account: the account whose
+ *	  provider_customer is data.customer_id, for either intake).  Decoded
+ *	  webhook keys and the secret texts they came from are wiped before
+ *	  their memory is freed, on errors too.
  *
  *	  Tables: earmark.webhook_secret (read; written by the secret
  *	  functions), earmark.jwks (read; written by a fetch), earmark.account
- *	  (read: the Kinde customer's account), and the inbox tables through
- *	  em_inbox_store.
+ *	  (read: the customer's account), and the inbox tables through
+ *	  em_inbox_store_verified.
  *
  *	  Locks: row locks only.  A key set fetch upserts the earmark.jwks row
  *	  of its URL, which stays locked until the caller's transaction ends;
  *	  the HTTP request is made before that upsert, so no lock is ever held
  *	  across the network.  A delivery takes the jwks row (when it fetches)
- *	  before em_inbox_store takes the event row, always in that order.  Two
- *	  backends that refetch at once both fetch; the second upsert waits for
- *	  the first commit and never replaces a newer set with an older one.
+ *	  before em_inbox_store_verified takes the event row, always in that
+ *	  order.  Two backends that fetch at once (the worker and
+ *	  earmark_refresh_jwks, or deliveries with the cooldown at 0) both
+ *	  fetch; the second upsert waits for the first commit and never
+ *	  replaces a newer set with an older one.
  *	  A fetch made by a delivery that then fails is rolled back with it, so
  *	  each backend also keeps its last fetched set in memory (see
- *	  local_keys).
+ *	  local_keys), and the time of the last fetch an unknown kid caused is
+ *	  kept in shared memory (em_cooldown_take, earmark.c: its spinlock, for
+ *	  a few instructions), where every backend sees it: the refetch
+ *	  cooldown holds across connections.  Without earmark in
+ *	  shared_preload_libraries a delivery never fetches (may_refetch).
  *
  *-------------------------------------------------------------------------
  */
@@ -38,6 +48,7 @@
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "common/base64.h"
+#include "common/hashfn.h"
 #include "mb/pg_wchar.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
@@ -289,6 +300,41 @@ event_time(JsonbContainer *obj, const char *what, TimestampTz *result)
 }
 
 /* ---------------------------------------------------------------------
+ * The event's account
+ * ---------------------------------------------------------------------
+ */
+static EmStatement account_of_customer = {
+	"SELECT account FROM earmark.account WHERE provider_customer = $1 "
+	"ORDER BY account LIMIT 1",
+	1, {TEXTOID}
+};
+
+/*
+ * The earmark account whose provider_customer is data.customer_id (Kinde's
+ * claims, and a Standard Webhooks body of the same shape), or NULL.
+ */
+static text *
+customer_account(JsonbContainer *event, const char *what)
+{
+	JsonbValue *data = json_member(event, "data");
+	char	   *customer;
+	Datum		arg;
+	bool		isnull;
+
+	if (data == NULL || data->type != jbvBinary ||
+		!JsonContainerIsObject(data->val.binary.data))
+		return NULL;
+	customer = json_string(data->val.binary.data, "customer_id", what);
+	if (customer == NULL)
+		return NULL;
+	arg = CStringGetTextDatum(customer);
+	em_exec(&account_of_customer, &arg, NULL, 1);
+	if (SPI_processed == 0)
+		return NULL;
+	return DatumGetTextPCopy(em_get(0, 1, &isnull));
+}
+
+/* ---------------------------------------------------------------------
  * Standard Webhooks
  * ---------------------------------------------------------------------
  */
@@ -334,6 +380,8 @@ load_webhook_keys(text *source, int *nkeys)
 
 		key = em_webhook_secret_decode(VARDATA_ANY(secret),
 									   VARSIZE_ANY_EXHDR(secret), &len);
+		/* the text is this call's copy (SPI's result): wipe it too */
+		explicit_bzero(VARDATA_ANY(secret), VARSIZE_ANY_EXHDR(secret));
 		if (key == NULL)
 		{
 			ereport(WARNING,
@@ -346,6 +394,41 @@ load_webhook_keys(text *source, int *nkeys)
 		(*nkeys)++;
 	}
 	return keys;
+}
+
+/* wipe and free the keys of load_webhook_keys */
+static void
+free_webhook_keys(EmWebhookKey *keys, int nkeys)
+{
+	int			i;
+
+	for (i = 0; i < nkeys; i++)
+		em_webhook_key_free((unsigned char *) keys[i].key, keys[i].len);
+	pfree(keys);
+}
+
+/*
+ * em_webhook_verify, then wipe the keys whatever happens: an error in the
+ * HMAC (an internal one) must not leave them in memory either.
+ */
+static EmWebhookResult
+verify_and_wipe(const EmWebhookMessage *msg, EmWebhookKey *keys, int nkeys,
+				TimestampTz now)
+{
+	volatile EmWebhookResult r = EM_WEBHOOK_MISMATCH;
+
+	PG_TRY();
+	{
+		r = em_webhook_verify(msg, keys, nkeys, now, earmark_webhook_tolerance_s);
+	}
+	PG_CATCH();
+	{
+		free_webhook_keys(keys, nkeys);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	free_webhook_keys(keys, nkeys);
+	return r;
 }
 
 /* raise the error of a verification that did not pass (except MISMATCH) */
@@ -413,6 +496,7 @@ earmark_inbox_receive_signed(PG_FUNCTION_ARGS)
 	char	   *event_type;
 	TimestampTz occurred_at = 0;
 	bool		has_occurred_at;
+	text	   *account;
 	int64		event_id;
 	bool		inserted;
 
@@ -426,8 +510,7 @@ earmark_inbox_receive_signed(PG_FUNCTION_ARGS)
 				 errmsg("no webhook secret is configured for source \"%s\"",
 						text_to_cstring(source)),
 				 errhint("Add one with earmark_inbox_set_secret().")));
-	r = em_webhook_verify(&msg, keys, nkeys, GetCurrentTimestamp(),
-						  earmark_webhook_tolerance_s);
+	r = verify_and_wipe(&msg, keys, nkeys, GetCurrentTimestamp());
 	raise_bad_webhook(r);
 	if (r != EM_WEBHOOK_VALID)
 		ereport(ERROR,
@@ -440,9 +523,11 @@ earmark_inbox_receive_signed(PG_FUNCTION_ARGS)
 								ERRCODE_EARMARK_MALFORMED_WEBHOOK, "the webhook body");
 	event_type = json_required_string(&payload->root, "type", "webhook body");
 	has_occurred_at = event_time(&payload->root, "webhook body", &occurred_at);
+	account = customer_account(&payload->root, "webhook body's data");
 
-	em_inbox_store(source, webhook_id, cstring_to_text(event_type), payload,
-				   has_occurred_at, occurred_at, NULL, &event_id, &inserted);
+	em_inbox_store_verified(source, webhook_id, cstring_to_text(event_type), payload,
+							has_occurred_at, occurred_at, account,
+							EM_VERIFIED_STANDARD_WEBHOOKS, &event_id, &inserted);
 	SPI_finish();
 
 	em_return_event_id(fcinfo, event_id, inserted);
@@ -469,6 +554,7 @@ earmark_webhook_signature_valid(PG_FUNCTION_ARGS)
 	TimestampTz at;
 	EmWebhookMessage msg;
 	EmWebhookKey key;
+	EmWebhookKey *keys;
 	EmWebhookResult r;
 
 	if (PG_ARGISNULL(5))
@@ -490,7 +576,9 @@ earmark_webhook_signature_valid(PG_FUNCTION_ARGS)
 				 errdetail("It must be \"whsec_\" followed by base64, or the base64 alone.")));
 
 	fill_message(&msg, webhook_id, ts, sig, body);
-	r = em_webhook_verify(&msg, &key, 1, at, earmark_webhook_tolerance_s);
+	keys = palloc(sizeof(EmWebhookKey));
+	keys[0] = key;
+	r = verify_and_wipe(&msg, keys, 1, at);
 	if (r == EM_WEBHOOK_BAD_TIMESTAMP || r == EM_WEBHOOK_BAD_HEADER)
 		raise_bad_webhook(r);
 	PG_RETURN_BOOL(r == EM_WEBHOOK_VALID);
@@ -498,20 +586,35 @@ earmark_webhook_signature_valid(PG_FUNCTION_ARGS)
 
 /*
  * Secrets are stored as "whsec_" + canonical base64, so that the same key
- * written with or without the prefix is one row, and drop finds it.
+ * written with or without the prefix, or with unused bits set in its last
+ * character, is one row, and drop finds it.  The key is wiped and freed
+ * here; free the text with wipe_text.
  */
 static text *
-canonical_secret(const unsigned char *key, size_t len)
+canonical_secret(unsigned char *key, size_t len)
 {
 	int			enclen = pg_b64_enc_len((int) len);
 	char	   *buf = palloc(6 + enclen + 1);
+	text	   *t;
 	int			n;
 
 	memcpy(buf, "whsec_", 6);
 	n = pg_b64_encode((const char *) key, (int) len, buf + 6, enclen);
+	em_webhook_key_free(key, len);
 	if (n < 0)
+	{
+		em_wipe_free(buf, 6 + enclen + 1);
 		elog(ERROR, "earmark: could not encode a secret");
-	return cstring_to_text_with_len(buf, 6 + n);
+	}
+	t = cstring_to_text_with_len(buf, 6 + n);
+	em_wipe_free(buf, 6 + enclen + 1);
+	return t;
+}
+
+static void
+wipe_text(text *t)
+{
+	em_wipe_free(t, VARSIZE(t));
 }
 
 /*
@@ -529,6 +632,8 @@ earmark_inbox_set_secret(PG_FUNCTION_ARGS)
 	size_t		len;
 	Datum		args[2];
 
+	text	   *canonical;
+
 	key = em_webhook_secret_decode(VARDATA_ANY(secret),
 								   VARSIZE_ANY_EXHDR(secret), &len);
 	if (key == NULL)
@@ -537,17 +642,22 @@ earmark_inbox_set_secret(PG_FUNCTION_ARGS)
 				 errmsg("secret is not a Standard Webhooks secret"),
 				 errdetail("It must be \"whsec_\" followed by base64, or the base64 alone.")));
 	if (len < EM_SECRET_MIN_BYTES || len > EM_SECRET_MAX_BYTES)
+	{
+		em_webhook_key_free(key, len);
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("secret must decode to %d to %d bytes",
 						EM_SECRET_MIN_BYTES, EM_SECRET_MAX_BYTES),
 				 errdetail("It decodes to %zu bytes.", len)));
+	}
 
+	canonical = canonical_secret(key, len);
 	args[0] = PointerGetDatum(source);
-	args[1] = PointerGetDatum(canonical_secret(key, len));
+	args[1] = PointerGetDatum(canonical);
 	SPI_connect();
 	em_exec(&insert_secret, args, NULL, 0);
 	SPI_finish();
+	wipe_text(canonical);
 	PG_RETURN_VOID();
 }
 
@@ -566,14 +676,20 @@ earmark_inbox_drop_secret(PG_FUNCTION_ARGS)
 	Datum		args[2];
 	bool		dropped;
 
+	text	   *canonical = NULL;
+
 	key = em_webhook_secret_decode(VARDATA_ANY(secret),
 								   VARSIZE_ANY_EXHDR(secret), &len);
+	if (key != NULL)
+		canonical = canonical_secret(key, len);
 	args[0] = PointerGetDatum(source);
-	args[1] = PointerGetDatum(key ? canonical_secret(key, len) : secret);
+	args[1] = PointerGetDatum(canonical ? canonical : secret);
 	SPI_connect();
 	em_exec(&delete_secret, args, NULL, 0);
 	dropped = SPI_processed > 0;
 	SPI_finish();
+	if (canonical)
+		wipe_text(canonical);
 	PG_RETURN_BOOL(dropped);
 }
 
@@ -791,12 +907,67 @@ jwk_in_set(Jsonb *keys, const char *kid, Jwk *jwk)
 	return false;
 }
 
+static void raise_unknown_kid(const char *kid, TimestampTz last, const char *why)
+			pg_attribute_noreturn();
+
+static void
+raise_unknown_kid(const char *kid, TimestampTz last, const char *why)
+{
+	int64		age = (GetCurrentTimestamp() - last) / USECS_PER_SEC;
+
+	ereport(ERROR,
+			(errcode(ERRCODE_EARMARK_UNKNOWN_KEY),
+			 errmsg("JWT key id \"%s\" is not in the JSON Web Key Set", kid),
+			 why ? errdetail("%s", why) :
+			 errdetail("The key set was fetched (or tried) " INT64_FORMAT " seconds ago; an unknown key id makes a fetch at most every %d seconds.",
+					   age, earmark_jwks_refetch_cooldown_s)));
+}
+
+/*
+ * May this delivery fetch the key set for an unknown kid?  Not when a set
+ * this backend can see (stored, or its own copy) is younger than
+ * earmark.jwks_refetch_cooldown, nor when any backend fetched within it.
+ * The latter lives in shared memory (em_cooldown_take): a delivery that
+ * fails rolls back the set it stored, and without the shared record six
+ * forged tokens on six connections made six fetches.  Taking the cooldown
+ * and deciding to fetch is one step, so of many deliveries at once one
+ * fetches.  Without shared memory (earmark not preloaded) no backend can
+ * know what another fetched, so a delivery never fetches: the set comes
+ * from earmark_refresh_jwks (or the worker, which needs the preload too).
+ */
+static void
+may_refetch(const char *url, const char *kid, TimestampTz last_seen)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	int64		cooldown_us = (int64) earmark_jwks_refetch_cooldown_s * USECS_PER_SEC;
+	TimestampTz last;
+
+	if (!TIMESTAMP_IS_NOBEGIN(last_seen) && now - last_seen < cooldown_us)
+		raise_unknown_kid(kid, last_seen, NULL);
+	switch (em_cooldown_take(hash_bytes_extended((const unsigned char *) url,
+												 (int) strlen(url), 0),
+							 now, cooldown_us, &last))
+	{
+		case EM_COOLDOWN_TAKEN:
+			return;
+		case EM_COOLDOWN_WAIT:
+			raise_unknown_kid(kid, last, NULL);
+			break;
+		case EM_COOLDOWN_NO_SHMEM:
+			ereport(ERROR,
+					(errcode(ERRCODE_EARMARK_UNKNOWN_KEY),
+					 errmsg("JWT key id \"%s\" is not in the JSON Web Key Set", kid),
+					 errdetail("earmark is not in shared_preload_libraries, so a delivery never fetches the key set."),
+					 errhint("Preload earmark, or fetch the key set with earmark_refresh_jwks().")));
+			break;
+	}
+}
+
 /*
  * The key for kid: from the stored set; else from this backend's own
  * newer copy (stored again, so that it is kept if this delivery commits);
- * else after one fetch.  A kid missing from a set fetched within
- * earmark.jwks_refetch_cooldown is refused without a fetch, so that tokens
- * with made-up kids cannot make every delivery call the provider (jose's
+ * else after one fetch, if may_refetch allows it, so that tokens with
+ * made-up kids cannot make every delivery call the provider (jose's
  * cooldownDuration, 30 s, is the model).
  */
 static void
@@ -805,7 +976,6 @@ find_jwk(const char *url, const char *kid, Jwk *jwk)
 	Datum		arg = CStringGetTextDatum(url);
 	TimestampTz stored_at = DT_NOBEGIN;
 	TimestampTz last;
-	int64		age;
 
 	em_exec(&jwks_of_url, &arg, NULL, 1);
 	if (SPI_processed == 1)
@@ -830,32 +1000,16 @@ find_jwk(const char *url, const char *kid, Jwk *jwk)
 		last = local_fetched_at;
 	}
 
-	age = TIMESTAMP_IS_NOBEGIN(last) ? PG_INT64_MAX :
-		(GetCurrentTimestamp() - last) / USECS_PER_SEC;
-	if (age < earmark_jwks_refetch_cooldown_s)
-		ereport(ERROR,
-				(errcode(ERRCODE_EARMARK_UNKNOWN_KEY),
-				 errmsg("JWT key id \"%s\" is not in the JSON Web Key Set", kid),
-				 errdetail("The key set was fetched " INT64_FORMAT " seconds ago; it is fetched again at most every %d seconds.",
-						   age, earmark_jwks_refetch_cooldown_s)));
-
+	may_refetch(url, kid, last);
 	if (!jwk_in_set(refetch_jwks(url), kid, jwk))
-		ereport(ERROR,
-				(errcode(ERRCODE_EARMARK_UNKNOWN_KEY),
-				 errmsg("JWT key id \"%s\" is not in the JSON Web Key Set", kid),
-				 errdetail("The key set at \"%s\" was fetched again and does not have it.", url)));
+		raise_unknown_kid(kid, 0,
+						  psprintf("The key set at \"%s\" was fetched again and does not have it.", url));
 }
 
 /* ---------------------------------------------------------------------
  * Kinde (JWT, RS256)
  * ---------------------------------------------------------------------
  */
-static EmStatement account_of_customer = {
-	"SELECT account FROM earmark.account WHERE provider_customer = $1 "
-	"ORDER BY account LIMIT 1",
-	1, {TEXTOID}
-};
-
 static unsigned char *
 jwk_number(const char *b64, const char *name, const char *kid, size_t *len)
 {
@@ -953,28 +1107,6 @@ check_expiry(JsonbContainer *claims)
 															   NumericGetDatum(exp->val.numeric))))));
 }
 
-/* the earmark account whose provider_customer is data.customer_id */
-static text *
-kinde_account(JsonbContainer *claims)
-{
-	JsonbValue *data = json_member(claims, "data");
-	char	   *customer;
-	Datum		arg;
-	bool		isnull;
-
-	if (data == NULL || data->type != jbvBinary ||
-		!JsonContainerIsObject(data->val.binary.data))
-		return NULL;
-	customer = json_string(data->val.binary.data, "customer_id", "JWT payload's data");
-	if (customer == NULL)
-		return NULL;
-	arg = CStringGetTextDatum(customer);
-	em_exec(&account_of_customer, &arg, NULL, 1);
-	if (SPI_processed == 0)
-		return NULL;
-	return DatumGetTextPCopy(em_get(0, 1, &isnull));
-}
-
 /*
  * earmark_inbox_receive_kinde(webhook_id, token) RETURNS TABLE (event_id,
  * inserted)
@@ -1016,12 +1148,13 @@ earmark_inbox_receive_kinde(PG_FUNCTION_ARGS)
 	event_type = json_required_string(&claims->root, "type", "JWT payload");
 	event_id_claim = json_string(&claims->root, "event_id", "JWT payload");
 	has_occurred_at = event_time(&claims->root, "JWT payload", &occurred_at);
-	account = kinde_account(&claims->root);
+	account = customer_account(&claims->root, "JWT payload's data");
 
-	em_inbox_store(cstring_to_text(KINDE_SOURCE),
-				   event_id_claim ? cstring_to_text(event_id_claim) : webhook_id,
-				   cstring_to_text(event_type), claims,
-				   has_occurred_at, occurred_at, account, &event_id, &inserted);
+	em_inbox_store_verified(cstring_to_text(KINDE_SOURCE),
+							event_id_claim ? cstring_to_text(event_id_claim) : webhook_id,
+							cstring_to_text(event_type), claims,
+							has_occurred_at, occurred_at, account,
+							EM_VERIFIED_KINDE_JWT, &event_id, &inserted);
 	SPI_finish();
 
 	em_return_event_id(fcinfo, event_id, inserted);

@@ -13,7 +13,9 @@
  *	  backend's own TLS connection.
  *
  *	  Reads no table, takes no lock, keeps one cached HMAC implementation
- *	  per backend.
+ *	  per backend.  A decoded webhook key is wiped (explicit_bzero) before
+ *	  its memory is freed, whether it was decoded whole or refused half way
+ *	  (em_wipe_free, em_webhook_key_free); so is a computed MAC.
  *
  *-------------------------------------------------------------------------
  */
@@ -59,15 +61,21 @@ b64_value(unsigned char c, bool url)
 }
 
 /*
- * Strict on purpose: no whitespace, '=' only as the final padding, and the
- * unused bits of the last character must be zero, so that one byte string
- * has exactly one accepted text (no signature malleability).  Padding is
- * optional because JWS omits it and some Standard Webhooks secrets are
- * written without it.
+ * No whitespace, '=' only as the final padding.  Padding is optional
+ * because JWS omits it and some Standard Webhooks secrets are written
+ * without it.  Strict (lenient = false) also wants the unused bits of the
+ * last character to be zero, so that one byte string has exactly one
+ * accepted text: signatures and tokens are decoded so (no malleability).
+ * Lenient ignores those bits, as the Standard Webhooks reference libraries
+ * do when they decode a secret (Python's base64.b64decode, Node's Buffer).
+ *
+ * The output may be a secret: a text refused half way is wiped before it
+ * is freed.
  */
-unsigned char *
-em_base64_decode(const char *in, size_t len, bool url, size_t *outlen)
+static unsigned char *
+b64_decode(const char *in, size_t len, bool url, bool lenient, size_t *outlen)
 {
+	size_t		cap;
 	size_t		pad = 0;
 	size_t		n = 0;
 	size_t		i;
@@ -85,14 +93,17 @@ em_base64_decode(const char *in, size_t len, bool url, size_t *outlen)
 	if (len % 4 == 1)
 		return NULL;
 
-	out = palloc(len / 4 * 3 + 3);
+	/* exactly the bytes decoded and a NUL, so that a key's free wipes all */
+	cap = len / 4 * 3 + (len % 4 == 3 ? 2 : len % 4 == 2 ? 1 : 0) + 1;
+	out = palloc(cap);
 	for (i = 0; i < len; i++)
 	{
 		int			v = b64_value((unsigned char) in[i], url);
 
 		if (v < 0)
 		{
-			pfree(out);
+			em_wipe_free(out, cap);
+			explicit_bzero(&acc, sizeof(acc));
 			return NULL;
 		}
 		acc = (acc << 6) | (uint32) v;
@@ -103,14 +114,31 @@ em_base64_decode(const char *in, size_t len, bool url, size_t *outlen)
 			out[n++] = (unsigned char) ((acc >> bits) & 0xFF);
 		}
 	}
-	if ((acc & ((1u << bits) - 1)) != 0)
+	if (!lenient && (acc & ((1u << bits) - 1)) != 0)
 	{
-		pfree(out);
+		em_wipe_free(out, cap);
+		explicit_bzero(&acc, sizeof(acc));
 		return NULL;
 	}
+	explicit_bzero(&acc, sizeof(acc));
 	out[n] = '\0';
 	*outlen = n;
 	return out;
+}
+
+unsigned char *
+em_base64_decode(const char *in, size_t len, bool url, size_t *outlen)
+{
+	return b64_decode(in, len, url, false, outlen);
+}
+
+void
+em_wipe_free(void *p, size_t len)
+{
+	if (p == NULL)
+		return;
+	explicit_bzero(p, len);
+	pfree(p);
 }
 
 /* ---------------------------------------------------------------------
@@ -120,7 +148,8 @@ em_base64_decode(const char *in, size_t len, bool url, size_t *outlen)
 
 /*
  * The spec's libraries strip "whsec_" when present and decode the rest as
- * standard base64, so a bare base64 secret is accepted too.
+ * standard base64, so a bare base64 secret is accepted too; they ignore
+ * the unused bits of the last character, so earmark does (lenient).
  */
 unsigned char *
 em_webhook_secret_decode(const char *secret, size_t len, size_t *keylen)
@@ -132,13 +161,21 @@ em_webhook_secret_decode(const char *secret, size_t len, size_t *keylen)
 		secret += 6;
 		len -= 6;
 	}
-	key = em_base64_decode(secret, len, false, keylen);
+	key = b64_decode(secret, len, false, true, keylen);
 	if (key != NULL && *keylen == 0)
 	{
 		pfree(key);
 		return NULL;
 	}
 	return key;
+}
+
+/* wipe and free a key em_webhook_secret_decode returned */
+void
+em_webhook_key_free(unsigned char *key, size_t keylen)
+{
+	/* the buffer has the terminating NUL after the key */
+	em_wipe_free(key, keylen + 1);
 }
 
 /* integer seconds since the Unix epoch, digits only */
@@ -283,8 +320,12 @@ em_webhook_verify(const EmWebhookMessage *msg, const EmWebhookKey *keys,
 		webhook_hmac(&keys[k], msg, mac);
 		for (s = 0; s < nsigs; s++)
 			if (CRYPTO_memcmp(mac, sigs[s], EM_HMAC_SHA256_LEN) == 0)
+			{
+				explicit_bzero(mac, sizeof(mac));
 				return EM_WEBHOOK_VALID;
+			}
 	}
+	explicit_bzero(mac, sizeof(mac));
 	return EM_WEBHOOK_MISMATCH;
 }
 

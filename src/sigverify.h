@@ -17,6 +17,7 @@
 
 #include "postgres.h"
 
+#include "utils/jsonb.h"
 #include "utils/timestamp.h"
 
 /* no signature matched, or a JWT's alg is not RS256 (401) */
@@ -33,6 +34,8 @@
 #define ERRCODE_EARMARK_TOKEN_EXPIRED		MAKE_SQLSTATE('E','M','1','0','6')
 /* no webhook secret is configured for the source (401) */
 #define ERRCODE_EARMARK_NO_SECRET			MAKE_SQLSTATE('E','M','1','0','7')
+/* the event's time is further ahead of now than earmark.webhook_tolerance (400) */
+#define ERRCODE_EARMARK_EVENT_IN_FUTURE		MAKE_SQLSTATE('E','M','1','0','8')
 
 /* the largest body or token accepted, in bytes */
 #define EM_WEBHOOK_MAX_BYTES		(1024 * 1024)
@@ -56,10 +59,14 @@ extern int	earmark_http_timeout_ms;
 /*
  * Decode standard (url = false) or base64url (url = true) text, padded or
  * not.  Returns a palloc'd buffer (NUL-terminated, for convenience) or
- * NULL if the text is not canonical base64 of that alphabet.
+ * NULL if the text is not canonical base64 of that alphabet (the unused
+ * bits of the last character must be zero: signatures are strict).
  */
 extern unsigned char *em_base64_decode(const char *in, size_t len, bool url,
 									   size_t *outlen);
+
+/* explicit_bzero the len bytes at p, then pfree it (NULL: nothing) */
+extern void em_wipe_free(void *p, size_t len);
 
 /* ---------------------------------------------------------------------
  * Standard Webhooks (sigverify.c)
@@ -71,11 +78,14 @@ extern unsigned char *em_base64_decode(const char *in, size_t len, bool url,
 #define EM_SECRET_MAX_BYTES		128
 
 /*
- * A secret: "whsec_" + base64, or the base64 alone.  Returns the key
- * (palloc'd) or NULL if it is not base64 or decodes to nothing.
+ * A secret: "whsec_" + base64, or the base64 alone, decoded as leniently
+ * as the reference libraries do (the unused bits of the last character are
+ * ignored).  Returns the key (palloc'd) or NULL if it is not base64 or
+ * decodes to nothing.  Free it with em_webhook_key_free, which wipes it.
  */
 extern unsigned char *em_webhook_secret_decode(const char *secret, size_t len,
 											   size_t *keylen);
+extern void em_webhook_key_free(unsigned char *key, size_t keylen);
 
 typedef struct EmWebhookMessage
 {
@@ -164,6 +174,45 @@ typedef struct EmHttpResponse
  */
 extern bool em_http_get(const char *url, int timeout_ms, size_t max_bytes,
 						EmHttpResponse *resp);
+
+/* ---------------------------------------------------------------------
+ * Shared cooldowns (earmark.c's shared memory)
+ * ---------------------------------------------------------------------
+ */
+
+typedef enum EmCooldownResult
+{
+	EM_COOLDOWN_TAKEN,			/* not taken within the cooldown: now it is */
+	EM_COOLDOWN_WAIT,			/* taken less than the cooldown ago */
+	EM_COOLDOWN_NO_SHMEM		/* earmark is not in shared_preload_libraries */
+} EmCooldownResult;
+
+extern EmCooldownResult em_cooldown_take(uint64 key, TimestampTz now,
+										 int64 cooldown_us, TimestampTz *last);
+
+/* ---------------------------------------------------------------------
+ * Storing a verified event (inbox.c)
+ * ---------------------------------------------------------------------
+ */
+
+/* earmark.inbox_event.verified_by: how the event's source was verified */
+#define EM_VERIFIED_STANDARD_WEBHOOKS	"standard_webhooks"
+#define EM_VERIFIED_KINDE_JWT			"kinde_jwt"
+#define EM_VERIFIED_ADMIN				"admin"
+
+/*
+ * em_inbox_store (earmark.h) with how the event was verified: one of the
+ * EM_VERIFIED_* above, or NULL for an unverified event, which is refused
+ * (42501) where only verified events may go.  An event time further ahead
+ * than earmark.webhook_tolerance is refused (EM108).  Runs in the caller's
+ * SPI connection.
+ */
+extern void em_inbox_store_verified(text *source, text *dedupe_key,
+									text *event_type, Jsonb *payload,
+									bool has_occurred_at,
+									TimestampTz occurred_at, text *account,
+									const char *verified_by,
+									int64 *event_id, bool *inserted);
 
 /* ---------------------------------------------------------------------
  * Key set (intake.c)

@@ -5,7 +5,10 @@
  *	  built outside the server with test/fuzz/pg_shim.c:
  *
  *	  base64      em_base64_decode, standard and base64url
- *	  secret      em_webhook_secret_decode
+ *	  secret      em_webhook_secret_decode (lenient about the unused bits
+ *	              of the last character, as the reference libraries are),
+ *	              and that every buffer holding a decoded key, whole or
+ *	              half decoded, is wiped before it is freed
  *	  webhook     em_webhook_verify (the webhook-signature header, the
  *	              timestamp and its tolerance, HMAC-SHA256) at any finite
  *	              time, as earmark_webhook_signature_valid(..., at) reaches it
@@ -157,10 +160,12 @@ ref_b64_char(uint8_t c, bool url)
  * Decode into out (at least len bytes); false when the text is not the
  * canonical base64 of some bytes: a character outside the alphabet, "="
  * other than one or two at the end that complete a group of four, a
- * length that leaves 6 lone bits, or unused bits that are not zero.
+ * length that leaves 6 lone bits, or (unless lenient, as the Standard
+ * Webhooks libraries decode secrets) unused bits that are not zero.
  */
 static bool
-ref_b64_decode(const uint8_t *in, size_t len, bool url, uint8_t *out, size_t *outlen)
+ref_b64_decode(const uint8_t *in, size_t len, bool url, bool lenient,
+			   uint8_t *out, size_t *outlen)
 {
 	size_t		pad = 0;
 	size_t		data;
@@ -193,11 +198,11 @@ ref_b64_decode(const uint8_t *in, size_t len, bool url, uint8_t *out, size_t *ou
 		out[n++] = (uint8_t) (group >> 16);
 		if (k >= 3)
 			out[n++] = (uint8_t) (group >> 8);
-		else if ((group >> 8) & 0xff)
+		else if (((group >> 8) & 0xff) && !lenient)
 			return false;		/* bits after the last byte */
 		if (k == 4)
 			out[n++] = (uint8_t) group;
-		else if (group & 0xff)
+		else if ((group & 0xff) && !lenient)
 			return false;
 	}
 	*outlen = n;
@@ -210,7 +215,7 @@ checked_b64(const uint8_t *in, size_t len, bool url, size_t *outlen, const char 
 {
 	uint8_t    *ref = malloc(len + 1);
 	size_t		reflen = 0;
-	bool		ref_ok = ref_b64_decode(in, len, url, ref, &reflen);
+	bool		ref_ok = ref_b64_decode(in, len, url, false, ref, &reflen);
 	size_t		gotlen = 0;
 	unsigned char *got = em_base64_decode((const char *) in, len, url, &gotlen);
 
@@ -251,16 +256,21 @@ fuzz_secret(Input *in)
 	const uint8_t *s = in->p;
 	size_t		len = in->n;
 	size_t		keylen = 0;
-	unsigned char *key = em_webhook_secret_decode((const char *) s, len, &keylen);
+	unsigned char *key;
 	const uint8_t *b = s;
 	size_t		blen = len;
 	uint8_t    *ref = malloc(len + 1);
 	size_t		reflen = 0;
 	bool		ref_ok;
 
+	/* a secret half decoded and then refused must be wiped too */
+	shim_expect_wiped(true);
+	key = em_webhook_secret_decode((const char *) s, len, &keylen);
+	shim_expect_wiped(false);
+
 	if (blen >= 6 && memcmp(b, "whsec_", 6) == 0)
 		b += 6, blen -= 6;
-	ref_ok = ref_b64_decode(b, blen, false, ref, &reflen) && reflen > 0;
+	ref_ok = ref_b64_decode(b, blen, false, true, ref, &reflen) && reflen > 0;
 	if ((key != NULL) != ref_ok ||
 		(key != NULL && (keylen != reflen || memcmp(key, ref, reflen) != 0)))
 	{
@@ -270,6 +280,10 @@ fuzz_secret(Input *in)
 		abort();
 	}
 	free(ref);
+	/* and the key is wiped when it is freed */
+	shim_expect_wiped(true);
+	em_webhook_key_free(key, keylen);
+	shim_expect_wiped(false);
 }
 
 /* ---------------------------------------------------------------------
@@ -305,7 +319,7 @@ ref_webhook(const EmWebhookMessage *msg, const EmWebhookKey *keys, int nkeys,
 			uint8_t    *buf = malloc(end - pos + 1);
 			size_t		blen = 0;
 			bool		ok = ref_b64_decode((const uint8_t *) msg->signature + pos + 3,
-											end - pos - 3, false, buf, &blen);
+											end - pos - 3, false, false, buf, &blen);
 
 			if (!ok || blen != 32 || nsigs >= 1024)
 			{
@@ -460,11 +474,11 @@ fuzz_jwt(Input *in)
 
 	if (ref_ok)
 	{
-		ref_ok = ref_b64_decode(t, d1 - t, true, buf, &blen) &&
+		ref_ok = ref_b64_decode(t, d1 - t, true, false, buf, &blen) &&
 			(!ok || (blen == jwt.header_len && memcmp(buf, jwt.header, blen) == 0 && jwt.header[blen] == '\0'));
-		ref_ok = ref_ok && ref_b64_decode(d1 + 1, d2 - (d1 + 1), true, buf, &blen) &&
+		ref_ok = ref_ok && ref_b64_decode(d1 + 1, d2 - (d1 + 1), true, false, buf, &blen) &&
 			(!ok || (blen == jwt.payload_len && memcmp(buf, jwt.payload, blen) == 0 && jwt.payload[blen] == '\0'));
-		ref_ok = ref_ok && ref_b64_decode(d2 + 1, t + len - (d2 + 1), true, buf, &blen) &&
+		ref_ok = ref_ok && ref_b64_decode(d2 + 1, t + len - (d2 + 1), true, false, buf, &blen) &&
 			(!ok || (blen == jwt.signature_len && memcmp(buf, jwt.signature, blen) == 0));
 	}
 	free(buf);

@@ -7,6 +7,10 @@
  *	  freed together after each input as a memory context reset would) and
  *	  the error reporting behind elog().
  *
+ *	  While the harness says secret bytes are about (shim_expect_wiped),
+ *	  pfree aborts on a chunk that is not all zeros: a decoded webhook key,
+ *	  whole or half decoded, must be wiped before it is freed.
+ *
  *	  sigverify.c's only elog is ERROR "could not compute HMAC-SHA256",
  *	  which in the server is an internal error (XX000) that no input should
  *	  cause: here it aborts with the message, so libFuzzer reports it with
@@ -31,22 +35,53 @@
 #undef snprintf
 #undef printf
 
-/* every live palloc chunk of the current input */
+/* every live palloc chunk of the current input, and its size */
 static void **chunks = NULL;
+static size_t *sizes = NULL;
 static size_t nchunks = 0;
 static size_t maxchunks = 0;
 
+/* while set, pfree checks that the chunk was wiped (see shim_expect_wiped) */
+static bool expect_wiped = false;
+
 static void
-track(void *p)
+track(void *p, size_t size)
 {
 	if (nchunks == maxchunks)
 	{
 		maxchunks = maxchunks ? maxchunks * 2 : 256;
 		chunks = realloc(chunks, maxchunks * sizeof(void *));
-		if (chunks == NULL)
+		sizes = realloc(sizes, maxchunks * sizeof(size_t));
+		if (chunks == NULL || sizes == NULL)
 			abort();
 	}
-	chunks[nchunks++] = p;
+	chunks[nchunks] = p;
+	sizes[nchunks++] = size;
+}
+
+void
+shim_expect_wiped(bool on)
+{
+	expect_wiped = on;
+}
+
+/* a chunk freed while secret bytes are about must hold only zeros */
+static void
+check_wiped(const unsigned char *p, size_t size)
+{
+	size_t		i;
+
+	if (!expect_wiped)
+		return;
+	for (i = 0; i < size; i++)
+	{
+		if (p[i] != 0)
+		{
+			fprintf(stderr, "pg_shim: pfree of a %zu-byte buffer that still holds secret bytes "
+					"(byte %zu is 0x%02x): it must be wiped before it is freed\n", size, i, p[i]);
+			abort();
+		}
+	}
 }
 
 void *
@@ -63,7 +98,7 @@ palloc(Size size)
 	p = malloc(size > 0 ? size : 1);
 	if (p == NULL)
 		abort();
-	track(p);
+	track(p, size);
 	return p;
 }
 
@@ -85,8 +120,11 @@ pfree(void *pointer)
 	{
 		if (chunks[i - 1] == pointer)
 		{
+			check_wiped(pointer, sizes[i - 1]);
 			free(pointer);
-			chunks[i - 1] = chunks[--nchunks];
+			nchunks--;
+			chunks[i - 1] = chunks[nchunks];
+			sizes[i - 1] = sizes[nchunks];
 			return;
 		}
 	}

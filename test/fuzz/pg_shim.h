@@ -9,4 +9,10 @@
 /* free everything palloc'd since the last reset (a memory context reset) */
 extern void shim_reset(void);
 
+/*
+ * While on, pfree aborts on a chunk that still holds a nonzero byte: the
+ * harness turns it on around code that decodes secrets.
+ */
+extern void shim_expect_wiped(bool on);
+
 #endif

@@ -86,8 +86,11 @@ for i, (url, text) in enumerate([(0, "QUJD"), (0, "QQ=="), (0, "QQ"), (1, "_-8")
                                  (0, b64(bytes(range(256)))), (1, b64url(os.urandom(33)))]):
     put("base64", "s%d" % i, bytes([url]) + text.encode())
 # secrets
+# (unused bits set in the last character; a bad character after good ones)
 for i, s in enumerate(["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-                       "whsec_", "whsec_" + b64(os.urandom(64)), "whsec_QQ"]):
+                       "whsec_", "whsec_" + b64(os.urandom(64)), "whsec_QQ",
+                       "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS", "whsec_AAAAAAAAAAAAAAAAAAAAAB==",
+                       "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLa!w"]):
     put("secret", "s%d" % i, s.encode())
 
 # Standard Webhooks (see fuzz_webhook in fuzz_sigverify.c for the layout)

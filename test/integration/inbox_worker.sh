@@ -4,6 +4,12 @@
 # and fails only that event, with its backoff; a handler runs as its owner
 # with the ordinary search_path; a handler may ignore its event with a
 # reason; events without a handler are left to the applications' claims.
+# Verified and unverified events: the worker gives an unverified event only
+# to a handler registered as accepting it; an application's unsigned plan
+# change is refused and a signed one applied.  Handlers run restricted, and
+# their settings are undone: after a non-superuser admin's handler sets
+# default_transaction_read_only for the session, the worker still applies
+# events and sweeps; a handler that makes a temporary table fails alone.
 source "$(dirname "$0")/tap.sh"
 DB=postgres
 P="q -d postgres"
@@ -14,7 +20,13 @@ TRUNCATE earmark.inbox_receipt, earmark.inbox_event RESTART IDENTITY CASCADE;
 DELETE FROM earmark.inbox_handler WHERE event_type <> 'customer.plan_changed';
 DROP TABLE IF EXISTS iw_effects;
 DROP FUNCTION IF EXISTS iw_ok(earmark.inbox_event), iw_boom(earmark.inbox_event),
-                        iw_skip(earmark.inbox_event), iw_who(earmark.inbox_event);
+                        iw_skip(earmark.inbox_event), iw_who(earmark.inbox_event),
+                        iw_billing(earmark.inbox_event), iw_open(earmark.inbox_event),
+                        iw_readonly(earmark.inbox_event), iw_temp(earmark.inbox_event);
+DROP ROLE IF EXISTS iw_app;
+DROP ROLE IF EXISTS iw_ops;
+DELETE FROM earmark.account_limit WHERE account = 'iw';
+UPDATE earmark.account SET plan = NULL, plan_changed_at = NULL WHERE account = 'iw';
 CREATE TABLE iw_effects (event_id bigint, what text);
 CREATE FUNCTION iw_ok(e earmark.inbox_event) RETURNS text LANGUAGE plpgsql AS $$
 BEGIN
@@ -77,9 +89,112 @@ is "$got" failed "a handler owned by a plain role runs with that role's rights"
 is "$($P -c "SELECT last_error FROM earmark.inbox_event WHERE dedupe_key = 'e'")" "permission denied for schema earmark" \
    "it was refused the tables the worker itself may read"
 
+# --- who may store what: the worker applies only verified events -----------
+# An application (earmark_user) stores an event of a type that has no
+# handler yet; then a handler that changes billing state is registered for
+# it.  The worker refuses to run that handler on the unverified event; a
+# handler registered as accepting unverified events runs on them.
+$P >/dev/null <<'SQL'
+CREATE ROLE iw_app IN ROLE earmark_user;
+CREATE FUNCTION iw_billing(e earmark.inbox_event) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO iw_effects VALUES (e.event_id, 'billing');
+    RETURN 'billed';
+END $$;
+CREATE FUNCTION iw_open(e earmark.inbox_event) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO iw_effects VALUES (e.event_id, 'open');
+    RETURN 'opened';
+END $$;
+SELECT earmark_set_plan_limit('iw_unlimited', NULL);
+SELECT earmark_set_plan_limit('iw_team', 7000);
+SELECT earmark_set_account('iw', provider_customer => 'cus_iw');
+SELECT earmark_set_limit('iw', 1000);
+SELECT earmark_inbox_set_secret('iw_src', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw');
+SQL
+is "$(sqlstate "SET ROLE iw_app" "SELECT earmark_inbox_receive('app', 'f', 'iw.billing', '{}')")" ok \
+   "an application stores an unverified event of a type without a handler"
+$P -c "SELECT earmark_inbox_set_handler('iw.billing', 'iw_billing(earmark.inbox_event)')" >/dev/null
+got=$(wait_for 15 "SELECT status FROM earmark.inbox_event WHERE dedupe_key = 'f'" ignored)
+is "$got" ignored "once a handler is registered for its type, the worker does not apply the unverified event"
+is "$($P -c "SELECT result FROM earmark.inbox_event WHERE dedupe_key = 'f'")" \
+   "not applied: the event is unverified, and its handler public.iw_billing(earmark.inbox_event) takes only verified events" \
+   "... and says why"
+is "$($P -c "SELECT count(*) FROM iw_effects WHERE what = 'billing'")" 0 "... and the handler never ran"
+$P -c "SELECT earmark_inbox_set_handler('iw.open', 'iw_open(earmark.inbox_event)', accepts_unverified => true)" >/dev/null
+is "$(sqlstate "SET ROLE iw_app" "SELECT earmark_inbox_receive('app', 'g', 'iw.open', '{}')")" ok \
+   "an application stores an event whose handler accepts unverified events"
+got=$(wait_for 15 "SELECT status || ' ' || result FROM earmark.inbox_event WHERE dedupe_key = 'g'" "applied opened")
+is "$got" "applied opened" "... and the worker applies it"
+
+# the plan change through the worker: made up by the application, refused;
+# signed by the billing source, applied to the account it names
+is "$(sqlstate "SET ROLE iw_app" "SELECT earmark_inbox_receive('app', 'iw-forged', 'customer.plan_changed',
+        '{\"data\": {\"plan\": {\"key\": \"iw_unlimited\"}}}', now(), 'iw')")" 42501 \
+   "an application cannot store an unsigned plan change (42501)"
+TS=$(date +%s)
+BODY='{"type":"customer.plan_changed","event_timestamp":"'$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)'","data":{"customer_id":"cus_iw","plan":{"key":"iw_team"}}}'
+SIG=$(python3 -c 'import base64, hashlib, hmac, sys
+key = base64.b64decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+msg = ("%s.%s.%s" % tuple(sys.argv[1:4])).encode()
+print("v1," + base64.b64encode(hmac.new(key, msg, hashlib.sha256).digest()).decode())' iw-signed "$TS" "$BODY")
+is "$(sqlstate "SET ROLE iw_app" "SELECT earmark_inbox_receive_signed('iw_src', 'iw-signed', '$TS', '$SIG', '$BODY')")" ok \
+   "the application delivers a signed plan change"
+got=$(wait_for 15 "SELECT status || ' ' || result FROM earmark.inbox_event WHERE dedupe_key = 'iw-signed'" "applied plan set to iw_team")
+is "$got" "applied plan set to iw_team" "the worker applies the signed plan change"
+is "$($P -c "SELECT a.plan || ' ' || coalesce(l.lim::text, 'unlimited') FROM earmark.account a
+             JOIN earmark.account_limit l USING (account) WHERE account = 'iw'")" "iw_team 7000" \
+   "... the account it names has that plan's limit, and nothing else moved it"
+
+# --- handlers run like other owners' code: restricted, their settings undone --
+# A handler owned by a non-superuser member of earmark_admin makes the
+# session read-only with a session-level set_config; another tries to make
+# a temporary table.  Handlers run as their owner in a security-restricted
+# operation whose settings are rolled back when they return: the first
+# changes nothing after it, the second fails its own event only, and the
+# worker goes on applying events and sweeping holds.
+$P >/dev/null <<'SQL'
+CREATE ROLE iw_ops IN ROLE earmark_admin;
+CREATE FUNCTION iw_readonly(e earmark.inbox_event) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('default_transaction_read_only', 'on', false);
+    RETURN 'session made read-only';
+END $$;
+CREATE FUNCTION iw_temp(e earmark.inbox_event) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    CREATE TEMP TABLE iw_scratch (x int);
+    RETURN 'made a temporary table';
+END $$;
+ALTER FUNCTION iw_readonly(earmark.inbox_event) OWNER TO iw_ops;
+ALTER FUNCTION iw_temp(earmark.inbox_event) OWNER TO iw_ops;
+SET ROLE iw_ops;
+SELECT earmark_inbox_set_handler('iw.readonly', 'iw_readonly(earmark.inbox_event)');
+SELECT earmark_inbox_set_handler('iw.temp', 'iw_temp(earmark.inbox_event)');
+RESET ROLE;
+SQL
+$P -c "SELECT earmark_inbox_receive('t', 'ro', 'iw.readonly', '{}')" -c "SELECT earmark_inbox_receive('t', 'tmp', 'iw.temp', '{}')" \
+   -c "SELECT earmark_inbox_receive('t', 'ok-2', 'iw.ok', '{}')" >/dev/null
+got=$(wait_for 15 "SELECT status || ' ' || result FROM earmark.inbox_event WHERE dedupe_key = 'ro'" "applied session made read-only")
+is "$got" "applied session made read-only" "a non-superuser admin's handler ran set_config(default_transaction_read_only, on, false)"
+got=$(wait_for 15 "SELECT status FROM earmark.inbox_event WHERE dedupe_key = 'tmp'" failed)
+is "$got" failed "a handler that makes a temporary table fails its event"
+is "$($P -c "SELECT last_error FROM earmark.inbox_event WHERE dedupe_key = 'tmp'")" \
+   "cannot create temporary table within security-restricted operation" "... refused by the security-restricted operation"
+got=$(wait_for 15 "SELECT status FROM earmark.inbox_event WHERE dedupe_key = 'ok-2'" applied)
+is "$got" applied "... and only its event: the other event of the batch is applied"
+$P -c "SELECT earmark_inbox_receive('t', 'ok-3', 'iw.ok', '{}')" >/dev/null
+got=$(wait_for 15 "SELECT status FROM earmark.inbox_event WHERE dedupe_key = 'ok-3'" applied)
+is "$got" applied "after the read-only handler the worker still applies events (its setting did not outlive its event)"
+JOB=$($P -c "SELECT job_id FROM earmark_reserve('iw', 10, 'iw-sweep-$RANDOM', lease => '1 second')")
+got=$(wait_for 15 "SELECT status FROM earmark.job WHERE job_id = $JOB" expired)
+is "$got" expired "... and still sweeps expired holds"
+
 $P >/dev/null <<'SQL'
 DELETE FROM earmark.inbox_handler WHERE event_type LIKE 'iw.%';
-DROP FUNCTION iw_who(earmark.inbox_event);
+DROP FUNCTION iw_who(earmark.inbox_event), iw_readonly(earmark.inbox_event), iw_temp(earmark.inbox_event);
 DROP ROLE iw_owner;
+DROP ROLE iw_app;
+DROP ROLE iw_ops;
+SELECT earmark_inbox_drop_secret('iw_src', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw');
 SQL
 done_testing

@@ -9,7 +9,9 @@
 # their SQLSTATE and store nothing; an unknown kid causes one refetch (not
 # within the cooldown), and after the server rotates its keys the new key
 # is accepted; earmark.jwks_path reaches /.well-known/jwks.json; an
-# unreachable, slow or unset key set is "unavailable".
+# unreachable, slow or unset key set is "unavailable"; six tokens with
+# made-up kids over six connections make at most one key set request (the
+# cooldown is in shared memory); a stored event is verified by kinde_jwt.
 source "$(dirname "$0")/tap.sh"
 export PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning"
 DB=postgres
@@ -104,6 +106,8 @@ is "$(hits "$A_HITS")" 1 "the key set was fetched once, on demand"
 is "$(q -d "$DB" -c "SET TIME ZONE 'UTC'" -c "SELECT dedupe_key || '|' || event_type || '|' || occurred_at || '|' || account || '|' || (payload->'data'->'plan'->>'key') FROM earmark.inbox_event WHERE source = 'kinde'")" \
    "event_01a1|customer.plan_changed|2026-10-20 15:29:23.403633+00|acct_kinde|customer_pro_plan" \
    "dedupe key = event_id, type, occurred_at = event_timestamp, the customer's account, the claims as payload"
+is "$(q -d "$DB" -c "SELECT coalesce(verified_by, '<unverified>') FROM earmark.inbox_event WHERE source = 'kinde' AND dedupe_key = 'event_01a1'")" \
+   kinde_jwt "the event is recorded as verified by the Kinde JWT intake"
 is "$(q -d "$DB" -c "SELECT jsonb_array_length(keys) || ' ' || (keys->0->>'kid') FROM earmark.jwks WHERE url = 'http://127.0.0.1:$A_PORT/.well-known/jwks'")" "1 k1" \
    "the key set is cached in earmark.jwks under its URL"
 
@@ -222,7 +226,24 @@ is "$(sqlstate "SET ROLE em_jwt_user" "SET earmark.kinde_domain = 'http://127.0.
 is "$(sqlstate "SET ROLE em_jwt_user" "SELECT earmark_refresh_jwks()")" 42501 "nor call earmark_refresh_jwks"
 q -d "$DB" -c "DROP ROLE em_jwt_user" >/dev/null
 
-# 11. the worker keeps the cached key set fresh (earmark.jwks_refresh)
+# 11. the refetch cooldown is shared by every backend: six tokens with
+#     made-up kids, each on its own connection, against a key set no
+#     backend has stored yet.  Each delivery fails, which rolls back any set
+#     it fetched, so only shared memory remembers the fetch: at most one
+#     request reaches the key server within earmark.jwks_refetch_cooldown.
+serve_jwks "$WORK/jwks.json" /.well-known/jwks
+F_PORT=$PORT
+F_HITS=$HITS
+codes=""
+for i in 1 2 3 4 5 6; do
+    FORGED=$(jwt "$WORK/k3.pem" "made-up-$i-$RANDOM" '{"type":"customer.plan_changed","event_id":"forged_'$i'"}')
+    codes="$codes $(sqlstate "SET earmark.kinde_domain = 'http://127.0.0.1:$F_PORT'" "$(receive "wh_forged_$i" "$FORGED")" 2>/dev/null)"
+done
+is "$codes" " EM104 EM104 EM104 EM104 EM104 EM104" "six tokens with made-up kids on six connections: each refused (EM104)"
+ok "$(( $(hits "$F_HITS") <= 1 ? 0 : 1 ))" "... with at most one key set request among them ($(hits "$F_HITS") made)"
+is "$(q -d "$DB" -c "SELECT count(*) FROM earmark.inbox_event WHERE dedupe_key LIKE 'forged\_%'")" 0 "... and nothing stored"
+
+# 12. the worker keeps the cached key set fresh (earmark.jwks_refresh)
 serve_jwks "$WORK/jwks.json" /.well-known/jwks
 W_HITS=$HITS
 q -d postgres -c "ALTER SYSTEM SET earmark.kinde_domain = 'http://127.0.0.1:$PORT'" \

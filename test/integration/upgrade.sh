@@ -238,8 +238,11 @@ E2=$(q -d "$OLD" -c "SELECT event_id FROM earmark.inbox_event WHERE dedupe_key =
 is "$(q -d "$OLD" -c "SELECT string_agg(event_id || ' ' || attempts, ',') FROM earmark_inbox_claim(10)")" "$E0 1" \
    "an application claims the old received event"
 is "$(q -d "$OLD" -c "SELECT earmark_inbox_complete($E0, 'paid')")" applied "... and completes it"
-is "$(q -d "$OLD" -c "SELECT earmark.apply_plan_change(e) FROM earmark.inbox_event e WHERE event_id = $E2")" \
-   "plan set to team" "the built-in handler applies an old plan change"
+is "$(q -d "$OLD" -c "SELECT coalesce(verified_by, 'unverified') FROM earmark.inbox_event WHERE event_id = $E2")" \
+   unverified "an event stored before 0.3.0 is unverified (0.2.0 did not record how it came)"
+is "$(q -d "$OLD" -c "UPDATE earmark.inbox_event SET verified_by = 'admin' WHERE event_id = $E2" \
+                 -c "SELECT earmark.apply_plan_change(e) FROM earmark.inbox_event e WHERE event_id = $E2")" \
+   "plan set to team" "the built-in handler applies an old plan change a superuser vouched for"
 is "$(q -d "$OLD" -c "SELECT a.plan || ' ' || l.lim FROM earmark.account a
                       JOIN earmark.account_limit l ON l.account = a.account AND l.feature = 'default'
                       WHERE a.account = 'beta'")" "team 2000" "... and beta has the team plan's limit"

@@ -3,7 +3,7 @@
 -- runs the gate, earmark_admin also sets limits and accounts and sweeps;
 -- nothing is granted to PUBLIC.
 BEGIN;
-SELECT plan(70);
+SELECT plan(80);
 
 SELECT n.nspname AS emschema
   FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
@@ -164,6 +164,98 @@ SELECT results_eq($$SELECT provider_customer FROM earmark.account WHERE account 
                   $$VALUES ('cus_tap'::text)$$, 'set_account by earmark_admin stored the provider id');
 SELECT results_eq($$SELECT cycle_anchor FROM earmark.account WHERE account = 'em_tap_priv_new'$$,
                   $$VALUES ('2024-03-05 10:00+00'::timestamptz)$$, 'set_account by earmark_admin stored the anchor');
+
+-- ---------------------------------------------------------------------
+-- the inbox: earmark_user cannot change limits with events it makes up
+-- ---------------------------------------------------------------------
+-- set-up as the superuser: two accounts with a limit of 1000, plans that
+-- would make one unlimited and the other 0, and the secret of a signed
+-- billing source whose events name acme's customer id
+DO $$
+BEGIN
+    PERFORM earmark_set_plan_limit('em_tap_unlimited', NULL);
+    PERFORM earmark_set_plan_limit('em_tap_zero', 0);
+    PERFORM earmark_set_plan_limit('em_tap_team', 20000);
+    PERFORM earmark_set_account('em_tap_acme', provider_customer => 'cus_tap_acme');
+    PERFORM earmark_set_limit('em_tap_acme', 1000);
+    PERFORM earmark_set_limit('em_tap_other', 1000);
+    PERFORM earmark_inbox_set_secret('em_tap_billing', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw');
+END $$;
+
+-- HMAC-SHA256 in SQL, to sign a delivery as the billing provider would
+CREATE FUNCTION pg_temp.hmac_sha256(key bytea, msg bytea) RETURNS bytea LANGUAGE plpgsql AS $$
+DECLARE
+    k bytea := key || decode(repeat('00', 64 - length(key)), 'hex');
+    ipad bytea := k;
+    opad bytea := k;
+BEGIN
+    FOR i IN 0..63 LOOP
+        ipad := set_byte(ipad, i, get_byte(k, i) # 54);
+        opad := set_byte(opad, i, get_byte(k, i) # 92);
+    END LOOP;
+    RETURN sha256(opad || sha256(ipad || msg));
+END $$;
+
+-- the worker's part, done here (the worker cannot see this open
+-- transaction): claim each pending plan change and run the built-in
+-- handler on it, then mark it applied unless the handler ignored it
+CREATE FUNCTION pg_temp.apply_plan_changes() RETURNS SETOF text LANGUAGE plpgsql AS $$
+DECLARE
+    e earmark.inbox_event;
+BEGIN
+    FOR e IN UPDATE earmark.inbox_event SET status = 'processing', attempts = attempts + 1
+              WHERE event_type = 'customer.plan_changed' AND status IN ('received', 'failed')
+              RETURNING * LOOP
+        RETURN NEXT earmark.apply_plan_change(e);
+        UPDATE earmark.inbox_event SET status = 'applied' WHERE event_id = e.event_id AND status = 'processing';
+    END LOOP;
+END $$;
+
+SET ROLE em_tap_user;
+-- 3: made-up plan changes: unlimited for one account, 0 for another, and
+-- one dated 2999 that would hold every later change back
+SELECT throws_ok($$SELECT earmark_inbox_receive('kinde', 'em-tap-forged-1', 'customer.plan_changed',
+                       '{"data": {"plan": {"key": "em_tap_unlimited"}}}', now(), 'em_tap_acme')$$,
+                 '42501', NULL, 'earmark_user cannot store an unsigned plan change (unlimited for em_tap_acme)');
+SELECT throws_ok($$SELECT earmark_inbox_receive('app', 'em-tap-forged-2', 'customer.plan_changed',
+                       '{"data": {"plan": {"key": "em_tap_zero"}}}', now(), 'em_tap_other')$$,
+                 '42501', NULL, 'earmark_user cannot store an unsigned plan change (0 for another account)');
+SELECT throws_ok($$SELECT earmark_inbox_receive('app', 'em-tap-forged-3', 'customer.plan_changed',
+                       '{"data": {"plan": {"key": "em_tap_zero"}}}', '2999-01-01 00:00+00', 'em_tap_acme')$$,
+                 '42501', NULL, 'earmark_user cannot store a plan change dated 2999');
+RESET ROLE;
+CREATE TEMP TABLE em_tap_applied AS SELECT * FROM pg_temp.apply_plan_changes();
+
+-- 3: no limit changed
+SELECT results_eq($$SELECT account, lim FROM earmark.account_limit WHERE account IN ('em_tap_acme', 'em_tap_other') ORDER BY account$$,
+                  $$VALUES ('em_tap_acme'::text, 1000::bigint), ('em_tap_other', 1000)$$,
+                  'the made-up plan changes changed no limit, of either account');
+SET ROLE em_tap_user;
+SELECT results_eq($$SELECT admitted FROM earmark_reserve('em_tap_acme', 5000000, 'em-tap-5m')$$,
+                  $$VALUES (false)$$, 'a reserve of 5,000,000 on em_tap_acme is refused');
+SELECT results_eq($$SELECT admitted FROM earmark_reserve('em_tap_other', 100, 'em-tap-other')$$,
+                  $$VALUES (true)$$, 'the other account still admits within its limit');
+
+-- 4: a genuine plan change, signed by the billing source, still applies;
+-- earmark_user may deliver it but not silence it while it waits
+SELECT round(extract(epoch FROM now()))::bigint::text AS em_tap_ts,
+       '{"type": "customer.plan_changed", "event_timestamp": "' || to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+       || '", "data": {"customer_id": "cus_tap_acme", "plan": {"key": "em_tap_team"}}}' AS em_tap_body \gset
+SELECT 'v1,' || encode(pg_temp.hmac_sha256(decode('MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', 'base64'),
+                                           convert_to('em-tap-signed.' || :'em_tap_ts' || '.' || :'em_tap_body', 'UTF8')),
+                       'base64') AS em_tap_sig \gset
+SELECT event_id AS em_tap_signed_id, inserted AS em_tap_signed_inserted
+  FROM earmark_inbox_receive_signed('em_tap_billing', 'em-tap-signed', :'em_tap_ts', :'em_tap_sig', :'em_tap_body') \gset
+SELECT ok(:'em_tap_signed_inserted', 'earmark_user delivers a signed plan change');
+SELECT throws_ok(format('SELECT earmark_inbox_ignore(%s, %L)', :em_tap_signed_id, 'silenced'),
+                 '42501', NULL, 'earmark_user cannot ignore the plan change the worker is to apply');
+RESET ROLE;
+INSERT INTO em_tap_applied SELECT * FROM pg_temp.apply_plan_changes();
+SELECT results_eq($$SELECT account, lim FROM earmark.account_limit WHERE account IN ('em_tap_acme', 'em_tap_other') ORDER BY account$$,
+                  $$VALUES ('em_tap_acme'::text, 20000::bigint), ('em_tap_other', 1000)$$,
+                  'the signed plan change moved em_tap_acme to its plan, and only em_tap_acme');
+SELECT results_eq($$SELECT plan FROM earmark.account WHERE account = 'em_tap_acme'$$,
+                  $$VALUES ('em_tap_team'::text)$$, 'em_tap_acme is on the signed plan');
 
 -- 1: earmark_admin includes earmark_user
 SELECT ok(pg_has_role('earmark_admin', 'earmark_user', 'MEMBER'), 'earmark_admin is a member of earmark_user');
