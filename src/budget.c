@@ -3,19 +3,17 @@
  * budget.c
  *	  A cycle's budget row and what is written under its lock: creating
  *	  and locking the row, admitting a hold into it, expiring its dead
- *	  holds, the admission rate limit, and the cycle's mark lock.  The
+ *	  holds, and the cycle's mark lock.  The
  *	  gate (gate.c) and escrow's slow path (escrow.c) both call these; the
  *	  ledger (ledger.c) creates budget rows and takes mark locks here too.
  *
  *	  Tables: earmark.budget, earmark.job (inserted and expired here),
- *	  earmark.ledger and earmark.meter_mark (an expiry's rows),
- *	  earmark.account (the rate limit's state).
+ *	  earmark.ledger and earmark.meter_mark (an expiry's rows).
  *
  *	  Locks: the budget row FOR UPDATE (em_budget_lock; the callers hold
  *	  it for the rest of their transaction); dead job rows FOR UPDATE SKIP
  *	  LOCKED (an expiry never waits for a job); the cycle's mark lock
- *	  (below); the account row, updated by the rate limit after the budget
- *	  row, the order every earmark function keeps.
+ *	  (below).  The rate limit (ratelimit.c) takes no row lock.
  *
  *	  The mark lock of a cycle is a transaction-level advisory lock in a
  *	  key space of its own (the int4-pair form with earmark's mark class),
@@ -214,24 +212,6 @@ em_budget_admit(EmHold *h, EmBudget *b)
 	return EM_ADMIT_OK;
 }
 
-/*
- * The same after the admission rate limit: EM_ADMIT_RATE_LIMITED when the
- * account is over earmark.rate_limit.  A hold that then finds its key taken
- * gives its count back: a repeat of a key never counts.
- */
-EmAdmit
-em_budget_admit_rated(EmHold *h, EmBudget *b)
-{
-	EmAdmit		r;
-
-	if (!em_rate_conforms(h->account, h->now))
-		return EM_ADMIT_RATE_LIMITED;
-	r = em_budget_admit(h, b);
-	if (r == EM_ADMIT_KEY_TAKEN)
-		em_rate_give_back(h->account);
-	return r;
-}
-
 /* ---------------------------------------------------------------------
  * Dead holds
  * ---------------------------------------------------------------------
@@ -294,66 +274,6 @@ em_budget_expire(text *account, int64 budget_id, TimestampTz now, int max,
 	*released = em_get_int64(0, EX_RELEASED, 0);
 	*charged = em_get_int64(0, EX_CHARGED, 0);
 	return em_get_int64(0, EX_COUNT, 0);
-}
-
-/* ---------------------------------------------------------------------
- * The admission rate limit
- * ---------------------------------------------------------------------
- */
-
-/*
- * GCRA on the account row: an admission at "now" conforms when the
- * theoretical arrival time is at most "tolerance" ahead; it then moves on
- * by one emission interval.  No row comes back when the account is over
- * its rate, and then nothing was written.
- */
-static EmStatement rate_admit = {
-	"UPDATE earmark.account "
-	"SET rate_tat = GREATEST(coalesce(rate_tat, $2), $2) + $3 * interval '1 microsecond' "
-	"WHERE account = $1 "
-	"  AND GREATEST(coalesce(rate_tat, $2), $2) <= $2 + $4 * interval '1 microsecond' "
-	"RETURNING 1",
-	4, {TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID}
-};
-
-static EmStatement rate_refund = {
-	"UPDATE earmark.account SET rate_tat = rate_tat - $2 * interval '1 microsecond' WHERE account = $1",
-	2, {TEXTOID, INT8OID}
-};
-
-/* true when one more admission conforms (and is counted) */
-bool
-em_rate_conforms(text *account, TimestampTz now)
-{
-	Datum		args[4];
-	int64		step;
-
-	if (earmark_rate_limit <= 0)
-		return true;
-	step = USECS_PER_MINUTE / earmark_rate_limit;
-	args[0] = PointerGetDatum(account);
-	args[1] = TimestampTzGetDatum(now);
-	args[2] = Int64GetDatum(step);
-	args[3] = Int64GetDatum(USECS_PER_MINUTE - step);
-	em_exec(&rate_admit, args, NULL, 1);
-	return SPI_processed == 1;
-}
-
-/*
- * Give back the admission em_rate_conforms counted, when the hold then
- * found its key taken by a concurrent reserve: a repeat of a key never
- * counts.
- */
-void
-em_rate_give_back(text *account)
-{
-	Datum		args[2];
-
-	if (earmark_rate_limit <= 0)
-		return;
-	args[0] = PointerGetDatum(account);
-	args[1] = Int64GetDatum(USECS_PER_MINUTE / earmark_rate_limit);
-	em_exec(&rate_refund, args, NULL, 0);
 }
 
 /* ---------------------------------------------------------------------

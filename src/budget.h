@@ -24,8 +24,7 @@ typedef enum EmAdmit
 	EM_ADMIT_NO_SLOT,			/* escrow's fast path found no slot: go slow */
 	EM_ADMIT_OK,				/* the hold was taken */
 	EM_ADMIT_KEY_TAKEN,			/* a concurrent reserve of the key won */
-	EM_ADMIT_REFUSED,			/* no room */
-	EM_ADMIT_RATE_LIMITED		/* over earmark.rate_limit */
+	EM_ADMIT_REFUSED			/* no room */
 } EmAdmit;
 
 /* the hold a reserve asks for */
@@ -67,7 +66,6 @@ extern void em_budget_write(text *account, int64 budget_id, int64 used,
 extern void em_budget_release(text *account, int64 budget_id, int64 released,
 							  int64 charged);
 extern EmAdmit em_budget_admit(EmHold *h, EmBudget *b);
-extern EmAdmit em_budget_admit_rated(EmHold *h, EmBudget *b);
 extern int64 em_budget_expire(text *account, int64 budget_id, TimestampTz now,
 							  int max, bool wait, int64 *released,
 							  int64 *charged);
@@ -77,8 +75,6 @@ extern void em_mark_lock(int64 budget_id);
 extern bool em_mark_try_lock(int64 budget_id);
 extern bool em_mark_try_lock_exclusive(int64 budget_id);
 
-extern bool em_rate_conforms(text *account, TimestampTz now);
-extern void em_rate_give_back(text *account);
 
 /* limit - used - held, at least 0; unlimited reads as PG_INT64_MAX */
 extern int64 em_room_left(bool unlimited, int64 lim, int64 used, int64 held);

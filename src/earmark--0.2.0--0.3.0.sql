@@ -608,3 +608,9 @@ BEGIN
     RETURN 'plan set to ' || new_plan;
 END
 $$;
+
+-- ---------------------------------------------------------------------------
+-- The admission rate limit keeps its state in shared memory (ratelimit.c),
+-- not in a row every admission of the account would update.
+-- ---------------------------------------------------------------------------
+ALTER TABLE earmark.account DROP COLUMN rate_tat;

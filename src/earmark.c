@@ -35,6 +35,7 @@
 #include "utils/tuplestore.h"
 
 #include "earmark.h"
+#include "ratelimit.h"
 #include "provider.h"
 #include "sigverify.h"
 
@@ -43,7 +44,6 @@ PG_MODULE_MAGIC;
 char	   *earmark_database = NULL;
 int			earmark_lease_s = 120;
 int			earmark_sweep_interval_ms = 1000;
-int			earmark_rate_limit = 120;
 int			earmark_inbox_lease_s = 30;
 int			earmark_jwks_refresh_s = 3600;
 int			earmark_escrow_slots = 0;
@@ -84,6 +84,7 @@ em_shmem_request(void)
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
 	RequestAddinShmemSpace(MAXALIGN(sizeof(EmShared)));
+	RequestAddinShmemSpace(MAXALIGN(em_rate_shmem_size()));
 }
 
 static void
@@ -100,6 +101,7 @@ em_shmem_startup(void)
 		memset(em_shared, 0, sizeof(EmShared));
 		SpinLockInit(&em_shared->mutex);
 	}
+	em_rate_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }
 
@@ -200,6 +202,24 @@ _PG_init(void)
 							120, 0, 1000000000,
 							PGC_SUSET,
 							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("earmark.rate_accounts",
+							"Accounts the admission rate limit tracks in shared memory at once.",
+							"Only accounts ahead of their rate take an entry; when none is free, the one least ahead forgets.",
+							&earmark_rate_accounts,
+							65536, 8, 64 * 1024 * 1024,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("earmark.debug_rate_clock_shift",
+							"Shifts the clock the admission rate limit reads, for tests.",
+							"A test makes an hour pass for the rate limit without waiting for it.",
+							&earmark_debug_rate_clock_shift_s,
+							0, -365 * 24 * 3600, 365 * 24 * 3600,
+							PGC_SUSET,
+							GUC_UNIT_S | GUC_NOT_IN_SAMPLE,
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("earmark.inbox_lease",

@@ -44,7 +44,6 @@
 extern char *earmark_database;
 extern int	earmark_lease_s;
 extern int	earmark_sweep_interval_ms;
-extern int	earmark_rate_limit;
 extern int	earmark_inbox_lease_s;
 extern int	earmark_jwks_refresh_s;
 

@@ -47,9 +47,6 @@ CREATE TABLE earmark.account (
     cycle_anchor        timestamptz,
     provider_customer   text,
     provider_agreement  text,
-    -- GCRA state of the admission rate limit (theoretical arrival time):
-    -- one small value per account, never a count of job rows
-    rate_tat            timestamptz,
     -- the plan as the provider's plan-change events last set it, and the
     -- event time of that change: an older change never overwrites it
     plan                text,

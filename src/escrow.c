@@ -489,7 +489,7 @@ admit_from_unallocated(EmHold *h, EmBudget *b, int64 cap, int64 gen,
 		return false;
 	fair = b->slots > 0 ?
 		(unallocated - h->amount + s.others_room) / (2 * (int64) b->slots) : 0;
-	*result = em_budget_admit_rated(h, b);
+	*result = em_budget_admit(h, b);
 	*remaining = Max(cap - b->used - b->held - s.used - s.held, 0);
 
 	locked = lock_low(h->account, b->budget_id, fair / 2, gen, b->slots, &nlocked);
@@ -578,8 +578,8 @@ em_escrow_rebalance(EmHold *h, EmBudget *b, int64 *remaining)
 		gather(h, b, cap, locked, &s, &pool, &whole);
 		if (h->amount <= pool)
 		{
-			/* the rate limit, then the hold, outside the slots */
-			result = em_budget_admit_rated(h, b);
+			/* the hold, outside the slots */
+			result = em_budget_admit(h, b);
 			if (result == EM_ADMIT_OK)
 			{
 				pool -= h->amount;

@@ -56,6 +56,7 @@
 #include "escrow.h"
 #include "gate.h"
 #include "provider.h"
+#include "ratelimit.h"
 #include "spi.h"
 
 PG_FUNCTION_INFO_V1(earmark_reserve);
@@ -155,6 +156,8 @@ typedef struct Reserve
 	int			escrow_slots;
 	EmBudget	b;
 	Admission  *result;
+	bool		rate_counted;	/* the rate limit counted this call */
+	int64		no_budget_remaining;	/* the limit, before the cycle's first use */
 } Reserve;
 
 /*
@@ -165,7 +168,7 @@ typedef struct Reserve
 static EmStatement reserve_start = {
 	"SELECT a.cycle_anchor, coalesce(a.escrow_slots, $4), a.limits_fetched_at, "
 	"       a.limits_wanted_at IS NOT NULL, l.account IS NOT NULL, l.source, "
-	"       j.job_id, j.amount, j.feature, j.budget_id "
+	"       j.job_id, j.amount, j.feature, j.budget_id, l.lim "
 	"FROM earmark.account a "
 	"LEFT JOIN earmark.account_limit l ON l.account = a.account AND l.feature = $3 "
 	"LEFT JOIN earmark.job j ON j.account = a.account AND j.idempotency_key = $2 "
@@ -175,7 +178,13 @@ static EmStatement reserve_start = {
 enum
 {
 	RS_ANCHOR = 1, RS_ESCROW_SLOTS, RS_FETCHED_AT, RS_WANTED, RS_HAS_LIMIT,
-	RS_SOURCE, RS_JOB_ID, RS_AMOUNT, RS_FEATURE, RS_BUDGET_ID
+	RS_SOURCE, RS_JOB_ID, RS_AMOUNT, RS_FEATURE, RS_BUDGET_ID, RS_LIM
+};
+
+/* the cycle's budget row, if it exists (no lock) */
+static EmStatement cycle_budget_id = {
+	"SELECT budget_id FROM earmark.budget WHERE account = $1 AND feature = $2 AND cycle_start = $3",
+	3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
 };
 
 static EmStatement job_by_key = {
@@ -336,15 +345,15 @@ start_reserve(Reserve *r)
 	r->has_anchor = !isnull;
 	r->anchor = isnull ? 0 : DatumGetTimestampTz(d);
 	r->escrow_slots = (int) em_get_int64(0, RS_ESCROW_SLOTS, 0);
+	d = em_get(0, RS_LIM, &isnull);
+	result->unlimited = isnull;
+	r->no_budget_remaining = isnull ? 0 : DatumGetInt64(d);
 	return false;
 }
 
 /*
  * Step 3, escrow's fast path: take room from a free slot without touching
- * the budget row.  Only while the rate limit is off: with it on, every
- * admission of the account is serialized on the account row anyway, and a
- * slot admission that the rate limit then refused could not be taken
- * back.  Not under REPEATABLE READ or SERIALIZABLE either: the fast path
+ * the budget row.  Not under REPEATABLE READ or SERIALIZABLE: the fast path
  * reads the limit and the recorded usage without a lock, in the
  * transaction's snapshot, which may be older than a lower limit or usage
  * committed before this call; the slow path checks them.  True when the
@@ -358,7 +367,7 @@ fast_path(Reserve *r)
 	EscrowNumbers n;
 	int64		held;
 
-	if (r->escrow_slots <= 0 || earmark_rate_limit > 0 || IsolationUsesXactSnapshot())
+	if (r->escrow_slots <= 0 || IsolationUsesXactSnapshot())
 		return false;
 	em_cycle_bounds(r->anchor, r->has_anchor, r->h.now, &start, &end);
 	switch (em_escrow_fast(&r->h, start, r->escrow_slots, &n))
@@ -536,7 +545,7 @@ lock_cycle(Reserve *r)
 
 /*
  * Steps 5-9 without escrow: a hold whose lease has passed never causes a
- * refusal (reclaim), then the rate limit and the hold in the budget row.
+ * refusal (reclaim), then the hold in the budget row.
  * *remaining is what is left after it.
  */
 static EmAdmit
@@ -563,7 +572,7 @@ admit_plain(Reserve *r, int64 *remaining)
 	}
 	if (r->h.amount > *remaining)
 		return EM_ADMIT_REFUSED;
-	a = em_budget_admit_rated(&r->h, b);
+	a = em_budget_admit(&r->h, b);
 	if (a == EM_ADMIT_OK)
 		*remaining = b->unlimited ? 0 : *remaining - r->h.amount;
 	return a;
@@ -597,15 +606,42 @@ answer(Reserve *r, EmAdmit a, int64 remaining)
 	if (key_taken_meanwhile(r))
 		return;
 	result->remaining = remaining;
-	if (a == EM_ADMIT_RATE_LIMITED)
-		result->reason = "rate limited";
-	else
+	snprintf(result->reason_buf, sizeof(result->reason_buf),
+			 "the job needs " INT64_FORMAT " and " INT64_FORMAT " is left",
+			 r->h.amount, remaining);
+	result->reason = result->reason_buf;
+}
+
+/*
+ * The rate limit (ratelimit.c), before any room is looked at, so that the
+ * fast path may take a slot with the rate limit on: it counts the
+ * admission now, and the reserve gives it back when it admits nothing new.
+ * Over the rate, the answer is "rate limited" with what the cycle has left.
+ * True when answered.
+ */
+static bool
+rate_limited(Reserve *r)
+{
+	TimestampTz start;
+	TimestampTz end;
+	Datum		args[3];
+
+	if (em_rate_conforms(r->h.account, r->h.now))
 	{
-		snprintf(result->reason_buf, sizeof(result->reason_buf),
-				 "the job needs " INT64_FORMAT " and " INT64_FORMAT " is left",
-				 r->h.amount, remaining);
-		result->reason = result->reason_buf;
+		r->rate_counted = earmark_rate_limit > 0;
+		return false;
 	}
+	r->result->reason = "rate limited";
+	em_cycle_bounds(r->anchor, r->has_anchor, r->h.now, &start, &end);
+	args[0] = PointerGetDatum(r->h.account);
+	args[1] = PointerGetDatum(r->h.feature);
+	args[2] = TimestampTzGetDatum(start);
+	em_exec(&cycle_budget_id, args, NULL, 1);
+	if (SPI_processed == 1)
+		remaining_of_budget(r->h.account, em_get_int64(0, 1, 0), r->result);
+	else
+		r->result->remaining = r->no_budget_remaining;
+	return true;
 }
 
 static void
@@ -614,7 +650,7 @@ do_reserve(Reserve *r)
 	int64		remaining = 0;
 	EmAdmit		a;
 
-	if (start_reserve(r) || fast_path(r) || !lock_cycle(r))
+	if (start_reserve(r) || rate_limited(r) || fast_path(r) || !lock_cycle(r))
 		return;
 	if (r->b.slots > 0 || r->b.slot_gen > 0)
 	{
@@ -672,6 +708,9 @@ earmark_reserve(PG_FUNCTION_ARGS)
 
 	SPI_connect();
 	do_reserve(&r);
+	/* the rate limit counts new admissions only */
+	if (r.rate_counted && !(result.admitted && result.reason == NULL))
+		em_rate_give_back(r.h.account);
 	if (result.want_limits)
 		em_want_limits(r.h.account);	/* after the budget row: gate.c's order */
 	SPI_finish();
