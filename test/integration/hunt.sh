@@ -32,7 +32,30 @@ if [ -z "$PY" ]; then
 fi
 
 WORK=$(mktemp -d /tmp/earmark-hunt.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
+# the hunt's accounts go afterwards (HUNT_KEEP=1 keeps them for a look), so
+# that the scripts after this one find the books as they left them
+clean() {
+    [ -n "${HUNT_KEEP:-}" ] && { diag "kept the accounts hunt*_* and schema hunt"; return; }
+    q -d postgres >/dev/null 2>&1 <<'SQL'
+BEGIN;
+CREATE TEMP TABLE gone ON COMMIT DROP AS SELECT budget_id FROM earmark.budget WHERE account LIKE 'hunt%\_%';
+DELETE FROM earmark.ledger WHERE budget_id IN (SELECT budget_id FROM gone);
+DELETE FROM earmark.usage_shard WHERE budget_id IN (SELECT budget_id FROM gone);
+DELETE FROM earmark.meter_mark WHERE budget_id IN (SELECT budget_id FROM gone);
+DELETE FROM earmark.meter_send WHERE budget_id IN (SELECT budget_id FROM gone);
+DELETE FROM earmark.meter_review WHERE budget_id IN (SELECT budget_id FROM gone);
+DELETE FROM earmark.budget_slot WHERE budget_id IN (SELECT budget_id FROM gone);
+DELETE FROM earmark.evidence WHERE account LIKE 'hunt%\_%';
+DELETE FROM earmark.local_meter WHERE account LIKE 'hunt%\_%';
+DELETE FROM earmark.job WHERE account LIKE 'hunt%\_%';
+DELETE FROM earmark.budget WHERE budget_id IN (SELECT budget_id FROM gone);
+DELETE FROM earmark.account_limit WHERE account LIKE 'hunt%\_%';
+DELETE FROM earmark.account WHERE account LIKE 'hunt%\_%';
+DROP SCHEMA IF EXISTS hunt CASCADE;
+COMMIT;
+SQL
+}
+trap 'clean; rm -rf "$WORK"' EXIT
 q -d postgres -c "CREATE EXTENSION IF NOT EXISTS earmark" >/dev/null
 
 PGDATABASE=postgres "$PY" "$ROOT/test/hunt/hunt.py" --results "$WORK/results"
@@ -44,5 +67,4 @@ else
         ok "$bad" "$text"
     done <"$WORK/results"
 fi
-q -d postgres -c "DROP SCHEMA IF EXISTS hunt CASCADE" >/dev/null 2>&1
 done_testing
