@@ -92,7 +92,6 @@ import time
 import traceback
 
 import psycopg2
-import psycopg2.extensions
 
 # --------------------------------------------------------------------------
 # settings
@@ -126,6 +125,8 @@ EXPECTED = {            # SQLSTATEs a call may raise without it being a finding
     'record_usage': {'22023'},   # a correction larger than the cycle's usage
 }
 T0 = time.time()
+# the run's name: its accounts' prefix and its marker rows' (test/integration/hunt.sh sets it)
+RUN = os.environ.get('HUNT_RUN') or 'hunt%dx%d' % (SEED % 1000000, os.getpid())
 
 
 def now():
@@ -180,7 +181,7 @@ class Tx:
         self.calls = []
         self.t0 = self.ack = None
         self.fate = 'pending'
-        self.marker = '%d-%d' % (SEED, self.id)
+        self.marker = '%s-%d' % (RUN, self.id)
         self.why = None
         self.holds = {}
 
@@ -857,7 +858,9 @@ class Planner:
             sp = rng.random() < 0.5
         else:
             units = rng.randint(1, lim // 25)
-        auto = not sp and rng.random() < 0.3
+        # a lone call in autocommit learns its fate from its key's ledger row
+        # after a kill: not for a repeat, whose key's row is the first call's
+        auto = not sp and not old and rng.random() < 0.3
 
         def body(cl, tx):
             c_usage(cl, tx, a.name, feat, units, key, sp=sp)
@@ -1117,7 +1120,8 @@ class MJob:
                 if before is not None and not ((c.tx.ack < before and c.tx is not tx) or (c.tx is tx and c.ret <= before)):
                     continue
             else:
-                if not c.maybe() or not maybe_renewed(c):
+                # a call of transaction tx counts whatever its fate: tx saw it
+                if not (c.maybe() or (c.tx is tx and c.err is None and c.res is not None)) or not maybe_renewed(c):
                     continue
                 if before is not None and c.sent >= before:
                     continue
@@ -1194,7 +1198,9 @@ class Model:
                 j = self.by_key.get((c.acct, c.args[2]))
                 if j is not None and j.id != c.res[0]:
                     self.find('jobs', 'a repeat of key %s returned job %s, the key admitted job %d' % (c.args[2], c.res[0], j.id), [c])
-            if c.fn in ('charge', 'heartbeat', 'settle') and c.err is None and c.tx.fate != 'rolledback':
+            if c.fn in ('charge', 'heartbeat', 'settle') and c.err is None and c.res is not None:
+                # every call that returned, committed or not (what it saw
+                # counts for the checks of its own transaction's calls)
                 j = self.jobs.get(c.args[0])
                 if j is None:
                     if c.tx.fate == 'committed' and c.res is not None:
@@ -1353,7 +1359,7 @@ class Model:
                 same = h.tx is j.tx
                 seen = (j.a < h.sent and not same) or (same and j.res.ret <= h.sent)
                 if dead and seen:
-                    ends = [c for c in j.settles if c.maybe() and c.sent < h.ret and c is not h]
+                    ends = [c for c in j.settles if (c.maybe() or (c.tx is h.tx and c.err is None)) and c.sent < h.ret]
                     lb = j.lease_in_force(h.sent, h.ret, skip=h)
                     if not ends and lb - MARGIN > h.ret:
                         self.find('lease', '%s found job %d dead although its lease lasts until at least %s and nothing settled it' % (
@@ -1361,7 +1367,7 @@ class Model:
                 if not dead:
                     st = [c for c in j.settlers if (c.tx.ack < h.sent and c.tx is not h.tx) or (c.tx is h.tx and c.ret <= h.sent)]
                     ub = j.res.ret + j.lease
-                    for c in j.renewals(False, before=h.ret):
+                    for c in j.renewals(False, before=h.ret, tx=h.tx):
                         if c is not h:
                             ub = max(ub, c.res[0] if c.fn == 'heartbeat' else c.ret + j.lease)
                     if st:
@@ -1378,7 +1384,7 @@ class Model:
             if j.charged_sum > j.amount:
                 self.find('jobs', 'job %d charged %d past its hold %d' % (j.id, j.charged_sum, j.amount), j.charges)
             for c in j.settles:
-                if c.res is None or c.err is not None:
+                if not c.maybe():
                     continue
                 ch, rl, st = c.res
                 if ch < 0 or rl < 0 or ch > j.amount or (ch + rl not in (0, j.amount)):
@@ -1576,16 +1582,31 @@ def check_books(model, db, final):
             f('books', 'budget %d (%s/%s): the ledger adds up to %d, below zero' % (bid, b['account'], b['feature'], per_budget[bid]), [])
     # the model's own sum of what it saw committed, per account and feature
     mine = collections.Counter()
+    mine_jobs = collections.Counter()
     for m in model.jobs.values():
         d = jobs.get(m.id)
         if d is None or d['status'] in ('running', 'capped'):
             continue
-        mine[(m.acct, m.feat)] += m.settlers[0].res[0] if m.settlers else m.charged_sum
+        mine_jobs[(m.acct, m.feat)] += m.settlers[0].res[0] if m.settlers else m.charged_sum
+    mine.update(mine_jobs)
     for key, us in model.usage.items():
         mine[key] += sum(c.args[1] for c in us)
     for key in set(mine) | set(per_af):
         if mine[key] != per_af[key]:
-            f('books', '%s/%s: the ledger adds up to %d, the model saw %d committed' % (key[0], key[1], per_af[key], mine[key]), [])
+            led_jobs = sum(r[1] for r in ledger if r[2] is not None and (r[4], r[5]) == key)
+            us = model.usage.get(key, [])
+            keys = collections.Counter(c.args[2] for c in us)
+            detail = ['the model: jobs %d, recorded usage %d in %d calls; the ledger: jobs %d, recorded %d' % (
+                mine_jobs[key], sum(c.args[1] for c in us), len(us), led_jobs, per_af[key] - led_jobs)]
+            detail += ['usage key %s returned true in %d committed calls: %s' % (k, n, '; '.join(str(c) for c in us if c.args[2] == k))
+                       for k, n in keys.items() if n > 1]
+            for m in model.jobs.values():
+                d = jobs.get(m.id)
+                if (m.acct, m.feat) == key and d and d['status'] not in ('running', 'capped') and \
+                        (m.settlers[0].res[0] if m.settlers else m.charged_sum) != d['charged']:
+                    detail.append('job %d: the model has charged %s, the database %s' % (
+                        m.id, m.settlers[0].res[0] if m.settlers else m.charged_sum, d['charged']))
+            f('books', '%s/%s: the ledger adds up to %d, the model saw %d committed' % (key[0], key[1], per_af[key], mine[key]), detail)
     # earmark_budget of the current cycle
     by_cycle = {(b['account'], b['feature'], b['cycle']): (bid, b) for bid, b in budgets.items()}
     for acct, feat, cyc, lim, used, held in current:
@@ -1660,7 +1681,7 @@ class Hunt:
         self.findings = {}
         self.quiet_n = 0
         self.checked = 0
-        self.prefix = 'hunt%d_%d' % (SEED % 1000000, os.getpid() % 10000)
+        self.prefix = RUN
         self.zero_n = 0
         self.rotations = 0
         self.setup_client = Client(-1, self)

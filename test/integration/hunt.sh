@@ -19,6 +19,9 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SEED=${HUNT_SEED:-$(( $(od -An -N4 -tu4 /dev/urandom | tr -d ' ') % 2147483646 + 1 ))}
 echo "# hunt seed $SEED (replay: HUNT_SEED=$SEED HUNT_SECONDS=${HUNT_SECONDS:-60} bash test/integration/hunt.sh)"
 export HUNT_SEED=$SEED
+# the run's name: its accounts are named after it, and only they are removed
+# afterwards (another hunt may share the cluster)
+export HUNT_RUN=hunt$(( SEED % 1000000 ))x$$
 
 # the Debian package's psycopg2 lives in the system's python3
 PY=
@@ -35,24 +38,27 @@ WORK=$(mktemp -d /tmp/earmark-hunt.XXXXXX)
 # the hunt's accounts go afterwards (HUNT_KEEP=1 keeps them for a look), so
 # that the scripts after this one find the books as they left them
 clean() {
-    [ -n "${HUNT_KEEP:-}" ] && { diag "kept the accounts hunt*_* and schema hunt"; return; }
-    q -d postgres >/dev/null 2>&1 <<'SQL'
+    [ -n "${HUNT_KEEP:-}" ] && { diag "kept the accounts ${HUNT_RUN}_* and schema hunt"; return; }
+    q -d postgres -v run="$HUNT_RUN" >/dev/null 2>&1 <<'SQL'
 BEGIN;
-CREATE TEMP TABLE gone ON COMMIT DROP AS SELECT budget_id FROM earmark.budget WHERE account LIKE 'hunt%\_%';
+CREATE TEMP TABLE gone ON COMMIT DROP AS SELECT budget_id FROM earmark.budget WHERE account LIKE :'run' || '\_%';
 DELETE FROM earmark.ledger WHERE budget_id IN (SELECT budget_id FROM gone);
 DELETE FROM earmark.usage_shard WHERE budget_id IN (SELECT budget_id FROM gone);
 DELETE FROM earmark.meter_mark WHERE budget_id IN (SELECT budget_id FROM gone);
 DELETE FROM earmark.meter_send WHERE budget_id IN (SELECT budget_id FROM gone);
 DELETE FROM earmark.meter_review WHERE budget_id IN (SELECT budget_id FROM gone);
 DELETE FROM earmark.budget_slot WHERE budget_id IN (SELECT budget_id FROM gone);
-DELETE FROM earmark.evidence WHERE account LIKE 'hunt%\_%';
-DELETE FROM earmark.local_meter WHERE account LIKE 'hunt%\_%';
-DELETE FROM earmark.job WHERE account LIKE 'hunt%\_%';
+DELETE FROM earmark.evidence WHERE account LIKE :'run' || '\_%';
+DELETE FROM earmark.local_meter WHERE account LIKE :'run' || '\_%';
+DELETE FROM earmark.job WHERE account LIKE :'run' || '\_%';
 DELETE FROM earmark.budget WHERE budget_id IN (SELECT budget_id FROM gone);
-DELETE FROM earmark.account_limit WHERE account LIKE 'hunt%\_%';
-DELETE FROM earmark.account WHERE account LIKE 'hunt%\_%';
-DROP SCHEMA IF EXISTS hunt CASCADE;
+DELETE FROM earmark.account_limit WHERE account LIKE :'run' || '\_%';
+DELETE FROM earmark.account WHERE account LIKE :'run' || '\_%';
+DELETE FROM hunt.tx_marker WHERE marker LIKE :'run' || '-%';
 COMMIT;
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM hunt.tx_marker) THEN DROP SCHEMA hunt CASCADE; END IF;
+END $$;
 SQL
 }
 trap 'clean; rm -rf "$WORK"' EXIT
