@@ -13,7 +13,12 @@
 # Knobs (see test/hunt/hunt.py): HUNT_CLIENTS, HUNT_SECONDS, HUNT_ACCOUNTS,
 # HUNT_KILL, HUNT_ESCROW, HUNT_RR, HUNT_RATE, HUNT_BIAS, HUNT_QUIET.
 # Runs in database "postgres", where the earmark worker sweeps every 200 ms;
-# its accounts are named hunt<seed>_..., so it leaves other tests' rows alone.
+# its accounts are named after the run (hunt<seed>x<pid>_...) and removed
+# afterwards (HUNT_KEEP=1 keeps them), so it leaves other tests' rows alone.
+# On today's code it finds the known overspends (escrow's fast path racing
+# an anchor change; escrow handing released room out while over the limit;
+# REPEATABLE READ reserves that miss a committed usage or limit): this
+# script then fails until they are fixed.
 source "$(dirname "$0")/tap.sh"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SEED=${HUNT_SEED:-$(( $(od -An -N4 -tu4 /dev/urandom | tr -d ' ') % 2147483646 + 1 ))}
