@@ -214,10 +214,14 @@ static EmStatement lock_job = {
  * COMMITTED a concurrent settle makes the UPDATE re-check its conditions
  * on the settled row, so it finds nothing and the caller takes the general
  * path.  "$2 <= amount - used" cannot overflow as "used + $2" could.
+ *
+ * A renewal never shortens a lease: the clock ($4) was read when the call
+ * came, and the call may then have waited for the row while another
+ * renewal set a later end (isolation spec renewal_order).
  */
 static EmStatement charge_fits = {
 	"UPDATE earmark.job SET used = used + $2, last_step = coalesce($3, last_step), "
-	"       lease_until = $4 + lease "
+	"       lease_until = GREATEST(lease_until, $4 + lease) "
 	"WHERE job_id = $1 AND status = 'running' AND lease_until >= $4 AND $2 <= amount - used "
 	"  AND ($3 IS NULL OR last_step IS NULL OR $3 > last_step) "
 	"RETURNING amount - used",
@@ -226,12 +230,12 @@ static EmStatement charge_fits = {
 
 static EmStatement write_charge = {
 	"UPDATE earmark.job SET used = $2, last_step = coalesce($3, last_step), "
-	"status = $4, lease_until = $5 WHERE job_id = $1",
+	"status = $4, lease_until = GREATEST(lease_until, $5) WHERE job_id = $1",
 	5, {INT8OID, INT8OID, INT8OID, TEXTOID, TIMESTAMPTZOID}
 };
 
 static EmStatement heartbeat_job = {
-	"UPDATE earmark.job SET lease_until = $2 + lease "
+	"UPDATE earmark.job SET lease_until = GREATEST(lease_until, $2 + lease) "
 	"WHERE job_id = $1 AND status IN ('running', 'capped') AND lease_until >= $2 "
 	"RETURNING lease_until",
 	2, {INT8OID, TIMESTAMPTZOID}
