@@ -24,7 +24,7 @@ export EM_PGBIN
 EM_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-client-15 postgresql-15-pgtap
              postgresql-15-cron libcurl4-openssl-dev libssl-dev libpq-dev
              libtap-parser-sourcehandler-pgtap-perl make gcc python3 openssl
-             clang libclang-rt-14-dev valgrind)
+             clang libclang-rt-14-dev valgrind python3-psycopg2)
 # the unprivileged user the server runs as (PostgreSQL refuses root)
 EM_PGUSER=${EM_PGUSER:-postgres}
 

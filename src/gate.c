@@ -66,9 +66,14 @@ PG_FUNCTION_INFO_V1(earmark_settle);
 PG_FUNCTION_INFO_V1(earmark_sweep);
 PG_FUNCTION_INFO_V1(earmark_sweep_account);
 
-/* a lease end from the job's own lease: ($n + lease), computed in UTC */
+/*
+ * A renewed lease end: the clock ($n, read when the call came) plus the
+ * job's own lease, computed in UTC, and never earlier than the stored end
+ * (the call may have waited for the row while another renewal set a
+ * later one: isolation spec renewal_order).
+ */
 #define LEASE_FROM(param) \
-	"(((" param " AT TIME ZONE 'UTC') + lease) AT TIME ZONE 'UTC')"
+	"GREATEST(lease_until, (((" param " AT TIME ZONE 'UTC') + lease) AT TIME ZONE 'UTC'))"
 
 /* ---------------------------------------------------------------------
  * Helpers
@@ -812,7 +817,7 @@ static EmStatement charge_fits = {
 
 static EmStatement write_charge = {
 	"UPDATE earmark.job SET used = $3, last_step = coalesce($4, last_step), "
-	"status = $5, lease_until = $6 WHERE account = $1 AND job_id = $2",
+	"status = $5, lease_until = GREATEST(lease_until, $6) WHERE account = $1 AND job_id = $2",
 	6, {TEXTOID, INT8OID, INT8OID, INT8OID, TEXTOID, TIMESTAMPTZOID}
 };
 
