@@ -234,3 +234,21 @@ em_require_account_local(text *account)
 				 errdetail("On a distributed install an earmark call runs on the account's node only when it is called on its own."),
 				 errhint("Call it as SELECT * FROM earmark_...(account, ...), not inside an expression, a join or another function.")));
 }
+
+/*
+ * On a distributed install, fail unless this is the coordinator: the
+ * inbox, the key set cache and the reporter's state are tables of the
+ * coordinator's own (earmark_distribute leaves them there), and a worker
+ * node's copies of them are not the install's.
+ */
+void
+em_require_coordinator(const char *what)
+{
+	if (!em_distributed() || em_node_group() == 0)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("%s runs on the Citus coordinator", what),
+			 errdetail("On a distributed install the inbox, the key set cache and the reporter's state are the coordinator's tables."),
+			 errhint("Connect to the coordinator and call it there.")));
+}

@@ -18,5 +18,6 @@ extern void em_require_schema(void);
 extern int32 em_node_group(void);
 extern bool em_distributed(void);
 extern void em_require_account_local(text *account);
+extern void em_require_coordinator(const char *what);
 
 #endif							/* EARMARK_CLUSTER_H */
