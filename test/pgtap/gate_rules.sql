@@ -7,6 +7,12 @@ BEGIN;
 SELECT plan(104);
 -- holds outlive the slowest run (valgrind); part 7 checks the default
 SET LOCAL earmark.lease = '1h';
+-- every account's cycle began 14 to 17 days ago (midnight UTC, day 28 at
+-- the latest): no cycle ends during the run, on any date
+SELECT count(*) FROM (SELECT (clock_timestamp() AT TIME ZONE 'UTC') - interval '14 days' AS a) t,
+       unnest(ARRAY['gr_arith', 'gr_idem', 'gr_cap', 'gr_step', 'gr_fail', 'gr_once', 'gr_lease', 'gr_late', 'gr_sweep', 'gr_reclaim', 'gr_limit', 'gr_unl', 'gr_ledger', 'gr_rate', 'gr_rate_other', 'gr_rate_idle']) acct,
+       LATERAL earmark_set_account(acct, make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
+                        least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC')) \gset x_
 
 -- job ids by label, kept by pg_temp.rsv
 CREATE TEMP TABLE jobs (label text PRIMARY KEY, job_id bigint NOT NULL);

@@ -87,11 +87,17 @@ SELECT results_eq($$SELECT eq, pl FROM trap$$, $$VALUES (false, 3::bigint)$$,
                   'the planted objects behave like the real ones (only their use is logged)');
 TRUNCATE evil.calls;
 
+-- the accounts' cycle anchor: 14 to 17 days ago (midnight UTC, day 28 at
+-- the latest), so that no cycle ends during the run, on any date
+SELECT make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
+                        least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC') AS anchor
+FROM (SELECT (clock_timestamp() AT TIME ZONE 'UTC') - interval '14 days' AS a) t \gset sp_
+
 -- ---------------------------------------------------------------------
 -- variant A: search_path = evil, public
 -- ---------------------------------------------------------------------
 SET search_path = evil, public;
-SELECT earmark_set_account('em_tap_sp_A', '2024-01-05 00:00+00', 'cus_A', 'agr_A') \gset sp_
+SELECT earmark_set_account('em_tap_sp_A', :'sp_anchor', 'cus_A', 'agr_A') \gset sp_
 SELECT earmark_set_limit('em_tap_sp_A', 1000) \gset sp_
 WITH r AS (SELECT * FROM earmark_reserve('em_tap_sp_A', 600, 'sp-k1')),
      o AS (INSERT INTO pg_temp.out (variant, step, r) SELECT 'A', 'reserve 600', ROW(admitted, remaining, reason)::text FROM r)
@@ -155,7 +161,7 @@ SELECT results_eq(
     'variant A: the jobs ended as they should');
 SELECT results_eq(
     $$SELECT cycle_anchor, provider_customer, provider_agreement FROM earmark.account WHERE account = 'em_tap_sp_A'$$,
-    $$VALUES ('2024-01-05 00:00+00'::timestamptz, 'cus_A'::text, 'agr_A'::text)$$,
+    format('VALUES (%L::timestamptz,', :'sp_anchor') || $$ 'cus_A'::text, 'agr_A'::text)$$,
     'variant A: earmark_set_account stored the account');
 SELECT is(:A_j1_again::bigint, :A_j1::bigint, 'variant A: the repeated key returned the same job');
 SELECT is((SELECT string_agg(DISTINCT what, ', ') FROM evil.calls), NULL,
@@ -165,7 +171,7 @@ SELECT is((SELECT string_agg(DISTINCT what, ', ') FROM evil.calls), NULL,
 -- variant B: search_path = evil, pg_catalog, public
 -- ---------------------------------------------------------------------
 SET search_path = evil, pg_catalog, public;
-SELECT earmark_set_account('em_tap_sp_B', '2024-01-05 00:00+00', 'cus_B', 'agr_B') \gset sp_
+SELECT earmark_set_account('em_tap_sp_B', :'sp_anchor', 'cus_B', 'agr_B') \gset sp_
 SELECT earmark_set_limit('em_tap_sp_B', 1000) \gset sp_
 WITH r AS (SELECT * FROM earmark_reserve('em_tap_sp_B', 600, 'sp-k1')),
      o AS (INSERT INTO pg_temp.out (variant, step, r) SELECT 'B', 'reserve 600', ROW(admitted, remaining, reason)::text FROM r)
@@ -229,7 +235,7 @@ SELECT results_eq(
     'variant B: the jobs ended as they should');
 SELECT results_eq(
     $$SELECT cycle_anchor, provider_customer, provider_agreement FROM earmark.account WHERE account = 'em_tap_sp_B'$$,
-    $$VALUES ('2024-01-05 00:00+00'::timestamptz, 'cus_B'::text, 'agr_B'::text)$$,
+    format('VALUES (%L::timestamptz,', :'sp_anchor') || $$ 'cus_B'::text, 'agr_B'::text)$$,
     'variant B: earmark_set_account stored the account');
 SELECT is(:B_j1_again::bigint, :B_j1::bigint, 'variant B: the repeated key returned the same job');
 SELECT is((SELECT string_agg(DISTINCT what, ', ') FROM evil.calls), NULL,
