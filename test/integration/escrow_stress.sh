@@ -2,7 +2,10 @@
 # test/integration/escrow_stress.sh: escrow under load (DESIGN §4, §5).
 #
 # Phase 1: one hot account (limit 200000, 16 escrow slots), 50 pgbench
-# clients for 15 s with the rate limit off (so the fast path runs).  Each
+# clients for 15 s with the rate limit off (so the fast path runs), and on
+# in rounds of 5 s until the run has done what it is for: the limit reached
+# (a refusal) and 10 samples taken (so a slow machine runs longer instead of
+# failing; 40 rounds at most).  Each
 # transaction reserves a random amount (1..500) with a unique key, charges
 # part of it and then settles it (completed at its recorded use, completed
 # asking for more than the hold, failed), sweeps, or leaves it to its
@@ -12,20 +15,21 @@
 # exercised.  A sampler checks, every 0.2 s in one snapshot, that used +
 # held <= limit over the budget row and the slots (earmark_budget), that
 # held is the sum of the open holds and used the ledger sum.  Afterwards:
-# leases pass, earmark_sweep runs until nothing is left, and the books are
-# checked (invariants 1-4).
+# once every lease has passed (waited for), earmark_sweep runs until nothing
+# is left, and the books are checked (invariants 1-4).
 #
 # Phase 2: two escrow accounts with room to spare; 20 clients for 10 s,
 # each transaction reserving on both accounts in one order or the other
 # (A then B, B then A), then settling the two jobs.  No transaction may fail
 # (a deadlock would be counted by pgbench as a failed transaction).
 #
-# ESCROW_STRESS_SECONDS / ESCROW_STRESS_CLIENTS override phase 1's run.
+# ESCROW_STRESS_SECONDS / ESCROW_STRESS_CLIENTS / ESCROW_STRESS_LIMIT
+# override phase 1's run (its least time, clients, limit).
 
 source "$(dirname "$0")/tap.sh"
 DB=earmark_stress
 PGBENCH="$EM_PGBIN/pgbench"
-LIMIT=200000
+LIMIT=${ESCROW_STRESS_LIMIT:-200000}
 SECS=${ESCROW_STRESS_SECONDS:-15}
 CLIENTS=${ESCROW_STRESS_CLIENTS:-50}
 PAIR_SECS=${ESCROW_STRESS_PAIR_SECONDS:-10}
@@ -147,26 +151,45 @@ COMMIT;
 EOF
 
 start_sampler hot
-PGOPTIONS='-c earmark.rate_limit=0' "$PGBENCH" -n -d "$DB" -c "$CLIENTS" -j 4 -T "$SECS" \
-    -f "$TMP/single.sql@4" -f "$TMP/double.sql@1" >"$TMP/bench1.out" 2>"$TMP/bench1.err"
-rc=$?
+rc=0
+failed=0
+done_tx=0
+rounds=0
+t_run=$(date +%s)
+refused=0
+samples=0
+while :; do
+    rounds=$((rounds + 1))
+    # the first round lasts SECS, each further one 5 s
+    t=$SECS
+    [ "$rounds" -gt 1 ] && t=5
+    PGOPTIONS='-c earmark.rate_limit=0' "$PGBENCH" -n -d "$DB" -c "$CLIENTS" -j 4 -T "$t" \
+        -f "$TMP/single.sql@4" -f "$TMP/double.sql@1" >"$TMP/bench1.out" 2>"$TMP/bench1.err" || rc=1
+    if grep -q 'aborted' "$TMP/bench1.err"; then rc=1; fi
+    [ "$rc" != 0 ] && grep -m 5 -i 'error\|abort' "$TMP/bench1.err" | sed 's/^/# /'
+    failed=$((failed + $(pgbench_failed "$TMP/bench1.out")))
+    done_tx=$((done_tx + $(pgbench_done "$TMP/bench1.out")))
+    refused=$(qd -c "SELECT count(*) FROM stress_refusal")
+    samples=$(cat "$TMP/samples" 2>/dev/null | grep -c .)
+    [ "$rc" != 0 ] && break
+    [ "$refused" -gt 0 ] && [ "$samples" -ge 10 ] && break
+    [ "$rounds" -ge 40 ] && break
+done
 stop_sampler
 is "$rc" 0 "phase 1: pgbench ran to the end (no client aborted)"
-if [ "$rc" != 0 ] || grep -q 'aborted' "$TMP/bench1.err"; then
-    grep -m 5 -i 'error\|abort' "$TMP/bench1.err" | sed 's/^/# /'
-fi
-is "$(pgbench_failed "$TMP/bench1.out")" 0 "phase 1: no failed transaction (no deadlock, no serialization failure)"
-diag "phase 1: $(pgbench_done "$TMP/bench1.out") transactions, $(grep -m1 '^tps' "$TMP/bench1.out")"
+is "$failed" 0 "phase 1: no failed transaction (no deadlock, no serialization failure)"
+diag "phase 1: $done_tx transactions in $rounds rounds, $(( $(date +%s) - t_run )) s"
 
-samples=$(cat "$TMP/samples" 2>/dev/null | grep -c .)
 ok "$(( samples >= 10 ? 0 : 1 ))" "the sampler took $samples samples during the run"
 bad=$(grep -vc '^t t t ' "$TMP/samples")
 is "$bad" 0 "no sample with used + held over the limit, or books off (budget + slots vs jobs and ledger)"
 if [ "$bad" != 0 ]; then grep -v '^t t t ' "$TMP/samples" | head -5 | sed 's/^/# /'; fi
 [ -s "$TMP/sampler.err" ] && head -3 "$TMP/sampler.err" | sed 's/^/# sampler: /'
 
-# every lease has passed two seconds after the run; sweep what is left
-sleep 2.5
+# every hold's lease (2 seconds from its last charge, before the run ended)
+# has passed: waited for, then what is left is swept
+got=$(wait_for 120 "SELECT count(*) FROM earmark.job WHERE status IN ('running', 'capped') AND lease_until >= clock_timestamp()" 0)
+is "$got" 0 "every open hold's lease has passed"
 swept=0
 for _ in $(seq 1 100); do
     n=$(num "$(qd -c "SELECT earmark_sweep()")")
