@@ -159,7 +159,12 @@ fz -c "SELECT n.nspname, p.proname,
         ORDER BY 1, 2" -F '|' >"$WORK/functions" || exit 1
 NFN=$(wc -l <"$WORK/functions")
 t=$(date +%s)
-PGINC=$("$EM_PGBIN/pg_config" --includedir-server 2>/dev/null || echo /usr/include/postgresql/15/server)
+# the server headers' errcodes.h (the system's: a private copy of PostgreSQL,
+# EM_PREFIX, has none), for the list of valid SQLSTATEs
+PGINC=/usr/include/postgresql/15/server
+[ -r "$PGINC/utils/errcodes.h" ] || PGINC=$("$EM_PGBIN/pg_config" --includedir-server 2>/dev/null)
+[ -r "$PGINC/utils/errcodes.h" ]
+ok $? "the server headers' errcodes.h is there ($PGINC/utils/errcodes.h): the valid SQLSTATEs"
 python3 "$ROOT/test/integration/fuzz_sql.py" --seed "$SEED" --calls "$CALLS" --functions "$WORK/functions" \
     --docs "$ROOT/docs" --errcodes "$PGINC/utils/errcodes.h" --out "$WORK" >"$WORK/gen.log" 2>&1
 ok $? "generated the corpus ($(cat "$WORK/gen.log" | tail -1), $(( $(date +%s) - t )) s)" || { sed 's/^/# /' "$WORK/gen.log"; exit 1; }
