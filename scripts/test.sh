@@ -298,9 +298,10 @@ fi
 # earmark's code before PostgreSQL's).  Errors of PostgreSQL itself
 # (without suppressions, e.g. uninitialised padding written to WAL) are not
 # ours to judge.  The load scripts run smaller under memcheck (5,000 bad
-# calls instead of 100,000; 10 escrow clients and a limit of 2,000); crash.sh (about 14 minutes
-# under memcheck, its restarts keep the wrapper) and lab.sh (4 minutes, the
-# gate's paths again) are left to EM_VALGRIND_SCRIPTS.
+# calls instead of 100,000; 10 escrow clients, a limit of 2,000, leases of
+# 60 s); crash.sh (about 14 minutes under memcheck, its restarts keep the
+# wrapper) and lab.sh (4 minutes, the gate's paths again) are left to
+# EM_VALGRIND_SCRIPTS.
 VG_SCRIPTS=${EM_VALGRIND_SCRIPTS:-meter reconcile inbox_worker jwt worker upgrade fuzz_sql escrow_stress engine_room}
 if [ "${EM_VALGRIND:-1}" = 1 ] && layer valgrind; then
     t_begin "valgrind: start"
@@ -320,8 +321,8 @@ if [ "${EM_VALGRIND:-1}" = 1 ] && layer valgrind; then
             t_begin "valgrind: integration $s"
             run_integration "valgrind integration" "$VG" "$s" \
                 EM_PG_WRAPPER="$VG/postgres" EM_FUZZ_CALLS=5000 ESCROW_STRESS_CLIENTS=10 \
-                ESCROW_STRESS_SECONDS=20 ESCROW_STRESS_LIMIT=2000 ESCROW_STRESS_PAIR_CLIENTS=5 \
-                ESCROW_STRESS_PAIR_SECONDS=5
+                ESCROW_STRESS_SECONDS=20 ESCROW_STRESS_LIMIT=2000 ESCROW_STRESS_LEASE=60 \
+                ESCROW_STRESS_PAIR_CLIENTS=5 ESCROW_STRESS_PAIR_SECONDS=5
             t_end
         done
         t_begin "valgrind: memcheck"

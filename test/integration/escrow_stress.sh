@@ -9,7 +9,8 @@
 # transaction reserves a random amount (1..500) with a unique key, charges
 # part of it and then settles it (completed at its recorded use, completed
 # asking for more than the hold, failed), sweeps, or leaves it to its
-# 2-second lease.  Some transactions reserve twice and settle both in one
+# 2-second lease (ESCROW_STRESS_LEASE seconds: a lease must outlast the
+# steps of a transaction, and valgrind's are slower).  Some transactions reserve twice and settle both in one
 # transaction.  The limit is reached during the run, so both the fast path
 # (slot admissions) and the slow path (rebalances, reclaims, refusals) are
 # exercised.  A sampler checks, every 0.2 s in one snapshot, that used +
@@ -23,13 +24,15 @@
 # (A then B, B then A), then settling the two jobs.  No transaction may fail
 # (a deadlock would be counted by pgbench as a failed transaction).
 #
-# ESCROW_STRESS_SECONDS / ESCROW_STRESS_CLIENTS / ESCROW_STRESS_LIMIT
-# override phase 1's run (its least time, clients, limit).
+# ESCROW_STRESS_SECONDS / ESCROW_STRESS_CLIENTS / ESCROW_STRESS_LIMIT /
+# ESCROW_STRESS_LEASE override phase 1's run (the length of a round,
+# clients, limit, lease in seconds).
 
 source "$(dirname "$0")/tap.sh"
 DB=earmark_stress
 PGBENCH="$EM_PGBIN/pgbench"
 LIMIT=${ESCROW_STRESS_LIMIT:-200000}
+LEASE=${ESCROW_STRESS_LEASE:-2}
 SECS=${ESCROW_STRESS_SECONDS:-15}
 CLIENTS=${ESCROW_STRESS_CLIENTS:-50}
 PAIR_SECS=${ESCROW_STRESS_PAIR_SECONDS:-10}
@@ -111,7 +114,7 @@ cat >"$TMP/single.sql" <<'EOF'
 \set amt random(1, 500)
 \set part random(0, :amt) / 2
 \set fate random(1, 20)
-WITH r AS (SELECT * FROM earmark_reserve('hot', :amt, 'k' || nextval('stress_key'), lease => '2 seconds')),
+WITH r AS (SELECT * FROM earmark_reserve('hot', :amt, 'k' || nextval('stress_key'), lease => make_interval(secs => :lease))),
      x AS (INSERT INTO stress_refusal SELECT 'hot', :amt, r.reason FROM r WHERE NOT r.admitted)
 SELECT coalesce((SELECT job_id FROM r), 0) AS jid \gset
 \if :jid > 0
@@ -134,10 +137,10 @@ cat >"$TMP/double.sql" <<'EOF'
 \set amt2 random(1, 500)
 \set part random(0, :amt1) / 2
 BEGIN;
-WITH r AS (SELECT * FROM earmark_reserve('hot', :amt1, 'k' || nextval('stress_key'), lease => '2 seconds')),
+WITH r AS (SELECT * FROM earmark_reserve('hot', :amt1, 'k' || nextval('stress_key'), lease => make_interval(secs => :lease))),
      x AS (INSERT INTO stress_refusal SELECT 'hot', :amt1, r.reason FROM r WHERE NOT r.admitted)
 SELECT coalesce((SELECT job_id FROM r), 0) AS j1 \gset
-WITH r AS (SELECT * FROM earmark_reserve('hot', :amt2, 'k' || nextval('stress_key'), lease => '2 seconds')),
+WITH r AS (SELECT * FROM earmark_reserve('hot', :amt2, 'k' || nextval('stress_key'), lease => make_interval(secs => :lease))),
      x AS (INSERT INTO stress_refusal SELECT 'hot', :amt2, r.reason FROM r WHERE NOT r.admitted)
 SELECT coalesce((SELECT job_id FROM r), 0) AS j2 \gset
 \if :j1 > 0
@@ -160,7 +163,7 @@ refused=0
 samples=0
 while :; do
     rounds=$((rounds + 1))
-    PGOPTIONS='-c earmark.rate_limit=0' "$PGBENCH" -n -d "$DB" -c "$CLIENTS" -j 4 -T "$SECS" \
+    PGOPTIONS='-c earmark.rate_limit=0' "$PGBENCH" -n -d "$DB" -c "$CLIENTS" -j 4 -T "$SECS" -D lease="$LEASE" \
         -f "$TMP/single.sql@4" -f "$TMP/double.sql@1" >"$TMP/bench1.out" 2>"$TMP/bench1.err" || rc=1
     if grep -q 'aborted' "$TMP/bench1.err"; then rc=1; fi
     [ "$rc" != 0 ] && grep -m 5 -i 'error\|abort' "$TMP/bench1.err" | sed 's/^/# /'
@@ -183,9 +186,9 @@ is "$bad" 0 "no sample with used + held over the limit, or books off (budget + s
 if [ "$bad" != 0 ]; then grep -v '^t t t ' "$TMP/samples" | head -5 | sed 's/^/# /'; fi
 [ -s "$TMP/sampler.err" ] && head -3 "$TMP/sampler.err" | sed 's/^/# sampler: /'
 
-# every hold's lease (2 seconds from its last charge, before the run ended)
-# has passed: waited for, then what is left is swept
-got=$(wait_for 120 "SELECT count(*) FROM earmark.job WHERE status IN ('running', 'capped') AND lease_until >= clock_timestamp()" 0)
+# every hold's lease (LEASE seconds from its last charge, before the run
+# ended) has passed: waited for, then what is left is swept
+got=$(wait_for $((LEASE + 120)) "SELECT count(*) FROM earmark.job WHERE status IN ('running', 'capped') AND lease_until >= clock_timestamp()" 0)
 is "$got" 0 "every open hold's lease has passed"
 swept=0
 for _ in $(seq 1 100); do
