@@ -313,11 +313,12 @@ check_cycle(Run *run, Check *c)
 	c->last_send_failed = !isnull && !DatumGetBool(d);
 	d = em_get(0, 5, &isnull);
 	c->last_send_error = isnull ? NULL : MemoryContextStrdup(run->cxt, TextDatumGetCString(d));
-	c->checked = true;
 
 	decide(c);
 	if (strcmp(c->verdict, "over_billed") == 0 || strcmp(c->verdict, "under_billed") == 0)
 		repair(run, c);
+	/* only a cycle whose step went through has a phase 2 */
+	c->checked = true;
 }
 
 /*
