@@ -56,7 +56,8 @@ trap cleanup EXIT
 python3 "$ROOT/test/fake_provider.py" --port-file "$WORK/port" --log "$WORK/requests.log" \
     --client-id earmark-test --client-secret "$SECRET" --bearer btok --hmac-secret "$HMAC" &
 FAKE_PID=$!
-for i in $(seq 1 50); do [ -s "$WORK/port" ] && break; sleep 0.1; done
+# (a loaded machine may take seconds to start python)
+for i in $(seq 1 300); do [ -s "$WORK/port" ] && break; sleep 0.1; done
 BASE="http://127.0.0.1:$(cat "$WORK/port")"
 
 control() { curl -s -X POST "$BASE/_control" -H 'Content-Type: application/json' -d "$1" >/dev/null; }
@@ -244,6 +245,31 @@ is "$got" t "a secrets file others may read is refused, and no request is made"
 secrets_file 600 "token = btok" "hmac_secret = $HMAC"
 got=$(wait_for 10 "SELECT count(*) FROM earmark.meter_mark m JOIN earmark.budget b USING (budget_id) WHERE b.account = 'h_acct'" 0)
 is "$got" 0 "with the right key again the cycle is sent"
+
+# --- answers earmark refuses (providers.md): each is one failed read ----------
+q -c "SELECT earmark_set_account('h_ans')" >/dev/null
+answer_case() {  # answer_case BODY EXPECTED-DETAIL-OR-RESULT DESCRIPTION
+    local spec detail
+    spec=$(python3 -c 'import json, sys; print(json.dumps({"answer": {"path": "/generic/limits", "query": "account=h_ans", "count": 1, "body": sys.argv[1]}}))' "$1")
+    control "$spec"
+    detail=$("$EM_PGBIN/psql" -X -A -t -q -d postgres -c "SELECT earmark_refresh_limits('h_ans')" 2>&1 |
+             sed -n 's/^DETAIL:  //p; s/^\([0-9][0-9]*\)$/read \1/p')
+    is "$detail" "$2" "a limits answer $3"
+}
+answer_case '' "the provider's answer cannot be read: the answer is empty" "empty"
+answer_case '[{"feature": "default", "limit": 1}]' "the provider's answer cannot be read: the answer is not a JSON object" "that is an array"
+answer_case '{"limits": [' "the provider's answer cannot be read: the answer is not valid JSON" "cut short"
+answer_case '{"limits": [{"feature": "a\u0000b", "limit": 1}]}' "the provider's answer cannot be read: the answer is not valid JSON" "with \\u0000"
+answer_case '{"limits": [{"feature": "\udc00", "limit": 1}]}' "the provider's answer cannot be read: the answer is not valid JSON" "with a lone surrogate"
+answer_case "{\"a\": $(printf '[%.0s' $(seq 1 40))$(printf ']%.0s' $(seq 1 40))}" "the provider's answer cannot be read: nested deeper than 32 levels" "nested 40 deep"
+answer_case '{"limits": [{"feature": "default", "limit": 1e3}]}' 'the limit of feature "default" is not a whole number >= 0' "with a limit of 1e3"
+answer_case '{"limits": [{"feature": "default", "limit": 1.5}]}' 'the limit of feature "default" is not a whole number >= 0' "with a limit of 1.5"
+answer_case '{"limits": [{"feature": "default", "limit": 9223372036854775808}]}' 'the limit of feature "default" is not a whole number >= 0' "with a limit past bigint"
+answer_case '{"limits": [{"feature": "", "limit": 1}]}' "a limit in the provider's answer has no usable feature" "with an empty feature"
+answer_case '{"limits": [{"feature": "default", "limit": 7}], "noise": [1e200000, -1e-200000, "\ud83d\ude00"]}' "read 1" "with 1e200000 outside the limits"
+is "$(q -c "SELECT lim FROM earmark.account_limit WHERE account = 'h_ans'")" 7 "a number jsonb would refuse elsewhere in the answer is ignored"
+answer_case '{"limits": [], "limits": [{"feature": "default", "limit": "8"}]}' "read 1" "with two limits keys"
+is "$(q -c "SELECT lim FROM earmark.account_limit WHERE account = 'h_ans'")" 8 "of two equal keys the last counts; a decimal string is a number"
 
 # --- a hostile provider: answers PostgreSQL's jsonb would refuse -------------
 # (a number past numeric's range, nesting past the stack depth) are each one

@@ -38,7 +38,8 @@ trap cleanup EXIT
 python3 "$ROOT/test/fake_provider.py" --port-file "$WORK/port" --log "$WORK/requests.log" \
     --client-id rec-test --client-secret rec-secret &
 FAKE_PID=$!
-for i in $(seq 1 50); do [ -s "$WORK/port" ] && break; sleep 0.1; done
+# (a loaded machine may take seconds to start python)
+for i in $(seq 1 300); do [ -s "$WORK/port" ] && break; sleep 0.1; done
 BASE="http://127.0.0.1:$(cat "$WORK/port")"
 control() { curl -s -X POST "$BASE/_control" -H 'Content-Type: application/json' -d "$1" >/dev/null; }
 meter() { curl -s "$BASE/_state" | python3 -c "import json,sys; print(json.load(sys.stdin)['kinde_meters'].get('$1|default', -1))"; }
