@@ -2,7 +2,9 @@
 # The background worker: it sweeps expired holds on its own, follows
 # earmark.sweep_interval on SIGHUP, comes back after SIGTERM and after
 # kill -9 (with every committed hold, charge and settlement intact), and
-# logs what it swept at DEBUG1.  Without preload the functions still work.
+# logs what it swept at DEBUG1; settings that a handler, the database or the
+# role set (read-only, serializable, timeouts, search_path) do not change
+# its transactions.  Without preload the functions still work.
 source "$(dirname "$0")/tap.sh"
 DB=postgres
 
@@ -88,7 +90,69 @@ is "$(q -d postgres -c "SELECT used || '/' || held FROM earmark_budget('crash')"
 
 q -d postgres -c "ALTER SYSTEM RESET earmark.sweep_interval" -c "SELECT pg_reload_conf()" >/dev/null
 
-# 6. without shared_preload_libraries the functions still work (no worker)
+# 6. settings of a session, the database or the role never reach the
+#    worker's transactions: each one is READ COMMITTED and READ WRITE.
+#    First a handler that sets read-only and serializable for its session
+#    (set_config(..., false)), then the same and lock and statement timeouts
+#    and a search_path set on the database and role for a restarted worker.
+#    (This script's own sessions override them with PGOPTIONS.)
+reset_db_settings() {
+    PGOPTIONS="-c default_transaction_read_only=off" q -d postgres \
+        -c "ALTER DATABASE postgres RESET ALL" -c "ALTER ROLE postgres IN DATABASE postgres RESET ALL" \
+        -c "ALTER SYSTEM RESET earmark.report_interval" -c "SELECT pg_reload_conf()" >/dev/null 2>&1
+}
+trap reset_db_settings EXIT
+q -d postgres -c "ALTER SYSTEM SET earmark.report_interval = '1s'" -c "SELECT pg_reload_conf()" >/dev/null
+q -d postgres >/dev/null <<'SQL'
+DROP FUNCTION IF EXISTS public.w_sets_session(earmark.inbox_event);
+CREATE FUNCTION public.w_sets_session(e earmark.inbox_event) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('default_transaction_read_only', 'on', false);
+    PERFORM set_config('default_transaction_isolation', 'serializable', false);
+    PERFORM set_config('lock_timeout', '1ms', false);
+    RETURN 'set';
+END $$;
+SELECT earmark_inbox_set_handler('w.sets_session', 'w_sets_session(earmark.inbox_event)');
+SQL
+key="sets-$$-$RANDOM"
+q -d postgres -c "SELECT earmark_inbox_receive('w', '$key', 'w.sets_session', '{}')" >/dev/null
+got=$(wait_for 15 "SELECT status FROM earmark.inbox_event WHERE dedupe_key = '$key'" applied)
+is "$got" applied "a handler that sets read-only and serializable for its session was applied"
+job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 10, 'after-handler', lease => '300 milliseconds')")
+q -d postgres -c "SELECT charged FROM earmark_charge($job, 3)" >/dev/null
+got=$(wait_for 15 "SELECT status || ' ' || charged FROM earmark.job WHERE job_id = $job" "expired 3")
+is "$got" "expired 3" "after that handler the worker still sweeps"
+ledger_w() { q -d postgres -c "SELECT sum(l.units) FROM earmark.ledger l JOIN earmark.budget b USING (budget_id) WHERE b.account = 'w'"; }
+q -d postgres -c "SELECT earmark_record_usage('w', 2, 'after-handler')" >/dev/null
+got=$(wait_for 15 "SELECT total FROM earmark.local_meter WHERE account = 'w'" "$(ledger_w)")
+is "$got" "$(ledger_w)" "... and reports the new total"
+
+export PGOPTIONS="-c default_transaction_read_only=off -c default_transaction_isolation=read\\ committed -c lock_timeout=0 -c statement_timeout=0 -c search_path=public"
+q -d postgres -c "ALTER DATABASE postgres SET default_transaction_read_only = on" \
+  -c "ALTER DATABASE postgres SET default_transaction_isolation = 'serializable'" \
+  -c "ALTER DATABASE postgres SET lock_timeout = '1ms'" -c "ALTER DATABASE postgres SET statement_timeout = '1ms'" \
+  -c "ALTER ROLE postgres IN DATABASE postgres SET search_path = 'nowhere'" >/dev/null
+old=$(worker_pid)
+q -d postgres -c "SELECT pg_terminate_backend($old)" >/dev/null
+new=$(wait_for 20 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND pid <> $old" 1)
+is "$new" 1 "the worker restarted with the database's and role's settings"
+is "$(PGOPTIONS= q -d postgres -c "SHOW default_transaction_read_only")" on "(a session without overrides is read-only by default)"
+job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 10, 'read-only-db', lease => '300 milliseconds')")
+q -d postgres -c "SELECT charged FROM earmark_charge($job, 4)" >/dev/null
+got=$(wait_for 15 "SELECT status || ' ' || charged FROM earmark.job WHERE job_id = $job" "expired 4")
+is "$got" "expired 4" "with a read-only, serializable default the worker still sweeps an expired hold"
+q -d postgres -c "SELECT earmark_record_usage('w', 6, 'read-only-db')" >/dev/null
+got=$(wait_for 15 "SELECT total FROM earmark.local_meter WHERE account = 'w'" "$(ledger_w)")
+is "$got" "$(ledger_w)" "... and reports the new total"
+is "$(q -d postgres -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker'")" 1 "one worker, still running"
+reset_db_settings
+unset PGOPTIONS
+old=$(worker_pid)
+q -d postgres -c "SELECT pg_terminate_backend($old)" >/dev/null
+wait_for 20 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND pid <> $old" 1 >/dev/null
+q -d postgres -c "SELECT earmark_inbox_set_handler('w.sets_session', NULL)" -c "DROP FUNCTION public.w_sets_session(earmark.inbox_event)" >/dev/null
+
+# 7. without shared_preload_libraries the functions still work (no worker)
 NP=$(mktemp -d /tmp/earmark-nopreload.XXXXXX)
 chown postgres "$NP"; chmod 755 "$NP"
 runuser -u postgres -- "$EM_PGBIN/initdb" -D "$NP/data" -U postgres -A trust >/dev/null 2>&1
