@@ -118,10 +118,19 @@ em_want_limits(text *account)
 	em_exec(&want_limits, &arg, NULL, 0);
 }
 
+/* features in byte order: the order every writer of limit rows keeps */
+static int
+limit_cmp(const ListCell *a, const ListCell *b)
+{
+	return strcmp(((EmLimit *) lfirst(a))->feature, ((EmLimit *) lfirst(b))->feature);
+}
+
 /*
  * Store the limits read for an account (a List of EmLimit), in the
  * caller's SPI connection: the provider's limits replace the old ones, and
- * the account's read is recorded.  Returns the number of limits.
+ * the account's read is recorded.  Returns the number of limits.  The rows
+ * are written in feature order, as the plan change writes them: two
+ * writers of one account's limit rows in different orders could deadlock.
  */
 int
 em_store_account_limits(const char *account, List *limits)
@@ -134,6 +143,7 @@ em_store_account_limits(const char *account, List *limits)
 
 	args[0] = CStringGetTextDatum(account);
 	features = palloc(sizeof(Datum) * Max(list_length(limits), 1));
+	list_sort(limits, limit_cmp);
 	foreach(lc, limits)
 	{
 		EmLimit    *l = (EmLimit *) lfirst(lc);
