@@ -1,21 +1,56 @@
 #!/usr/bin/env bash
-# scripts/test.sh: every earmark test layer on a private throwaway cluster.
+# scripts/test.sh: earmark's test layers on a private throwaway cluster.
 #
-#   sudo ./scripts/test.sh
+#   sudo ./scripts/test.sh [quick|standard|full]      (or EM_TIER=...)
 #
 # Installs what is missing (apt), builds and installs earmark, starts a
 # PostgreSQL 15 cluster as an unprivileged user with earmark preloaded, and
-# runs pg_regress (sql/), the isolation specs (test/isolation), pgTAP
-# (test/pgtap) and the integration scripts (test/integration), then the
-# libFuzzer targets (test/fuzz, built with AddressSanitizer and
-# UndefinedBehaviorSanitizer).  Ends with one line "N passed, N failed" and
-# a non-zero exit status on any failure.
+# runs the layers of the tier:
+#
+#   quick     pg_regress (sql/) and the isolation specs (test/isolation):
+#             what "make installcheck" runs, a minute or two
+#   standard  quick, pgTAP (test/pgtap) and the integration scripts
+#             worker, meter and fuzz_sql (test/integration)
+#   full      (the default; CI runs it) standard with every integration
+#             script, the libFuzzer targets (test/fuzz), the same
+#             pg_regress, isolation, pgTAP and most integration scripts
+#             again with every server process under valgrind memcheck, and
+#             pg_regress and the isolation specs at faked dates ("dates")
+#
+# Ends with a table of the layers (time, passed, failed) and one line
+# "N passed, N failed", and a non-zero exit status on any failure.
 #
 # Counting: one per pg_regress file, one per isolation spec, one per pgTAP
-# assertion, one per integration assertion, one per fuzz target.
+# assertion, one per integration assertion, one per fuzz target, one per
+# memcheck check.  A runner that dies counts every test it did not pass as
+# failed; an integration script must print its TAP plan ("1..N", N equal to
+# the number of "ok" and "not ok" lines) and exit 0, or it counts one more
+# failure.
+#
+# EM_LAYERS picks layers instead of the tier's (regress isolation pgtap
+# integration fuzz valgrind dates); EM_INTEGRATION picks integration scripts
+# by name (e.g. "meter worker"); EM_VALGRIND_SCRIPTS those of the valgrind
+# run; EM_VALGRIND=0 skips valgrind; EM_DATES the faked dates of "dates";
+# EM_OUT the output directory (every log is kept there).
 
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 set +e
+
+TIER=${1:-${EM_TIER:-full}}
+case $TIER in
+    quick)    TIER_LAYERS="regress isolation" ;;
+    standard) TIER_LAYERS="regress isolation pgtap integration"
+              EM_INTEGRATION=${EM_INTEGRATION:-worker meter fuzz_sql} ;;
+    full)     TIER_LAYERS="regress isolation pgtap integration fuzz valgrind dates" ;;
+    *)        echo "usage: $0 [quick|standard|full]" >&2; exit 2 ;;
+esac
+EM_LAYERS=${EM_LAYERS:-$TIER_LAYERS}
+layer() { case " $EM_LAYERS " in *" $1 "*) return 0 ;; esac; return 1; }
+# the faked dates of the dates layer: a month's last seconds (the run
+# crosses into the next month), and the last day of February in a leap year
+EM_DATES=${EM_DATES:-2027-01-31 23:59:50|2028-02-29 12:00:00}
+FAKETIME_LIB=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
+layer dates && EM_PACKAGES+=(libfaketime)
 
 em_install_packages || exit 1
 
@@ -23,17 +58,23 @@ PASSED=0
 FAILED=0
 OUT=${EM_OUT:-$(mktemp -d /tmp/earmark-test-out.XXXXXX)}
 mkdir -p "$OUT"
-em_log "test output in $OUT"
+em_log "tier $TIER: layers $EM_LAYERS; output in $OUT"
 chmod 777 "$OUT"
 cd "$EM_ROOT"
 
-# EM_LAYERS picks layers for a quicker loop (default: all of them):
-#   EM_LAYERS="regress isolation pgtap integration fuzz valgrind"
-# EM_INTEGRATION picks integration scripts by name (e.g. "meter worker").
-EM_LAYERS=${EM_LAYERS:-regress isolation pgtap integration fuzz valgrind}
-layer() { case " $EM_LAYERS " in *" $1 "*) return 0 ;; esac; return 1; }
-
 count() { PASSED=$((PASSED + $1)); FAILED=$((FAILED + $2)); }
+
+# The table at the end: one row per layer run, its time and counts.
+TABLE=()
+T_NAME=
+T_START=0
+T_P=0
+T_F=0
+t_begin() { T_NAME=$1; T_START=$(date +%s); T_P=$PASSED; T_F=$FAILED; }
+t_end() {
+    TABLE+=("$(printf '%-34s %7s %7s %7s' "$T_NAME" "$(( $(date +%s) - T_START ))" \
+               "$((PASSED - T_P))" "$((FAILED - T_F))")")
+}
 
 # count_regress LOG NAME EXPECTED RC: pg_regress and pg_isolation_regress
 # print "... ok" per passing test.  Every test that did not print it failed
@@ -49,6 +90,32 @@ count_regress() {
     em_log "$2: $p passed, $f failed (of $n, exit status $rc)"
 }
 
+# count_tap LOG NAME RC: a TAP script's "ok" and "not ok" lines; its plan
+# "1..N" must be there once and N must be the number of those lines (a
+# script that died, or skipped assertions, did not print it or printed
+# another number), and it must have exited 0.  Each of these that does not
+# hold counts one failure more (printed as a "not ok" line here).
+count_tap() {
+    local log=$1 name=$2 rc=$3 p f plans plan extra=0
+    p=$(grep -cE '^ok( |$)' "$log")
+    f=$(grep -cE '^not ok( |$)' "$log")
+    plans=$(grep -cE '^1\.\.[0-9]+$' "$log")
+    plan=$(sed -n 's/^1\.\.\([0-9][0-9]*\)$/\1/p' "$log" | head -1)
+    if [ "$plans" -ne 1 ]; then
+        echo "not ok - $name: $plans TAP plans (1..N) printed, not one (it died before its end?)"
+        extra=$((extra + 1))
+    elif [ "$plan" -ne $((p + f)) ]; then
+        echo "not ok - $name: planned $plan assertions, printed $((p + f))"
+        extra=$((extra + 1))
+    fi
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ] && [ "$extra" -eq 0 ]; then
+        echo "not ok - $name: exit status $rc without a failed assertion"
+        extra=1
+    fi
+    count "$p" $((f + extra))
+    em_log "$name: $p passed, $((f + extra)) failed (plan ${plan:-none}, exit status $rc)"
+}
+
 start_test_cluster() {
     em_start_cluster "${EM_TEST_PORT:-55432}" \
         "shared_preload_libraries = 'earmark,pg_cron'" \
@@ -61,101 +128,183 @@ start_test_cluster() {
     export EM_DATA EM_BASE EM_SOCK EM_PORT EM_ROOT
 }
 
-# run_layers NAME: every layer against the running cluster
-run_layers() {
-    local OUT=$OUT/$1 t rc p f
-    mkdir -p "$OUT"
-    chmod 777 "$OUT"
-    # --- pg_regress ----------------------------------------------------------
-    regress_tests=$(cd sql && ls *.sql 2>/dev/null | sed 's/\.sql$//' | sort)
-    if [ -n "$regress_tests" ] && layer regress; then
-        em_log "pg_regress: $(echo $regress_tests | wc -w) files"
-        "$PGXS_DIR/test/regress/pg_regress" --inputdir=. --outputdir="$OUT/regress" \
-            --bindir="$EM_PGBIN" --load-extension=earmark --dbname=earmark_regress \
-            $regress_tests >"$OUT/regress.log" 2>&1
-        rc=$?
-        cat "$OUT/regress.log"
-        [ -f "$OUT/regress/regression.diffs" ] && head -200 "$OUT/regress/regression.diffs"
-        count_regress "$OUT/regress.log" pg_regress "$(echo $regress_tests | wc -w)" "$rc"
+# stop_test_cluster NAME: stop the cluster, keeping its server log as
+# $OUT/server-NAME.log (em_stop_cluster removes the cluster's directory)
+SERVER_LOGS=()
+stop_test_cluster() {
+    if [ -n "${EM_BASE:-}" ] && [ -f "$EM_BASE/server.log" ]; then
+        cp "$EM_BASE/server.log" "$OUT/server-$1.log" 2>/dev/null && SERVER_LOGS+=("$OUT/server-$1.log")
     fi
-
-    # --- isolation -----------------------------------------------------------
-    iso_tests=$(cd test/isolation/specs 2>/dev/null && ls *.spec 2>/dev/null | sed 's/\.spec$//' | sort)
-    if [ -n "$iso_tests" ] && layer isolation; then
-        em_log "isolation: $(echo $iso_tests | wc -w) specs"
-        "$PGXS_DIR/test/isolation/pg_isolation_regress" --inputdir=test/isolation \
-            --outputdir="$OUT/isolation" --bindir="$EM_PGBIN" --load-extension=earmark \
-            --dbname=earmark_isolation $iso_tests >"$OUT/isolation.log" 2>&1
-        rc=$?
-        cat "$OUT/isolation.log"
-        [ -f "$OUT/isolation/regression.diffs" ] && head -200 "$OUT/isolation/regression.diffs"
-        count_regress "$OUT/isolation.log" isolation "$(echo $iso_tests | wc -w)" "$rc"
-    fi
-
-    # --- pgTAP ---------------------------------------------------------------
-    if ls test/pgtap/*.sql >/dev/null 2>&1 && layer pgtap; then
-        em_log "pgTAP"
-        em_psql -d postgres -c "DROP DATABASE IF EXISTS earmark_tap" -c "CREATE DATABASE earmark_tap"
-        em_psql -d earmark_tap -c "CREATE EXTENSION pgtap" -c "CREATE EXTENSION earmark"
-        pg_prove --verbose -d earmark_tap test/pgtap/*.sql >"$OUT/pgtap.log" 2>&1
-        grep -vE '^ok ' "$OUT/pgtap.log"
-        p=$(grep -cE '^ok ' "$OUT/pgtap.log")
-        f=$(grep -cE '^not ok ' "$OUT/pgtap.log")
-        # a file that dies before its plan is done counts as one failure
-        if ! grep -q '^Result: PASS' "$OUT/pgtap.log" && [ "$f" -eq 0 ]; then f=1; fi
-        count "$p" "$f"
-        em_log "pgTAP: $p passed, $f failed"
-    fi
-
-    # --- integration ---------------------------------------------------------
-    if ls test/integration/*.sh >/dev/null 2>&1 && layer integration; then
-        for t in test/integration/*.sh; do
-            [ "$(basename "$t")" = tap.sh ] && continue
-            if [ -n "${EM_INTEGRATION:-}" ]; then
-                case " $EM_INTEGRATION " in *" $(basename "$t" .sh) "*) ;; *) continue ;; esac
-            fi
-            em_log "integration: $t"
-            timeout 900 bash "$t" >"$OUT/int.log" 2>&1
-            rc=$?
-            cat "$OUT/int.log"
-            p=$(grep -cE '^ok ' "$OUT/int.log")
-            f=$(grep -cE '^not ok ' "$OUT/int.log")
-            # a script that dies without reporting a failure still fails once
-            if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
-            count "$p" "$f"
-        done
-    fi
+    em_stop_cluster
+    EM_DATA=
 }
 
-# --- the layers ------------------------------------------------------------
+# run_regress NAME OUTDIR [ENV...]: pg_regress over sql/ against the cluster
+run_regress() {
+    local name=$1 dir=$2 tests rc
+    shift 2
+    tests=$(cd sql && ls *.sql 2>/dev/null | sed 's/\.sql$//' | sort)
+    [ -n "$tests" ] || return 0
+    em_log "$name: $(echo $tests | wc -w) files"
+    env "$@" "$PGXS_DIR/test/regress/pg_regress" --inputdir=. --outputdir="$dir/regress" \
+        --bindir="$EM_PGBIN" --load-extension=earmark --dbname=earmark_regress \
+        $tests >"$dir/regress.log" 2>&1
+    rc=$?
+    cat "$dir/regress.log"
+    [ -f "$dir/regress/regression.diffs" ] && head -200 "$dir/regress/regression.diffs"
+    count_regress "$dir/regress.log" "$name" "$(echo $tests | wc -w)" "$rc"
+}
+
+# run_isolation NAME OUTDIR: the isolation specs against the cluster
+run_isolation() {
+    local name=$1 dir=$2 tests rc
+    tests=$(cd test/isolation/specs 2>/dev/null && ls *.spec 2>/dev/null | sed 's/\.spec$//' | sort)
+    [ -n "$tests" ] || return 0
+    em_log "$name: $(echo $tests | wc -w) specs"
+    "$PGXS_DIR/test/isolation/pg_isolation_regress" --inputdir=test/isolation \
+        --outputdir="$dir/isolation" --bindir="$EM_PGBIN" --load-extension=earmark \
+        --dbname=earmark_isolation $tests >"$dir/isolation.log" 2>&1
+    rc=$?
+    cat "$dir/isolation.log"
+    [ -f "$dir/isolation/regression.diffs" ] && head -200 "$dir/isolation/regression.diffs"
+    count_regress "$dir/isolation.log" "$name" "$(echo $tests | wc -w)" "$rc"
+}
+
+# run_pgtap NAME OUTDIR: every pgTAP file in a database of its own
+run_pgtap() {
+    local name=$1 dir=$2 rc p f
+    ls test/pgtap/*.sql >/dev/null 2>&1 || return 0
+    em_log "$name"
+    em_psql -d postgres -c "DROP DATABASE IF EXISTS earmark_tap" -c "CREATE DATABASE earmark_tap"
+    em_psql -d earmark_tap -c "CREATE EXTENSION pgtap" -c "CREATE EXTENSION earmark"
+    pg_prove --verbose -d earmark_tap test/pgtap/*.sql >"$dir/pgtap.log" 2>&1
+    rc=$?
+    grep -vE '^ok ' "$dir/pgtap.log"
+    p=$(grep -cE '^ok ' "$dir/pgtap.log")
+    f=$(grep -cE '^not ok ' "$dir/pgtap.log")
+    # a file that dies before its plan is done (pg_prove checks the plans)
+    # counts as one failure
+    if { ! grep -q '^Result: PASS' "$dir/pgtap.log" || [ "$rc" -ne 0 ]; } && [ "$f" -eq 0 ]; then f=1; fi
+    count "$p" "$f"
+    em_log "$name: $p passed, $f failed (exit status $rc)"
+}
+
+# run_integration NAME OUTDIR SCRIPTS [ENV...]: each script's output in
+# OUTDIR/int-SCRIPT.log, counted with its plan
+run_integration() {
+    local name=$1 dir=$2 scripts=$3 t rc
+    shift 3
+    for t in $scripts; do
+        if [ ! -f "test/integration/$t.sh" ]; then
+            echo "not ok - $name: test/integration/$t.sh does not exist"
+            count 0 1
+            continue
+        fi
+        em_log "$name: $t"
+        env "$@" timeout 1800 bash "test/integration/$t.sh" >"$dir/int-$t.log" 2>&1
+        rc=$?
+        cat "$dir/int-$t.log"
+        count_tap "$dir/int-$t.log" "$name $t" "$rc"
+    done
+}
+
+integration_scripts() {
+    local t names=""
+    for t in test/integration/*.sh; do
+        t=$(basename "$t" .sh)
+        [ "$t" = tap ] && continue
+        names="$names $t"
+    done
+    echo ${EM_INTEGRATION:-$names}
+}
+
+# --- build, and the layers on a plain cluster ---------------------------------
+t_begin "build and start"
 em_build || exit 1
 PGXS_DIR=$(dirname "$("$EM_PGBIN/pg_config" --pgxs)")/..
-start_test_cluster || exit 1
-run_layers plain
+if layer regress || layer isolation || layer pgtap || layer integration; then
+    start_test_cluster || exit 1
+fi
+t_end
+PLAIN=$OUT/plain
+mkdir -p "$PLAIN"
+chmod 777 "$PLAIN"
+if layer regress; then t_begin "pg_regress"; run_regress pg_regress "$PLAIN"; t_end; fi
+if layer isolation; then t_begin "isolation"; run_isolation isolation "$PLAIN"; t_end; fi
+if layer pgtap; then t_begin "pgTAP"; run_pgtap pgTAP "$PLAIN"; t_end; fi
+if layer integration; then
+    for s in $(integration_scripts); do
+        t_begin "integration $s"
+        run_integration integration "$PLAIN" "$s"
+        t_end
+    done
+fi
+stop_test_cluster plain
 
-# --- libFuzzer over the C parsers and verifiers (no server needed) ----------
+# --- libFuzzer over the C parsers and verifiers (no server needed) ------------
 if layer fuzz; then
-em_log "libFuzzer: test/fuzz/run.sh"
-timeout 600 bash test/fuzz/run.sh >"$OUT/fuzz.log" 2>&1 ||
-    grep -q '^not ok ' "$OUT/fuzz.log" || echo 'not ok - test/fuzz/run.sh died' >>"$OUT/fuzz.log"
-cat "$OUT/fuzz.log"
-count "$(grep -cE '^ok ' "$OUT/fuzz.log")" "$(grep -cE '^not ok ' "$OUT/fuzz.log")"
+    t_begin "libFuzzer"
+    em_log "libFuzzer: test/fuzz/run.sh"
+    timeout 600 bash test/fuzz/run.sh >"$OUT/fuzz.log" 2>&1
+    rc=$?
+    cat "$OUT/fuzz.log"
+    count_tap "$OUT/fuzz.log" "libFuzzer test/fuzz/run.sh" "$rc"
+    t_end
 fi
 
-# --- valgrind: pg_regress, the isolation specs, pgTAP and the integration ---
+# --- dates: pg_regress and the isolation specs at faked dates -----------------
+# The server runs under libfaketime (LD_PRELOAD through a wrapper that
+# pg_ctl starts instead of postgres), its clock starting at each date of
+# EM_DATES and running on from there; the clients keep the real one.
+if layer dates; then
+    IFS='|' read -r -a DATES <<<"$EM_DATES"
+    for d in "${DATES[@]}"; do
+        t_begin "dates: $d"
+        tag=$(echo "$d" | tr -c '0-9\n' '-')
+        DT=$OUT/dates-$tag
+        mkdir -p "$DT"
+        chmod 777 "$DT"
+        if [ ! -r "$FAKETIME_LIB" ]; then
+            echo "not ok - dates $d: $FAKETIME_LIB is missing (Debian: libfaketime)"; count 0 1; t_end; continue
+        fi
+        printf '#!/bin/sh\nLD_PRELOAD=%s FAKETIME="@%s" FAKETIME_DONT_RESET=1 FAKETIME_DONT_FAKE_MONOTONIC=1 exec %s/postgres "$@"\n' \
+            "$FAKETIME_LIB" "$d" "$EM_PGBIN" >"$DT/postgres"
+        chmod 755 "$DT/postgres"
+        if EM_PG_WRAPPER=$DT/postgres start_test_cluster; then
+            now=$(em_psql -At -d postgres -c "SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI')")
+            em_log "dates: the server's clock reads $now (UTC)"
+            case $now in
+                "${d:0:13}"*) ;;
+                *) echo "not ok - dates $d: the server's clock reads $now, not the faked date"; count 0 1 ;;
+            esac
+            run_regress "pg_regress at $d" "$DT"
+            run_isolation "isolation at $d" "$DT"
+            [ "${EM_DATES_PGTAP:-0}" = 1 ] && run_pgtap "pgTAP at $d" "$DT"
+            stop_test_cluster "dates-$tag"
+        else
+            echo "not ok - dates $d: the server did not start under libfaketime"; count 0 1
+            stop_test_cluster "dates-$tag"
+        fi
+        t_end
+    done
+fi
+
+# --- valgrind: pg_regress, the isolation specs, pgTAP and the integration -----
 # scripts (EM_VALGRIND_SCRIPTS) again, with every server process under
-# memcheck: backends, the earmark worker, pg_cron.  Their results are not
-# counted (valgrind's slowdown passes the short leases and time windows some
-# tests rely on); what counts is that no memcheck error is earmark's
-# (test/valgrind/check.py: its stack reaches earmark's code before
-# PostgreSQL's).  Errors of PostgreSQL itself (without suppressions, e.g.
-# uninitialised padding written to WAL) are not ours to judge.  The load
-# scripts run smaller under memcheck (5,000 bad calls instead of 100,000; 10
-# escrow clients); crash.sh (about 14 minutes under memcheck, its restarts
-# keep the wrapper) and lab.sh (4 minutes, the gate's paths again) are left
-# to EM_VALGRIND_SCRIPTS.
+# memcheck: backends, the earmark worker, pg_cron.  Their results count like
+# the plain run's (the tests wait for states, not for time, so valgrind's
+# slowdown of about 30 times changes no answer), and so does that no
+# memcheck error is earmark's (test/valgrind/check.py: its stack reaches
+# earmark's code before PostgreSQL's).  Errors of PostgreSQL itself
+# (without suppressions, e.g. uninitialised padding written to WAL) are not
+# ours to judge.  The load scripts run smaller under memcheck (5,000 bad
+# calls instead of 100,000; 10 escrow clients, a limit of 2,000, leases of
+# 60 s); crash.sh (about 14 minutes under memcheck, its restarts keep the
+# wrapper) and lab.sh (4 minutes, the gate's paths again) are left to
+# EM_VALGRIND_SCRIPTS.
 VG_SCRIPTS=${EM_VALGRIND_SCRIPTS:-meter reconcile inbox_worker jwt worker upgrade fuzz_sql escrow_stress engine_room}
 if [ "${EM_VALGRIND:-1}" = 1 ] && layer valgrind; then
+    t_begin "valgrind: start"
     em_log "valgrind: pg_regress, the isolation specs, pgTAP and integration ($VG_SCRIPTS) under memcheck"
     VG=$OUT/valgrind
     mkdir -p "$VG"
@@ -163,29 +312,21 @@ if [ "${EM_VALGRIND:-1}" = 1 ] && layer valgrind; then
     printf '#!/bin/sh\nexec valgrind --quiet --num-callers=40 --log-file=%s/vg.%%p.log %s/postgres "$@"\n' \
         "$VG" "$EM_PGBIN" >"$VG/postgres"
     chmod 755 "$VG/postgres"
-    em_stop_cluster
     if EM_PG_WRAPPER=$VG/postgres start_test_cluster; then
-        "$PGXS_DIR/test/regress/pg_regress" --inputdir=. --outputdir="$VG/regress" \
-            --bindir="$EM_PGBIN" --load-extension=earmark --dbname=earmark_regress \
-            $(cd sql && ls *.sql | sed 's/\.sql$//' | sort) >"$VG/regress.log" 2>&1
-        "$PGXS_DIR/test/isolation/pg_isolation_regress" --inputdir=test/isolation \
-            --outputdir="$VG/isolation" --bindir="$EM_PGBIN" --load-extension=earmark \
-            --dbname=earmark_isolation $(cd test/isolation/specs && ls *.spec | sed 's/\.spec$//' | sort) \
-            >"$VG/isolation.log" 2>&1
-        em_psql -d postgres -c "CREATE DATABASE earmark_tap"
-        em_psql -d earmark_tap -c "CREATE EXTENSION pgtap" -c "CREATE EXTENSION earmark"
-        pg_prove -d earmark_tap test/pgtap/*.sql >"$VG/pgtap.log" 2>&1
-        for t in $VG_SCRIPTS; do
-            em_log "valgrind: integration $t"
-            EM_PG_WRAPPER=$VG/postgres EM_FUZZ_CALLS=5000 ESCROW_STRESS_CLIENTS=10 ESCROW_STRESS_SECONDS=20 \
-                ESCROW_STRESS_PAIR_CLIENTS=5 ESCROW_STRESS_PAIR_SECONDS=5 \
-                timeout 900 bash "test/integration/$t.sh" >"$VG/int-$t.log" 2>&1
-            echo "integration $t ... $(grep -cE '^ok ' "$VG/int-$t.log") ok, $(grep -cE '^not ok ' "$VG/int-$t.log") not ok" >>"$VG/int.log"
+        t_end
+        t_begin "valgrind: pg_regress"; run_regress "valgrind pg_regress" "$VG"; t_end
+        t_begin "valgrind: isolation"; run_isolation "valgrind isolation" "$VG"; t_end
+        t_begin "valgrind: pgTAP"; run_pgtap "valgrind pgTAP" "$VG"; t_end
+        for s in $VG_SCRIPTS; do
+            t_begin "valgrind: integration $s"
+            run_integration "valgrind integration" "$VG" "$s" \
+                EM_PG_WRAPPER="$VG/postgres" EM_FUZZ_CALLS=5000 ESCROW_STRESS_CLIENTS=10 \
+                ESCROW_STRESS_SECONDS=20 ESCROW_STRESS_LIMIT=2000 ESCROW_STRESS_LEASE=60 \
+                ESCROW_STRESS_PAIR_CLIENTS=5 ESCROW_STRESS_PAIR_SECONDS=5
+            t_end
         done
-        em_stop_cluster
-        grep -hE '\.\.\. (ok|FAILED)' "$VG/regress.log" "$VG/isolation.log" | sed 's/^/# valgrind run: /'
-        sed 's/^/# valgrind run: pgTAP: /' <(tail -1 "$VG/pgtap.log")
-        sed 's/^/# valgrind run: /' "$VG/int.log"
+        t_begin "valgrind: memcheck"
+        stop_test_cluster valgrind
         logs=$(ls "$VG"/vg.*.log 2>/dev/null | wc -l)
         if [ "$logs" -gt 100 ]; then echo "ok - valgrind: $logs processes ran under memcheck"; count 1 0
         else echo "not ok - valgrind: only $logs processes ran under memcheck"; count 0 1; fi
@@ -197,14 +338,21 @@ if [ "${EM_VALGRIND:-1}" = 1 ] && layer valgrind; then
         fi
     else
         echo "not ok - valgrind: the server did not start under memcheck"; count 0 1
-        tail -20 "$EM_BASE/server.log"
+        stop_test_cluster valgrind
     fi
+    t_end
 fi
 
 if [ "$FAILED" -ne 0 ]; then
-    em_log "server log tail:"
-    tail -50 "$EM_BASE/server.log" >&2
+    for l in "${SERVER_LOGS[@]}"; do
+        em_log "server log tail ($l):"
+        tail -50 "$l" >&2
+    done
 fi
+echo
+printf '%-34s %7s %7s %7s\n' "layer" "seconds" "passed" "failed"
+for row in "${TABLE[@]}"; do echo "$row"; done
+echo "(output and logs in $OUT)"
 echo
 echo "$PASSED passed, $FAILED failed"
 [ "$FAILED" -eq 0 ] && [ "$PASSED" -gt 0 ]

@@ -65,7 +65,10 @@ SELECT earmark_set_account('anchored', provider_customer => 'customer_0199');
 SELECT cycle_anchor, provider_customer, provider_agreement FROM earmark.account WHERE account = 'anchored';
 -- usage (a settled job) also locks the anchor after the holds are gone
 SELECT charged FROM earmark_settle((SELECT job_id FROM earmark.job WHERE idempotency_key = 'held'), 7);
-SELECT held, used FROM earmark_budget('anchored');
+-- (the job's own budget, not the current cycle's: a cycle of this anchor ends
+-- on the 20th at 15:29 UTC, maybe during the run)
+SELECT b.held, b.used FROM earmark.budget b JOIN earmark.job j USING (budget_id)
+WHERE j.idempotency_key = 'held';
 \set VERBOSITY sqlstate
 SELECT earmark_set_account('anchored', '2026-10-06 00:00:00+00');
 \set VERBOSITY default

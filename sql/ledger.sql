@@ -386,3 +386,53 @@ SELECT admitted, remaining, reason FROM earmark_reserve('esc', 1, 'e-3');
 SELECT used, held, remaining FROM earmark_budget('esc');
 SELECT used + held <= 1000 AS within_limit FROM earmark_budget('esc');
 RESET earmark.rate_limit;
+
+-- 13. Each cycle is its own unit.  A repair the meter does not take as
+--     written (a trigger keeps the local meter of one cycle one below) is
+--     that cycle's evidence, not an error: read_back differs from
+--     repaired_to, the cause says so, and the other cycle of the call is
+--     repaired.
+SELECT earmark_set_account('units', pg_temp.mid_anchor());
+SELECT earmark_record_usage('units', 10, 'u-1');
+SELECT earmark_record_usage('units', 4, 'u-2', 'images');
+CREATE FUNCTION public.units_off_by_one() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.account = 'units' AND NEW.feature = 'default' THEN
+        NEW.total := NEW.total - 1;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER units_off_by_one BEFORE INSERT OR UPDATE ON earmark.local_meter
+    FOR EACH ROW EXECUTE FUNCTION public.units_off_by_one();
+SELECT feature, verdict, ledger_total, provider_total, repaired_to, read_back, cause
+FROM earmark_reconcile('units') ORDER BY feature;
+SELECT feature, total, origin, ok FROM earmark.send_log WHERE account = 'units' ORDER BY send_id;
+-- the next run tries again (a repair attempt always adds a row; the upsert
+-- fires the trigger twice, so the meter now reads 8)
+SELECT feature, verdict, repaired_to, read_back FROM earmark_reconcile('units') ORDER BY feature;
+DROP TRIGGER units_off_by_one ON earmark.local_meter;
+DROP FUNCTION public.units_off_by_one();
+SELECT feature, verdict, repaired_to, read_back FROM earmark_reconcile('units') ORDER BY feature;
+SELECT feature, count(*) AS evidence_rows FROM earmark.evidence WHERE account = 'units' GROUP BY feature ORDER BY feature;
+
+--     A cycle whose step fails (here a trigger refuses its evidence row) is
+--     rolled back alone, with a WARNING that names it; the other cycles of
+--     the call are reconciled and returned.  (Closed cycles of April 2025,
+--     so that the WARNING's date is fixed.)
+SELECT earmark_set_account('units_old');
+SELECT earmark_record_usage('units_old', 2, 'o-1', occurred_at => '2025-04-10 00:00:00+00');
+SELECT earmark_record_usage('units_old', 3, 'o-2', 'images', occurred_at => '2025-04-10 00:00:00+00');
+CREATE FUNCTION public.refuse_evidence() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.account = 'units_old' AND NEW.feature = 'default' THEN
+        RAISE EXCEPTION 'evidence refused by a test trigger';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_evidence BEFORE INSERT OR UPDATE ON earmark.evidence
+    FOR EACH ROW EXECUTE FUNCTION public.refuse_evidence();
+SELECT feature, cycle_start, verdict, ledger_total, provider_total
+FROM earmark_reconcile('units_old') ORDER BY feature;
+DROP TRIGGER refuse_evidence ON earmark.evidence;
+DROP FUNCTION public.refuse_evidence();
+SELECT feature, verdict FROM earmark_reconcile('units_old') ORDER BY feature;

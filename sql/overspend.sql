@@ -16,6 +16,16 @@ TRUNCATE earmark.meter_mark, earmark.meter_send, earmark.meter_review, earmark.e
          earmark.job, earmark.budget_slot, earmark.budget, earmark.usage_shard, earmark.account_limit,
          earmark.account RESTART IDENTITY CASCADE;
 
+-- Every account here starts its cycle 14 to 17 days ago (midnight UTC, day
+-- 28 at the latest), so that no cycle ends while the file runs, on any
+-- date: a cycle that ended between two calls would split their holds and
+-- usage over two budgets.
+SELECT make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
+                        least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC') AS anchor
+FROM (SELECT (clock_timestamp() AT TIME ZONE 'UTC') - interval '14 days' AS a) t \gset
+SELECT count(*) AS anchored
+FROM unnest(ARRAY['low', 'rec']) a, LATERAL earmark_set_account(a, :'anchor');
+
 -- what is open and used in an account's cycle, slots and counters included
 CREATE FUNCTION open_total(acct text) RETURNS TABLE (lim bigint, used bigint, held bigint, open_holds bigint)
 LANGUAGE sql AS $$
@@ -73,6 +83,8 @@ SELECT invariant, account FROM earmark_check() ORDER BY invariant, account;
 TRUNCATE earmark.meter_mark, earmark.meter_send, earmark.meter_review, earmark.evidence, earmark.ledger,
          earmark.job, earmark.budget_slot, earmark.budget, earmark.usage_shard, earmark.account_limit,
          earmark.account RESTART IDENTITY CASCADE;
+-- ('moved' keeps the calendar month: its part moves the anchor itself)
+SELECT count(*) AS anchored FROM earmark_set_account('over', :'anchor');
 SELECT earmark_set_limit('over', 100);
 SELECT admitted FROM earmark_reserve('over', 60, 'x');
 -- usage recorded past the limit is not an overspend by itself ...

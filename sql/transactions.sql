@@ -5,6 +5,16 @@ SET client_min_messages = warning;
 \pset null '<null>'
 TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget,
          earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
+
+-- Every account here starts its cycle 14 to 17 days ago (midnight UTC, day
+-- 28 at the latest), so that no cycle ends while the file runs, on any
+-- date: a cycle that ended between two calls would split their holds and
+-- usage over two budgets.
+SELECT make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
+                        least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC') AS anchor
+FROM (SELECT (clock_timestamp() AT TIME ZONE 'UTC') - interval '14 days' AS a) t \gset
+SELECT count(*) AS anchored
+FROM unnest(ARRAY['app']) a, LATERAL earmark_set_account(a, :'anchor');
 SELECT earmark_set_limit('app', 100000);
 
 -- rolled back: no job, no hold

@@ -591,7 +591,7 @@ BEGIN
     BEGIN
         INSERT INTO earmark.account_limit AS l (account, feature, lim, source, updated_at)
         SELECT e.account, p.feature, p.lim, 'manual', now()
-          FROM earmark.plan_limit p WHERE p.plan = new_plan ORDER BY p.feature
+          FROM earmark.plan_limit p WHERE p.plan = new_plan ORDER BY p.feature COLLATE "C"
         ON CONFLICT (account, feature) DO UPDATE SET lim = excluded.lim, updated_at = excluded.updated_at;
         UPDATE earmark.account
            SET plan = new_plan, plan_changed_at = e.occurred_at, updated_at = now()

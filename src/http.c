@@ -15,7 +15,14 @@
  *	  polls libcurl is off the stack: there the batch checks for a query
  *	  cancel or termination (aborting every transfer first) and calls the
  *	  caller's tick, which the worker uses to keep sweeping on schedule
- *	  while a slow provider answers.
+ *	  while a slow provider answers.  A tick may commit transactions, which
+ *	  leaves TopMemoryContext current: the memory context current at the
+ *	  call is made current again after each tick, so the answers land where
+ *	  the caller expects them (and are freed with it).
+ *
+ *	  Answers and headers may carry secrets (a token, a bearer header): the
+ *	  malloc'd buffers that held them are zeroed before they are freed, and
+ *	  a request's auth_header is zeroed and freed when the batch is done.
  *
  *	  Takes no locks and reads no table.
  *
@@ -53,12 +60,35 @@ typedef struct Transfer
 
 static bool curl_ready = false;
 
+/* zero a malloc'd buffer (it may hold a secret) and free it */
+static void
+free_zeroed(char *p, size_t len)
+{
+	if (p)
+	{
+		explicit_bzero(p, len);
+		free(p);
+	}
+}
+
+void
+em_forget(char *s, size_t len)
+{
+	if (s)
+	{
+		explicit_bzero(s, len);
+		pfree(s);
+	}
+}
+
 static size_t
 write_cb(char *ptr, size_t size, size_t nmemb, void *userdata)
 {
 	Transfer   *t = (Transfer *) userdata;
 	size_t		n = size * nmemb;
 
+	if (t->req->discard_body)
+		return n;
 	if (n > t->req->max_bytes - t->len)
 	{
 		t->too_large = true;
@@ -66,14 +96,18 @@ write_cb(char *ptr, size_t size, size_t nmemb, void *userdata)
 	}
 	if (t->len + n + 1 > t->cap)
 	{
+		/* not realloc: the old buffer is zeroed before it is freed */
 		size_t		cap = Max(t->cap * 2, t->len + n + 1);
-		char	   *p = realloc(t->data, cap);
+		char	   *p = malloc(cap);
 
 		if (p == NULL)
 		{
 			t->oom = true;
 			return 0;
 		}
+		if (t->len > 0)
+			memcpy(p, t->data, t->len);
+		free_zeroed(t->data, t->cap);
 		t->data = p;
 		t->cap = cap;
 	}
@@ -155,6 +189,14 @@ start_transfer(CURLM *multi, Transfer *t, int timeout_ms)
 			return false;
 		t->headers = h;
 	}
+	if (r->auth_header != NULL)
+	{
+		struct curl_slist *h = curl_slist_append(t->headers, r->auth_header);
+
+		if (h == NULL)
+			return false;
+		t->headers = h;
+	}
 	if (r->body != NULL && r->content_type != NULL)
 	{
 		char		ct[128];
@@ -206,21 +248,47 @@ free_transfer(CURLM *multi, Transfer *t)
 		t->curl = NULL;
 	}
 	if (t->headers)
+	{
+		struct curl_slist *h;
+
+		/* libcurl's copies of the headers: one may be a bearer token */
+		for (h = t->headers; h != NULL; h = h->next)
+			explicit_bzero(h->data, strlen(h->data));
 		curl_slist_free_all(t->headers);
+	}
 	t->headers = NULL;
 }
 
+/* the requests' bearer headers, once nothing will send them again */
+static void
+forget_auth_headers(EmHttpRequest *reqs, int n)
+{
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		if (reqs[i].auth_header)
+			em_forget(reqs[i].auth_header, strlen(reqs[i].auth_header));
+		reqs[i].auth_header = NULL;
+	}
+}
+
 /*
- * The caller's tick, between polls.  It may run a transaction of its own
- * (the worker's sweep); if it raises, the handles are cleaned up before
- * the error goes on.
+ * The caller's tick, between polls.  It may run transactions of its own
+ * (the worker's sweep), whose commit leaves TopMemoryContext current: the
+ * caller's context is made current again.  If it raises, the handles are
+ * cleaned up before the error goes on.
  */
 static void
-run_tick(EmHttpTick tick, void *tick_arg, CURLM *multi, Transfer *ts, int n)
+run_tick(EmHttpTick tick, void *tick_arg, CURLM *multi, Transfer *ts,
+		 EmHttpRequest *reqs, int n)
 {
+	MemoryContext cxt = CurrentMemoryContext;
+
 	PG_TRY();
 	{
 		tick(tick_arg);
+		MemoryContextSwitchTo(cxt);
 	}
 	PG_CATCH();
 	{
@@ -229,10 +297,12 @@ run_tick(EmHttpTick tick, void *tick_arg, CURLM *multi, Transfer *ts, int n)
 		for (i = 0; i < n; i++)
 		{
 			free_transfer(multi, &ts[i]);
-			free(ts[i].data);
+			free_zeroed(ts[i].data, ts[i].cap);
+			ts[i].data = NULL;
 		}
 		curl_multi_cleanup(multi);
 		free(ts);
+		forget_auth_headers(reqs, n);
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
@@ -278,6 +348,7 @@ em_http_run(EmHttpRequest *reqs, int n, int parallel, int timeout_ms,
 		{
 			for (i = 0; i < n; i++)
 				reqs[i].error = pstrdup("could not initialize libcurl");
+			forget_auth_headers(reqs, n);
 			return;
 		}
 		curl_ready = true;
@@ -291,6 +362,7 @@ em_http_run(EmHttpRequest *reqs, int n, int parallel, int timeout_ms,
 		free(ts);
 		for (i = 0; i < n; i++)
 			reqs[i].error = pstrdup("could not create libcurl handles");
+		forget_auth_headers(reqs, n);
 		return;
 	}
 	for (i = 0; i < n; i++)
@@ -350,7 +422,7 @@ em_http_run(EmHttpRequest *reqs, int n, int parallel, int timeout_ms,
 
 		/* libcurl is off the stack here */
 		if (tick)
-			run_tick(tick, tick_arg, multi, ts, n);
+			run_tick(tick, tick_arg, multi, ts, reqs, n);
 	}
 
 	/* copy the answers out of malloc'd memory; errors may be raised after */
@@ -388,11 +460,12 @@ em_http_run(EmHttpRequest *reqs, int n, int parallel, int timeout_ms,
 			else
 				r->error = "out of memory for the response";
 		}
-		free(t->data);
+		free_zeroed(t->data, t->cap);
 		t->data = NULL;
 	}
 	curl_multi_cleanup(multi);
 	free(ts);
+	forget_auth_headers(reqs, n);
 
 	if (interrupted)
 		CHECK_FOR_INTERRUPTS();

@@ -10,6 +10,15 @@
  *	  HTTP: it only sets earmark.account.limits_wanted_at.  Manual limits
  *	  (earmark_set_limit) never age.
  *
+ *	  The worker reads in three steps, like the reporter: which accounts
+ *	  (a transaction), the provider's answer (no transaction: the worker
+ *	  keeps sweeping between polls), then the account's limits or its
+ *	  failure are stored (a transaction per account).  A failed read, a
+ *	  hostile answer included, is recorded on the account (limits_tried_at,
+ *	  limits_error), so the next pass moves on to the others.
+ *	  earmark_refresh_limits runs the same steps in the caller's
+ *	  transaction.
+ *
  *	  Tables: earmark.account (limits_* columns) and earmark.account_limit.
  *	  Locks: the account row, updated after a read (or by the flag, which
  *	  reserve sets only where it takes no further lock, or after its budget
@@ -70,7 +79,7 @@ static EmStatement limits_failed = {
 };
 
 static EmStatement wanted_accounts = {
-	"SELECT account FROM earmark.account "
+	"SELECT account, provider_customer FROM earmark.account "
 	"WHERE limits_wanted_at IS NOT NULL "
 	"  AND (limits_tried_at IS NULL OR limits_tried_at < $1) "
 	"ORDER BY limits_wanted_at LIMIT $2",
@@ -109,48 +118,32 @@ em_want_limits(text *account)
 	em_exec(&want_limits, &arg, NULL, 0);
 }
 
+/* features in byte order: the order every writer of limit rows keeps */
+static int
+limit_cmp(const ListCell *a, const ListCell *b)
+{
+	return strcmp(((EmLimit *) lfirst(a))->feature, ((EmLimit *) lfirst(b))->feature);
+}
+
 /*
- * Read one account's limits from the provider and store them.  Returns the
- * number of limits read, or -1 with *error set.  No earmark lock is held
- * during the read: the account row is updated after it.
+ * Store the limits read for an account (a List of EmLimit), in the
+ * caller's SPI connection: the provider's limits replace the old ones, and
+ * the account's read is recorded.  Returns the number of limits.  The rows
+ * are written in feature order, as the plan change writes them: two
+ * writers of one account's limit rows in different orders could deadlock.
  */
 int
-em_refresh_account_limits(const char *account, char **error)
+em_store_account_limits(const char *account, List *limits)
 {
 	Datum		args[3];
 	char		nulls[3] = {' ', ' ', ' '};
-	bool		isnull;
-	char	   *customer = NULL;
-	List	   *limits;
 	ListCell   *lc;
 	Datum	   *features;
 	int			n = 0;
-	TimestampTz now;
 
 	args[0] = CStringGetTextDatum(account);
-	em_exec(&account_customer, args, NULL, 1);
-	if (SPI_processed == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_EARMARK_UNKNOWN_ACCOUNT),
-				 errmsg("account \"%s\" does not exist", account)));
-	{
-		Datum		d = em_get(0, 1, &isnull);
-
-		if (!isnull)
-			customer = TextDatumGetCString(d);
-	}
-
-	limits = em_provider_limits(account, customer, error);
-	now = GetCurrentTimestamp();
-	if (*error)
-	{
-		args[1] = TimestampTzGetDatum(now);
-		args[2] = CStringGetTextDatum(*error);
-		em_exec(&limits_failed, args, NULL, 0);
-		return -1;
-	}
-
 	features = palloc(sizeof(Datum) * Max(list_length(limits), 1));
+	list_sort(limits, limit_cmp);
 	foreach(lc, limits)
 	{
 		EmLimit    *l = (EmLimit *) lfirst(lc);
@@ -164,12 +157,60 @@ em_refresh_account_limits(const char *account, char **error)
 	nulls[2] = ' ';
 	args[1] = PointerGetDatum(construct_array(features, n, TEXTOID, -1, false, TYPALIGN_INT));
 	em_exec(&drop_limits, args, NULL, 0);
-	args[1] = TimestampTzGetDatum(now);
+	args[1] = TimestampTzGetDatum(GetCurrentTimestamp());
 	em_exec(&limits_read, args, NULL, 0);
 	return n;
 }
 
-/* the accounts whose limits an admission asked for: a List of char *, in cxt */
+/* record a failed read: tried now, with its error; the flag stays */
+void
+em_limits_read_failed(const char *account, const char *error)
+{
+	Datum		args[3];
+
+	args[0] = CStringGetTextDatum(account);
+	args[1] = TimestampTzGetDatum(GetCurrentTimestamp());
+	args[2] = CStringGetTextDatum(error);
+	em_exec(&limits_failed, args, NULL, 0);
+}
+
+/*
+ * Read one account's limits from the provider and store them, in the
+ * caller's transaction.  Returns the number of limits read, or -1 with
+ * *error set (the failure is recorded).  No earmark lock is held during the
+ * read: the account row is updated after it.
+ */
+int
+em_refresh_account_limits(const char *account, char **error)
+{
+	Datum		arg;
+	bool		isnull;
+	char	   *customer = NULL;
+	List	   *limits;
+
+	arg = CStringGetTextDatum(account);
+	em_exec(&account_customer, &arg, NULL, 1);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_EARMARK_UNKNOWN_ACCOUNT),
+				 errmsg("account \"%s\" does not exist", account)));
+	{
+		Datum		d = em_get(0, 1, &isnull);
+
+		if (!isnull)
+			customer = TextDatumGetCString(d);
+	}
+
+	limits = em_provider_limits(account, customer, NULL, NULL, error, NULL);
+	if (*error)
+	{
+		em_limits_read_failed(account, *error);
+		return -1;
+	}
+	return em_store_account_limits(account, limits);
+}
+
+/* the accounts whose limits an admission asked for: EmWantedLimits, in cxt */
 List *
 em_wanted_limit_accounts(int max, MemoryContext cxt)
 {
@@ -185,7 +226,15 @@ em_wanted_limit_accounts(int max, MemoryContext cxt)
 	/* SPI leaves its own context current: the list outlives the call */
 	old = MemoryContextSwitchTo(cxt);
 	for (i = 0; i < SPI_processed; i++)
-		accounts = lappend(accounts, TextDatumGetCString(em_get((int) i, 1, &isnull)));
+	{
+		EmWantedLimits *w = palloc0(sizeof(EmWantedLimits));
+		Datum		d;
+
+		w->account = TextDatumGetCString(em_get((int) i, 1, &isnull));
+		d = em_get((int) i, 2, &isnull);
+		w->customer = isnull ? NULL : TextDatumGetCString(d);
+		accounts = lappend(accounts, w);
+	}
 	MemoryContextSwitchTo(old);
 	return accounts;
 }

@@ -327,6 +327,18 @@ earmark_report(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("max_cycles must be at least 1")));
 	em_require_read_committed("earmark_report");
+	/*
+	 * The report takes cycles' mark locks exclusively and holds them until
+	 * its transaction ends; in an open transaction block they would stay
+	 * taken, and every writer of those cycles that may find the mark (a
+	 * reserve's reclaim, a settle) would wait for them.
+	 */
+	if (IsTransactionBlock())
+		ereport(ERROR,
+				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
+				 errmsg("earmark_report cannot run inside a transaction block"),
+				 errdetail("It holds the locks of the cycles it reports until its transaction ends, and writers of those cycles would wait for them."),
+				 errhint("Call it on its own, outside BEGIN ... COMMIT.")));
 	SPI_connect();
 	n = em_report_claim(max_cycles, now, &ops, CurrentMemoryContext);
 	if (n < 0)

@@ -17,11 +17,23 @@
  *	  Secrets (client secret, token, HMAC key) are read from the file that
  *	  earmark.provider_secrets_file names, at each use: never a setting
  *	  (PostgreSQL logs a reloaded setting's value), never shown to any
- *	  role, never put in a log line or an error message here.  A provider's answer is untrusted text: it is parsed
- *	  without raising (a malformed answer is a failed request).
+ *	  role, never put in a log line or an error message here.  Every copy
+ *	  this file makes of one (the file's buffer, the token request's form,
+ *	  the token answer and its parse, the bearer headers, the cached token)
+ *	  is zeroed before it is freed.
+ *
+ *	  A provider's answer is untrusted text.  It is parsed into a small
+ *	  tree by PostgreSQL's JSON parser without raising (parse_answer):
+ *	  never by jsonb_in, which raises on valid JSON (a number past
+ *	  numeric's range, nesting past the stack depth) and would turn one
+ *	  hostile answer into an error of the caller (the worker's send step
+ *	  has no transaction to roll back).  Numbers keep their text and are
+ *	  read as whole numbers or not at all.  A malformed or hostile answer
+ *	  is a failed request, nothing more.
  *
  *	  Takes no locks.  The local provider writes earmark.local_meter in
- *	  the caller's SPI connection.
+ *	  the caller's SPI connection; the kinde and http providers need no
+ *	  transaction.
  *
  *-------------------------------------------------------------------------
  */
@@ -41,7 +53,6 @@
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 #include "utils/json.h"
-#include "utils/jsonb.h"
 #include "utils/memutils.h"
 
 #include "earmark.h"
@@ -131,64 +142,314 @@ iso_utc(TimestampTz t)
 					tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
 }
 
-/*
- * Parse a provider's answer: a JSON object, or NULL when it is not one.
- * Checked with the non-raising parser first, so that jsonb_in (which
- * raises) only ever sees valid JSON.
+/* ---------------------------------------------------------------------
+ * Answers
+ * ---------------------------------------------------------------------
  */
-static Jsonb *
-parse_answer(const char *body, size_t len)
+
+/* nesting deeper than this is refused (the answers earmark reads nest 3 deep) */
+#define ANSWER_MAX_DEPTH	32
+
+typedef enum AnswerType
 {
-	JsonLexContext *lex;
+	ANSWER_OBJECT,
+	ANSWER_ARRAY,
+	ANSWER_STRING,
+	ANSWER_NUMBER,
+	ANSWER_TRUE,
+	ANSWER_FALSE,
+	ANSWER_NULL
+} AnswerType;
 
-	if (body == NULL || len == 0 || len > INT_MAX)
-		return NULL;
-	if (!pg_verify_mbstr(GetDatabaseEncoding(), body, (int) len, true) ||
-		memchr(body, '\0', len) != NULL)
-		return NULL;
-	lex = makeJsonLexContextCstringLen(unconstify(char *, body), (int) len,
-									   GetDatabaseEncoding(), true);
-	if (pg_parse_json(lex, &nullSemAction) != JSON_SUCCESS)
-		return NULL;
+/* one value of an answer; an object's or array's elements are a list */
+typedef struct Answer
+{
+	AnswerType	type;
+	char	   *key;			/* as an object's member, else NULL */
+	char	   *text;			/* a string's value, a number's text */
+	struct Answer *first;		/* elements, in order */
+	struct Answer *last;
+	struct Answer *next;		/* the next element of the parent */
+	struct Answer *parent;
+} Answer;
+
+typedef struct AnswerParse
+{
+	Answer	   *root;
+	Answer	   *cur;			/* the open object or array */
+	char	   *key;			/* the member whose value comes next */
+} AnswerParse;
+
+static Answer *
+answer_add(AnswerParse *ps, AnswerType type, char *text)
+{
+	Answer	   *a = palloc0(sizeof(Answer));
+
+	a->type = type;
+	a->text = text;
+	a->key = ps->key;
+	ps->key = NULL;
+	a->parent = ps->cur;
+	if (ps->cur == NULL)
+		ps->root = a;
+	else if (ps->cur->last)
+		ps->cur->last->next = a;
+	else
+		ps->cur->first = a;
+	if (ps->cur)
+		ps->cur->last = a;
+	return a;
+}
+
+static void
+answer_object_start(void *state)
+{
+	AnswerParse *ps = (AnswerParse *) state;
+
+	ps->cur = answer_add(ps, ANSWER_OBJECT, NULL);
+}
+
+static void
+answer_array_start(void *state)
+{
+	AnswerParse *ps = (AnswerParse *) state;
+
+	ps->cur = answer_add(ps, ANSWER_ARRAY, NULL);
+}
+
+static void
+answer_end(void *state)
+{
+	AnswerParse *ps = (AnswerParse *) state;
+
+	ps->cur = ps->cur->parent;
+}
+
+static void
+answer_field(void *state, char *fname, bool isnull)
+{
+	((AnswerParse *) state)->key = fname;
+}
+
+static void
+answer_scalar(void *state, char *token, JsonTokenType tokentype)
+{
+	AnswerParse *ps = (AnswerParse *) state;
+	AnswerType	type;
+
+	switch (tokentype)
 	{
-		Jsonb	   *jb = DatumGetJsonbP(DirectFunctionCall1(jsonb_in, CStringGetDatum(body)));
+		case JSON_TOKEN_STRING:
+			type = ANSWER_STRING;
+			break;
+		case JSON_TOKEN_NUMBER:
+			type = ANSWER_NUMBER;
+			break;
+		case JSON_TOKEN_TRUE:
+			type = ANSWER_TRUE;
+			break;
+		case JSON_TOKEN_FALSE:
+			type = ANSWER_FALSE;
+			break;
+		default:
+			type = ANSWER_NULL;
+			break;
+	}
+	(void) answer_add(ps, type, token);
+}
 
-		return JB_ROOT_IS_OBJECT(jb) ? jb : NULL;
+/* zero every key and text of an answer that carried a secret */
+static void
+answer_forget(Answer *a)
+{
+	for (; a != NULL; a = a->next)
+	{
+		if (a->key)
+			explicit_bzero(a->key, strlen(a->key));
+		if (a->text)
+			explicit_bzero(a->text, strlen(a->text));
+		answer_forget(a->first);
 	}
 }
 
-static JsonbValue *
-member(JsonbContainer *obj, const char *key)
+/*
+ * What the JSON parser would raise on instead of returning an error: it
+ * recurses once a level of nesting and checks the stack depth, and in a
+ * database that is not UTF-8 it converts a \u escape past ASCII and
+ * raises when it cannot.  So: at most ANSWER_MAX_DEPTH levels, and no such
+ * escape there.  Brackets inside strings do not count.  For invalid JSON
+ * the scan may count wrong, but the parser then stops at the error before
+ * it has nested deeper than the scan counted.
+ */
+static const char *
+answer_untame(const char *body, size_t len)
 {
-	return getKeyJsonValueFromContainer(obj, key, strlen(key), NULL);
+	bool		utf8 = GetDatabaseEncoding() == PG_UTF8;
+	bool		in_string = false;
+	int			depth = 0;
+	size_t		i;
+
+	for (i = 0; i < len; i++)
+	{
+		char		c = body[i];
+
+		if (in_string)
+		{
+			if (c == '"')
+				in_string = false;
+			else if (c == '\\' && i + 1 < len)
+			{
+				if (body[i + 1] == 'u' && !utf8 &&
+					(i + 5 >= len || !(body[i + 2] == '0' && body[i + 3] == '0' &&
+									   body[i + 4] >= '0' && body[i + 4] <= '7')))
+					return "a \\u escape past ASCII in a database that is not UTF-8";
+				i++;			/* the escaped character */
+			}
+		}
+		else if (c == '"')
+			in_string = true;
+		else if (c == '[' || c == '{')
+		{
+			if (++depth > ANSWER_MAX_DEPTH)
+				return psprintf("nested deeper than %d levels", ANSWER_MAX_DEPTH);
+		}
+		else if (c == ']' || c == '}')
+			depth--;
+	}
+	return NULL;
 }
 
-/* a whole number given as a JSON number or a decimal string */
-static bool
-value_int64(JsonbValue *v, int64 *out)
+/* a lexer over body whose string buffer never grows (no stale copies) */
+static JsonLexContext *
+answer_lexer(const char *body, size_t len)
 {
-	char	   *s;
-	char	   *end;
+	JsonLexContext *lex = makeJsonLexContextCstringLen(unconstify(char *, body), (int) len,
+													   GetDatabaseEncoding(), true);
 
-	if (v == NULL)
-		return false;
-	if (v->type == jbvNumeric)
-		s = DatumGetCString(DirectFunctionCall1(numeric_out, NumericGetDatum(v->val.numeric)));
-	else if (v->type == jbvString)
-		s = pnstrdup(v->val.string.val, v->val.string.len);
+	enlargeStringInfo(lex->strval, (int) len);
+	return lex;
+}
+
+static void
+answer_lexer_forget(JsonLexContext *lex)
+{
+	explicit_bzero(lex->strval->data, lex->strval->maxlen);
+}
+
+/*
+ * Parse a provider's answer without raising: its JSON object, or NULL with
+ * *why.  Two passes: the first only checks the JSON (its one string buffer
+ * is zeroed after), the second, on JSON known to be valid, builds the tree,
+ * so that every string the parser copies ends in the tree: a caller whose
+ * answer carried a secret zeroes it all with answer_forget once it has
+ * what it needs.
+ */
+static Answer *
+parse_answer(const char *body, size_t len, const char **why)
+{
+	JsonLexContext *lex;
+	JsonSemAction sem;
+	AnswerParse ps;
+	JsonParseErrorType rc;
+
+	*why = NULL;
+	if (body == NULL || len == 0)
+		*why = "the answer is empty";
+	else if (len > INT_MAX ||
+			 !pg_verify_mbstr(GetDatabaseEncoding(), body, (int) len, true) ||
+			 memchr(body, '\0', len) != NULL)
+		*why = "the answer is not text in the database's encoding";
 	else
+		*why = answer_untame(body, len);
+	if (*why)
+		return NULL;
+
+	lex = answer_lexer(body, len);
+	rc = pg_parse_json(lex, &nullSemAction);
+	answer_lexer_forget(lex);
+	if (rc != JSON_SUCCESS)
+	{
+		*why = "the answer is not valid JSON";
+		return NULL;
+	}
+
+	lex = answer_lexer(body, len);
+	memset(&sem, 0, sizeof(sem));
+	memset(&ps, 0, sizeof(ps));
+	sem.semstate = &ps;
+	sem.object_start = answer_object_start;
+	sem.object_end = answer_end;
+	sem.array_start = answer_array_start;
+	sem.array_end = answer_end;
+	sem.object_field_start = answer_field;
+	sem.scalar = answer_scalar;
+	rc = pg_parse_json(lex, &sem);
+	answer_lexer_forget(lex);
+	if (rc != JSON_SUCCESS || ps.root == NULL)
+	{
+		/* not expected: the same text parsed a moment ago */
+		answer_forget(ps.root);
+		*why = "the answer is not valid JSON";
+		return NULL;
+	}
+	if (ps.root->type != ANSWER_OBJECT)
+	{
+		answer_forget(ps.root);
+		*why = "the answer is not a JSON object";
+		return NULL;
+	}
+	return ps.root;
+}
+
+/* an object's member; of duplicate keys the last, as jsonb keeps it */
+static Answer *
+member(Answer *obj, const char *key)
+{
+	Answer	   *a;
+	Answer	   *found = NULL;
+
+	if (obj == NULL || obj->type != ANSWER_OBJECT)
+		return NULL;
+	for (a = obj->first; a != NULL; a = a->next)
+		if (a->key != NULL && strcmp(a->key, key) == 0)
+			found = a;
+	return found;
+}
+
+/*
+ * A whole number that fits a bigint, given as a JSON number without a
+ * fraction or an exponent, or as a string of decimal digits (either with
+ * a leading '-').  Anything else (1.5, 1e3, 1e200000, past bigint, "",
+ * true) is not one.
+ */
+static bool
+value_int64(Answer *v, int64 *out)
+{
+	const char *s;
+	const char *p;
+	char	   *end;
+	long long	n;
+
+	if (v == NULL || (v->type != ANSWER_NUMBER && v->type != ANSWER_STRING))
+		return false;
+	s = v->text;
+	p = s[0] == '-' ? s + 1 : s;
+	if (*p == '\0' || strspn(p, "0123456789") != strlen(p))
 		return false;
 	errno = 0;
-	*out = strtoll(s, &end, 10);
-	return errno == 0 && end != s && *end == '\0';
+	n = strtoll(s, &end, 10);
+	if (errno != 0 || *end != '\0')
+		return false;
+	*out = (int64) n;
+	return true;
 }
 
 static char *
-value_string(JsonbValue *v)
+value_string(Answer *v)
 {
-	if (v == NULL || v->type != jbvString)
+	if (v == NULL || v->type != ANSWER_STRING)
 		return NULL;
-	return pnstrdup(v->val.string.val, v->val.string.len);
+	return v->text;
 }
 
 static char *
@@ -216,6 +477,7 @@ provider_secret(const char *name, char **error)
 	FILE	   *f;
 	struct stat st;
 	char		line[1024];
+	char		iobuf[BUFSIZ];	/* stdio's buffer: ours, to zero */
 	char	   *value = NULL;
 	size_t		nlen = strlen(name);
 
@@ -235,6 +497,7 @@ provider_secret(const char *name, char **error)
 						  "and be readable by no one else (chmod 600)", path);
 		return NULL;
 	}
+	setvbuf(f, iobuf, _IOFBF, sizeof(iobuf));
 	while (fgets(line, sizeof(line), f) != NULL)
 	{
 		char	   *p = line;
@@ -256,11 +519,12 @@ provider_secret(const char *name, char **error)
 		while (end > p && (end[-1] == '\n' || end[-1] == '\r' || end[-1] == ' ' || end[-1] == '\t'))
 			end--;
 		if (value)
-			pfree(value);
+			em_forget(value, strlen(value));
 		value = pnstrdup(p, end - p);
 	}
 	explicit_bzero(line, sizeof(line));
 	FreeFile(f);
+	explicit_bzero(iobuf, sizeof(iobuf));
 	return value && value[0] ? value : NULL;
 }
 
@@ -268,10 +532,7 @@ static void
 forget_secret(char *s)
 {
 	if (s)
-	{
-		explicit_bzero(s, strlen(s));
-		pfree(s);
-	}
+		em_forget(s, strlen(s));
 }
 
 /* ---------------------------------------------------------------------
@@ -302,13 +563,66 @@ forget_kinde_token(void)
 	kinde_token_until = 0;
 }
 
+/* the longest a token is kept: a day (a longer expires_in is cut to it) */
+#define KINDE_TOKEN_MAX_S	86400
+
+/*
+ * How long the token may be used, in seconds, from the answer's
+ * expires_in: a whole number from 1 up (cut to a day, so that the time
+ * computed from it cannot overflow).  Missing, negative, zero, a fraction,
+ * an exponent, past bigint, not a number: 0, and the token serves the
+ * requests at hand only.
+ */
+static int64
+token_lifetime(Answer *answer)
+{
+	int64		s;
+
+	if (!value_int64(member(answer, "expires_in"), &s) || s <= 0)
+		return 0;
+	return Min(s, KINDE_TOKEN_MAX_S);
+}
+
+/* a token goes into a header: printable ASCII only, no spaces */
+static bool
+token_is_sane(const char *tok)
+{
+	const char *p;
+
+	if (tok == NULL || tok[0] == '\0' || strlen(tok) > 16384)
+		return false;
+	for (p = tok; *p; p++)
+		if (*p <= ' ' || *p > '~')
+			return false;
+	return true;
+}
+
+/* the token request's form; it holds the client secret */
+static StringInfoData
+token_form(const char *base, const char *secret)
+{
+	StringInfoData form;
+	const char *client = earmark_provider_client_id;
+
+	initStringInfo(&form);
+	/* room for the whole form at once: no regrowth leaves a copy behind */
+	enlargeStringInfo(&form, (int) (3 * (strlen(client) + strlen(secret) + strlen(base)) + 128));
+	appendStringInfoString(&form, "grant_type=client_credentials&client_id=");
+	append_urlenc(&form, client);
+	appendStringInfoString(&form, "&client_secret=");
+	append_urlenc(&form, secret);
+	appendStringInfoString(&form, "&audience=");
+	append_urlenc(&form, psprintf("%s/api", base));
+	return form;
+}
+
 static const char *
-get_kinde_token(const char *base, char **error)
+get_kinde_token(const char *base, EmHttpTick tick, void *tick_arg, char **error)
 {
 	EmHttpRequest req;
 	StringInfoData form;
-	Jsonb	   *jb;
-	int64		expires_in = 0;
+	Answer	   *answer;
+	const char *why;
 	char	   *tok;
 	char	   *secret;
 
@@ -324,17 +638,12 @@ get_kinde_token(const char *base, char **error)
 		return NULL;
 	if (!earmark_provider_client_id || !earmark_provider_client_id[0] || secret == NULL)
 	{
+		forget_secret(secret);
 		*error = pstrdup("the kinde provider needs earmark.provider_client_id and a client_secret in earmark.provider_secrets_file");
 		return NULL;
 	}
-	initStringInfo(&form);
-	appendStringInfoString(&form, "grant_type=client_credentials&client_id=");
-	append_urlenc(&form, earmark_provider_client_id);
-	appendStringInfoString(&form, "&client_secret=");
-	append_urlenc(&form, secret);
+	form = token_form(base, secret);
 	forget_secret(secret);
-	appendStringInfoString(&form, "&audience=");
-	append_urlenc(&form, psprintf("%s/api", base));
 
 	memset(&req, 0, sizeof(req));
 	req.method = "POST";
@@ -342,31 +651,37 @@ get_kinde_token(const char *base, char **error)
 	req.body = form.data;
 	req.content_type = "application/x-www-form-urlencoded";
 	req.headers[0] = "Accept: application/json";
-	em_http_run(&req, 1, 1, earmark_http_timeout_ms, NULL, NULL);
+	em_http_run(&req, 1, 1, earmark_http_timeout_ms, tick, tick_arg);
 
 	/* the form holds the secret: gone before anything can be reported */
-	explicit_bzero(form.data, form.len);
-	pfree(form.data);
+	em_forget(form.data, form.maxlen);
 
 	if (req.error || req.status != 200)
 	{
 		*error = psprintf("token request failed: %s", status_error(&req));
+		em_forget(req.body_out, req.body_len);
 		return NULL;
 	}
-	jb = parse_answer(req.body_out, req.body_len);
-	tok = jb ? value_string(member(&jb->root, "access_token")) : NULL;
-	if (tok == NULL || tok[0] == '\0')
+	answer = parse_answer(req.body_out, req.body_len, &why);
+	em_forget(req.body_out, req.body_len);
+	if (answer == NULL)
 	{
-		*error = pstrdup("the token endpoint's answer has no access_token");
+		*error = psprintf("the token endpoint's answer cannot be read: %s", why);
 		return NULL;
 	}
-	if (!value_int64(member(&jb->root, "expires_in"), &expires_in))
-		expires_in = 0;
+	tok = value_string(member(answer, "access_token"));
+	if (!token_is_sane(tok))
+	{
+		answer_forget(answer);
+		*error = pstrdup("the token endpoint's answer has no usable access_token");
+		return NULL;
+	}
 	kinde_token = MemoryContextStrdup(TopMemoryContext, tok);
 	kinde_token_for = MemoryContextStrdup(TopMemoryContext, issued_for);
 	/* kept until 60 s before it expires, as the provider's clock counts */
 	kinde_token_until = GetCurrentTimestamp() +
-		Max(expires_in - 60, 0) * USECS_PER_SEC;
+		Max(token_lifetime(answer) - 60, 0) * USECS_PER_SEC;
+	answer_forget(answer);
 	return kinde_token;
 }
 
@@ -392,10 +707,13 @@ http_auth(EmHttpRequest *req, char **error)
 	char	   *key = *error ? NULL : provider_secret("hmac_secret", error);
 
 	if (*error)
+	{
+		forget_secret(token);
 		return false;
+	}
 	req->headers[h++] = "Accept: application/json";
 	if (token)
-		req->headers[h++] = psprintf("Authorization: Bearer %s", token);
+		req->auth_header = psprintf("Authorization: Bearer %s", token);
 	if (key)
 	{
 		long		ts = (long) time(NULL);
@@ -456,7 +774,8 @@ local_args(EmMeterOp *op, Datum *args)
  * *error when either cannot be had (then no request is made).
  */
 static bool
-provider_connect(const char **base, const char **token, char **error)
+provider_connect(const char **base, const char **token, EmHttpTick tick,
+				 void *tick_arg, char **error)
 {
 	*token = NULL;
 	*base = base_url();
@@ -467,7 +786,7 @@ provider_connect(const char **base, const char **token, char **error)
 		return false;
 	}
 	if (earmark_provider == EM_PROVIDER_KINDE)
-		*token = get_kinde_token(*base, error);
+		*token = get_kinde_token(*base, tick, tick_arg, error);
 	return *error == NULL;
 }
 
@@ -495,7 +814,7 @@ build_write(EmMeterOp *op, const char *base, const char *token, EmHttpRequest *r
 		req->method = "POST";
 		req->url = psprintf("%s/api/v1/billing/meter_usage", base);
 		req->headers[0] = "Accept: application/json";
-		req->headers[1] = psprintf("Authorization: Bearer %s", token);
+		req->auth_header = psprintf("Authorization: Bearer %s", token);
 	}
 	else
 	{
@@ -520,6 +839,8 @@ build_write(EmMeterOp *op, const char *base, const char *token, EmHttpRequest *r
 	}
 	req->body = body.data;
 	req->content_type = "application/json";
+	/* success is the status: the body is not read, so not kept either */
+	req->discard_body = true;
 	if (earmark_provider == EM_PROVIDER_HTTP && !http_auth(req, &op->error))
 		return false;
 	return true;
@@ -557,7 +878,7 @@ em_meter_write(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg)
 		return;
 	}
 
-	if (!provider_connect(&base, &token, &error))
+	if (!provider_connect(&base, &token, tick, tick_arg, &error))
 	{
 		for (i = 0; i < n; i++)
 			ops[i].error = error;
@@ -567,8 +888,12 @@ em_meter_write(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg)
 	reqs = palloc0(sizeof(EmHttpRequest) * n);
 	which = palloc(sizeof(int) * n);
 	for (i = 0; i < n; i++)
+	{
 		if (build_write(&ops[i], base, token, &reqs[m]))
 			which[m++] = i;
+		else if (reqs[m].auth_header)
+			em_forget(reqs[m].auth_header, strlen(reqs[m].auth_header));
+	}
 	em_http_run(reqs, m, earmark_report_parallel, earmark_http_timeout_ms, tick, tick_arg);
 	for (i = 0; i < m; i++)
 	{
@@ -619,7 +944,7 @@ em_meter_read(EmMeterOp *ops, int n)
 		return;
 	}
 
-	if (!provider_connect(&base, &token, &error))
+	if (!provider_connect(&base, &token, NULL, NULL, &error))
 	{
 		for (i = 0; i < n; i++)
 			ops[i].error = error;
@@ -634,6 +959,7 @@ em_meter_read(EmMeterOp *ops, int n)
 		EmHttpRequest *req = &reqs[m];
 		StringInfoData url;
 
+		memset(req, 0, sizeof(*req));
 		initStringInfo(&url);
 		req->method = "GET";
 		if (earmark_provider == EM_PROVIDER_KINDE)
@@ -655,7 +981,7 @@ em_meter_read(EmMeterOp *ops, int n)
 			append_urlenc(&url, op->feature);
 			req->url = url.data;
 			req->headers[0] = "Accept: application/json";
-			req->headers[1] = psprintf("Authorization: Bearer %s", token);
+			req->auth_header = psprintf("Authorization: Bearer %s", token);
 		}
 		else
 		{
@@ -676,7 +1002,8 @@ em_meter_read(EmMeterOp *ops, int n)
 	{
 		EmMeterOp  *op = &ops[which[i]];
 		EmHttpRequest *r = &reqs[i];
-		Jsonb	   *jb;
+		Answer	   *answer;
+		const char *why;
 
 		op->http_status = r->status;
 		if (r->error || r->status != 200)
@@ -686,9 +1013,13 @@ em_meter_read(EmMeterOp *ops, int n)
 				forget_kinde_token();
 			continue;
 		}
-		jb = parse_answer(r->body_out, r->body_len);
-		if (jb == NULL ||
-			!value_int64(member(&jb->root,
+		answer = parse_answer(r->body_out, r->body_len, &why);
+		if (answer == NULL)
+		{
+			op->error = psprintf("the provider's answer cannot be read: %s", why);
+			continue;
+		}
+		if (!value_int64(member(answer,
 								earmark_provider == EM_PROVIDER_KINDE ? "meter_value" : "total"),
 						 &op->read_total))
 		{
@@ -715,17 +1046,67 @@ new_limit(const char *feature, bool unlimited, int64 lim)
 	return l;
 }
 
-/* one page of limits; false with *error on failure */
+/* a failed request: whether the provider itself is down or busy */
 static bool
-limits_page(const char *url, const char *token, List **limits, char **last_id,
-			bool *has_more, char **error)
+provider_failed(EmHttpRequest *r)
+{
+	return r->error != NULL || r->status == 0 || r->status == 429 || r->status >= 500;
+}
+
+/* one limit of a page; false with *error when it is not usable */
+static bool
+read_limit(Answer *e, bool kinde, List **limits, char **last_id, char **error)
+{
+	char	   *feature;
+	Answer	   *max;
+	int64		lim = 0;
+	bool		unlimited;
+
+	if (e->type != ANSWER_OBJECT)
+	{
+		*error = pstrdup("a limit in the provider's answer is not an object");
+		return false;
+	}
+	feature = value_string(member(e, kinde ? "feature_code" : "feature"));
+	if (feature == NULL || feature[0] == '\0' || pg_mbstrlen(feature) > EARMARK_MAX_NAME_LEN)
+	{
+		*error = pstrdup("a limit in the provider's answer has no usable feature");
+		return false;
+	}
+	if (kinde)
+	{
+		char	   *id = value_string(member(e, "id"));
+
+		if (id)
+			*last_id = id;
+	}
+	max = member(e, kinde ? "entitlement_limit_max" : "limit");
+	unlimited = max == NULL || max->type == ANSWER_NULL;
+	if (!unlimited)
+	{
+		if (!value_int64(max, &lim) || lim < 0)
+		{
+			*error = psprintf("the limit of feature \"%s\" is not a whole number >= 0", feature);
+			return false;
+		}
+		if (kinde && lim == KINDE_NO_MAX)
+			unlimited = true;
+	}
+	*limits = lappend(*limits, new_limit(feature, unlimited, lim));
+	return true;
+}
+
+/* one page of limits; false with *error (and *unreachable) on failure */
+static bool
+limits_page(const char *url, const char *token, EmHttpTick tick, void *tick_arg,
+			List **limits, char **last_id, bool *has_more, char **error,
+			bool *unreachable)
 {
 	EmHttpRequest req;
-	Jsonb	   *jb;
-	JsonbValue *arr;
-	JsonbIterator *it;
-	JsonbValue	v;
-	JsonbIteratorToken tok;
+	Answer	   *answer;
+	Answer	   *arr;
+	Answer	   *e;
+	const char *why;
 	bool		kinde = earmark_provider == EM_PROVIDER_KINDE;
 
 	memset(&req, 0, sizeof(req));
@@ -734,21 +1115,27 @@ limits_page(const char *url, const char *token, List **limits, char **last_id,
 	if (kinde)
 	{
 		req.headers[0] = "Accept: application/json";
-		req.headers[1] = psprintf("Authorization: Bearer %s", token);
+		req.auth_header = psprintf("Authorization: Bearer %s", token);
 	}
 	else if (!http_auth(&req, error))
 		return false;
-	em_http_run(&req, 1, 1, earmark_http_timeout_ms, NULL, NULL);
+	em_http_run(&req, 1, 1, earmark_http_timeout_ms, tick, tick_arg);
 	if (req.error || req.status != 200)
 	{
 		if (req.status == 401 && kinde)
 			forget_kinde_token();
+		*unreachable = provider_failed(&req);
 		*error = status_error(&req);
 		return false;
 	}
-	jb = parse_answer(req.body_out, req.body_len);
-	arr = jb ? member(&jb->root, kinde ? "entitlements" : "limits") : NULL;
-	if (arr == NULL || arr->type != jbvBinary || !JsonContainerIsArray(arr->val.binary.data))
+	answer = parse_answer(req.body_out, req.body_len, &why);
+	if (answer == NULL)
+	{
+		*error = psprintf("the provider's answer cannot be read: %s", why);
+		return false;
+	}
+	arr = member(answer, kinde ? "entitlements" : "limits");
+	if (arr == NULL || arr->type != ANSWER_ARRAY)
 	{
 		*error = pstrdup("the provider's answer has no list of limits");
 		return false;
@@ -756,69 +1143,81 @@ limits_page(const char *url, const char *token, List **limits, char **last_id,
 	*has_more = false;
 	if (kinde)
 	{
-		JsonbValue *more = member(&jb->root, "has_more");
+		Answer	   *more = member(answer, "has_more");
 
-		*has_more = more && more->type == jbvBool && more->val.boolean;
+		*has_more = more != NULL && more->type == ANSWER_TRUE;
 	}
-
-	it = JsonbIteratorInit(arr->val.binary.data);
-	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
-	{
-		JsonbContainer *e;
-		char	   *feature;
-		JsonbValue *max;
-		int64		lim = 0;
-		bool		unlimited;
-
-		if (tok != WJB_ELEM)
-			continue;
-		if (v.type != jbvBinary || !JsonContainerIsObject(v.val.binary.data))
-		{
-			*error = pstrdup("a limit in the provider's answer is not an object");
+	for (e = arr->first; e != NULL; e = e->next)
+		if (!read_limit(e, kinde, limits, last_id, error))
 			return false;
-		}
-		e = v.val.binary.data;
-		feature = value_string(member(e, kinde ? "feature_code" : "feature"));
-		if (feature == NULL || feature[0] == '\0' || strlen(feature) > EARMARK_MAX_NAME_LEN)
-		{
-			*error = pstrdup("a limit in the provider's answer has no usable feature");
-			return false;
-		}
-		if (kinde)
-		{
-			char	   *id = value_string(member(e, "id"));
-
-			if (id)
-				*last_id = id;
-		}
-		max = member(e, kinde ? "entitlement_limit_max" : "limit");
-		unlimited = max == NULL || max->type == jbvNull;
-		if (!unlimited)
-		{
-			if (!value_int64(max, &lim) || lim < 0)
-			{
-				*error = psprintf("the limit of feature \"%s\" is not a whole number >= 0", feature);
-				return false;
-			}
-			if (kinde && lim == KINDE_NO_MAX)
-				unlimited = true;
-		}
-		*limits = lappend(*limits, new_limit(feature, unlimited, lim));
-	}
 	return true;
 }
 
+/* a page's URL */
+static char *
+limits_url(const char *base, const char *account, const char *customer,
+		   const char *last_id)
+{
+	StringInfoData url;
+
+	initStringInfo(&url);
+	if (earmark_provider == EM_PROVIDER_KINDE)
+	{
+		appendStringInfo(&url, "%s/api/v1/billing/entitlements?customer_id=", base);
+		append_urlenc(&url, customer);
+		if (last_id)
+		{
+			appendStringInfoString(&url, "&starting_after=");
+			append_urlenc(&url, last_id);
+		}
+	}
+	else
+	{
+		appendStringInfo(&url, "%s/limits?account=", base);
+		append_urlenc(&url, account);
+		if (customer)
+		{
+			appendStringInfoString(&url, "&customer=");
+			append_urlenc(&url, customer);
+		}
+	}
+	return url.data;
+}
+
+/* the limits of one page, and its error, into the caller's context */
+static List *
+keep_page(List *limits, List *page, char **error, char *page_error)
+{
+	ListCell   *lc;
+
+	if (page_error)
+		*error = pstrdup(page_error);
+	foreach(lc, page)
+	{
+		EmLimit    *l = (EmLimit *) lfirst(lc);
+
+		limits = lappend(limits, new_limit(l->feature, l->unlimited, l->lim));
+	}
+	return limits;
+}
+
 List *
-em_provider_limits(const char *account, const char *customer, char **error)
+em_provider_limits(const char *account, const char *customer,
+				   EmHttpTick tick, void *tick_arg, char **error, bool *unreachable)
 {
 	const char *base;
 	const char *token;
 	List	   *limits = NIL;
 	char	   *last_id = NULL;
 	bool		has_more = true;
+	bool		down = false;
 	int			page;
+	MemoryContext outer = CurrentMemoryContext;
+	MemoryContext page_cxt;
 
 	*error = NULL;
+	if (unreachable)
+		*unreachable = false;
 	if (earmark_provider == EM_PROVIDER_LOCAL)
 	{
 		*error = pstrdup("the local provider has no limits to read: set them with earmark_set_limit");
@@ -829,50 +1228,41 @@ em_provider_limits(const char *account, const char *customer, char **error)
 		*error = psprintf("account \"%s\" has no provider_customer", account);
 		return NIL;
 	}
-	if (!provider_connect(&base, &token, error))
-		return NIL;
-
-	for (page = 0; has_more; page++)
+	if (!provider_connect(&base, &token, tick, tick_arg, error))
 	{
-		StringInfoData url;
+		if (unreachable)
+			*unreachable = true;
+		return NIL;
+	}
+
+	/* a page's request, answer and parse live only as long as the page */
+	page_cxt = AllocSetContextCreate(outer, "earmark limits page", ALLOCSET_DEFAULT_SIZES);
+	for (page = 0; has_more && *error == NULL; page++)
+	{
+		List	   *page_limits = NIL;
+		char	   *page_last = NULL;
+		char	   *page_error = NULL;
+		bool		more = false;
 
 		if (page >= MAX_LIMIT_PAGES)
 		{
 			*error = psprintf("the provider kept paging after %d pages", MAX_LIMIT_PAGES);
-			return NIL;
+			break;
 		}
-		initStringInfo(&url);
-		if (earmark_provider == EM_PROVIDER_KINDE)
-		{
-			appendStringInfo(&url, "%s/api/v1/billing/entitlements?customer_id=", base);
-			append_urlenc(&url, customer);
-			if (last_id)
-			{
-				appendStringInfoString(&url, "&starting_after=");
-				append_urlenc(&url, last_id);
-			}
-		}
-		else
-		{
-			appendStringInfo(&url, "%s/limits?account=", base);
-			append_urlenc(&url, account);
-			if (customer)
-			{
-				appendStringInfoString(&url, "&customer=");
-				append_urlenc(&url, customer);
-			}
-		}
-		{
-			char	   *before = last_id;
-
-			if (!limits_page(url.data, token, &limits, &last_id, &has_more, error))
-				return NIL;
-			if (has_more && last_id == before)
-			{
-				*error = pstrdup("the provider said it has more limits but gave no id to start after");
-				return NIL;
-			}
-		}
+		MemoryContextSwitchTo(page_cxt);
+		if (limits_page(limits_url(base, account, customer, last_id), token, tick, tick_arg,
+						&page_limits, &page_last, &more, &page_error, &down) &&
+			more && page_last == NULL)
+			page_error = "the provider said it has more limits but gave no id to start after";
+		MemoryContextSwitchTo(outer);
+		limits = keep_page(limits, page_limits, error, page_error);
+		if (page_last)
+			last_id = pstrdup(page_last);
+		has_more = more;
+		MemoryContextReset(page_cxt);
 	}
-	return limits;
+	MemoryContextDelete(page_cxt);
+	if (unreachable)
+		*unreachable = down;
+	return *error ? NIL : limits;
 }

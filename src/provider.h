@@ -28,7 +28,10 @@ typedef struct EmHttpRequest
 	const char *body;			/* NULL: none */
 	const char *content_type;	/* of the body */
 	const char *headers[EM_HTTP_MAX_HEADERS + 1];	/* "Name: value", NULL-ended */
+	char	   *auth_header;	/* "Authorization: ...", palloc'd, or NULL: a
+								 * secret, zeroed and freed by em_http_run */
 	size_t		max_bytes;		/* 0: 1 MB */
+	bool		discard_body;	/* the answer's body is not kept */
 	/* out */
 	long		status;			/* 0 when no answer arrived */
 	char	   *body_out;		/* palloc'd, NUL-terminated */
@@ -43,6 +46,9 @@ typedef void (*EmHttpTick) (void *arg);
 
 extern void em_http_run(EmHttpRequest *reqs, int n, int parallel, int timeout_ms,
 						EmHttpTick tick, void *tick_arg);
+
+/* zero a secret (a token, a key, an answer that carried one) and free it */
+extern void em_forget(char *s, size_t len);
 
 /* ---------------------------------------------------------------------
  * Provider (provider.c)
@@ -93,9 +99,10 @@ typedef struct EmMeterOp
 
 /*
  * Write each op's absolute total, at most earmark.report_parallel at once.
- * Never raises for a provider failure: each op says how it went.  The
- * local provider writes earmark.local_meter through SPI (the caller is
- * connected).
+ * Never raises for a provider failure or answer: each op says how it went.
+ * The local provider writes earmark.local_meter through SPI (the caller is
+ * connected).  tick (may be NULL) runs between polls, also while a Kinde
+ * token is fetched.
  */
 extern void em_meter_write(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg);
 
@@ -112,10 +119,15 @@ typedef struct EmLimit
 
 /*
  * Read an account's limits from the provider: a List of EmLimit, or NIL
- * with *error set when they could not be read.
+ * with *error set when they could not be read.  Never raises for a
+ * provider failure or a hostile answer.  *unreachable (may be NULL) says
+ * that the provider itself failed (no answer, a timeout, 429 or 5xx, no
+ * token), not just this account's answer.  Needs no transaction: tick
+ * (may be NULL) runs between polls.
  */
 extern List *em_provider_limits(const char *account, const char *customer,
-								char **error);
+								EmHttpTick tick, void *tick_arg,
+								char **error, bool *unreachable);
 
 /* ---------------------------------------------------------------------
  * Limit cache (limits.c)
@@ -129,11 +141,20 @@ typedef enum EmLimitAge
 	EM_LIMIT_UNKNOWN_WANTED		/* refuse, and ask the worker to read it */
 } EmLimitAge;
 
+/* an account whose limits an admission asked for */
+typedef struct EmWantedLimits
+{
+	char	   *account;
+	char	   *customer;		/* provider_customer, may be NULL */
+} EmWantedLimits;
+
 extern EmLimitAge em_limit_age(bool has_row, bool provider_row, bool has_fetched,
 							   TimestampTz fetched_at, TimestampTz now);
 extern void em_want_limits(text *account);
 extern int	em_refresh_account_limits(const char *account, char **error);
 extern List *em_wanted_limit_accounts(int max, MemoryContext cxt);
+extern int	em_store_account_limits(const char *account, List *limits);
+extern void em_limits_read_failed(const char *account, const char *error);
 
 /* ---------------------------------------------------------------------
  * Reporter (meter.c)

@@ -13,20 +13,37 @@
  *	  over the ledger: unreadable, match, closed_cycle_drift (a person
  *	  decides), else over_billed / under_billed, repaired by an absolute
  *	  write of the ledger total and confirmed only by reading the meter
- *	  back; a read back that differs is an error.  A run on the same
- *	  numbers as the cycle's last evidence adds no row.
+ *	  back.  A repair that fails or does not read back is that cycle's
+ *	  evidence (its cause says so), not an error of the run.  A run on the
+ *	  same numbers as the cycle's last evidence adds no row.
+ *
+ *	  Two phases, so that no lock is held during any provider call:
+ *	  1. every page: the reads, each cycle's numbers, its verdict and its
+ *	     repair (write and read back).  No row or advisory lock is taken;
+ *	     the repair's send is logged (an insert nobody waits for).
+ *	  2. after the last provider call of the run, each cycle in budget_id
+ *	     order: the mark after a repair, the rebuild of counters that
+ *	     differ, the evidence, the row returned.  Its locks are held from
+ *	     here to the end of the caller's transaction, which makes no more
+ *	     provider calls.
+ *	  Each cycle's step of each phase is its own unit, a subtransaction:
+ *	  an error in one (any error but a cancel) is rolled back, reported as
+ *	  a WARNING that names the cycle, and the run goes on with the others.
+ *	  A row lock cannot be released before the transaction ends except by
+ *	  rolling back, so a locked step can only come after the provider
+ *	  calls, never between them.
  *
  *	  Tables: reads ledger, budget, budget_slot, usage_shard, meter_send,
  *	  account; writes evidence, meter_send (repairs), meter_mark and, to
- *	  rebuild, usage_shard and budget.  Locks: no lock at all during the
- *	  provider calls.  A rebuild, after every call of the cycle is done,
+ *	  rebuild, usage_shard and budget.  Locks (phase 2 only): a rebuild
  *	  locks the budget row FOR UPDATE and then takes the cycle's mark lock
  *	  exclusively without waiting (ledger.c: every writer of the cycle
  *	  holds it shared until it commits): with both, no counter can move
  *	  while it is rebuilt.  When the mark lock is busy the rebuild is left
  *	  for the next run (never a wait: a settle holds the mark lock while it
- *	  waits for the budget row).  A repair takes the mark lock shared, as
- *	  any writer of a mark does.
+ *	  waits for the budget row).  The mark after a repair takes the mark
+ *	  lock shared, as any writer of a mark does.  Updating a cycle's last
+ *	  evidence row locks that row (only another reconcile waits for it).
  *
  *	  The provider is read before the ledger: a usage (and its report)
  *	  landing in between makes the ledger look ahead, and the repair then
@@ -38,9 +55,12 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "funcapi.h"
 #include "utils/builtins.h"
+#include "utils/memutils.h"
+#include "utils/resowner.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
@@ -124,7 +144,7 @@ static EmStatement last_evidence = {
 	"SELECT ledger_total, "
 	"       CASE WHEN counters_rebuilt THEN ledger_total ELSE counter_total END, "
 	"       coalesce(repaired_to, last_sent), coalesce(read_back, provider_total), "
-	"       CASE WHEN read_back IS NOT NULL THEN 'match' ELSE verdict END, evidence_id "
+	"       CASE WHEN read_back = repaired_to THEN 'match' ELSE verdict END, evidence_id "
 	"FROM earmark.evidence WHERE budget_id = $1 ORDER BY evidence_id DESC LIMIT 1",
 	1, {INT8OID}
 };
@@ -148,6 +168,8 @@ static EmStatement add_evidence = {
 typedef struct Check
 {
 	EmMeterOp	op;				/* ids, and the provider's read */
+	char	   *read_error;		/* why the read failed */
+	bool		checked;		/* phase 1 read its numbers */
 	int64		ledger;
 	int64		counters;
 	bool		has_sent;
@@ -155,11 +177,27 @@ typedef struct Check
 	bool		last_send_failed;
 	char	   *last_send_error;
 	const char *verdict;
-	char	   *cause;
-	bool		repaired;
+	bool		repair_tried;	/* a repair write was sent */
+	bool		written;		/* the provider took it */
+	bool		read_back_ok;	/* the meter was read after it */
 	int64		read_back;
+	char	   *repair_error;	/* the write's error, or the read back's */
+	bool		repaired;		/* written, and read back equal */
 	bool		rebuilt;
 } Check;
+
+/* one run: the cycles checked, and where the rows go */
+typedef struct Run
+{
+	MemoryContext cxt;			/* the checks, for the whole run */
+	ReturnSetInfo *rsinfo;
+	ResourceOwner owner;		/* the tuplestore's, outside the subtransactions */
+	Check	   *checks;
+	int			n;
+	int			size;
+} Run;
+
+typedef void (*CycleStep) (Run *run, Check *c);
 
 /* the cause, from the evidence */
 static char *
@@ -178,35 +216,61 @@ drift_cause(Check *c)
 	return pstrdup("The ledger changed after the last report. A late usage or a correction arrived.");
 }
 
+/* what became of a repair that did not prove itself */
+static char *
+repair_outcome(Check *c)
+{
+	if (!c->written)
+		return psprintf("The repair failed: writing the ledger total " INT64_FORMAT
+						" failed (%s). Run earmark_reconcile again once the provider answers.",
+						c->ledger, c->repair_error);
+	if (!c->read_back_ok)
+		return psprintf("The repair did not read back: wrote " INT64_FORMAT
+						"; the read back failed (%s). A write the provider accepted is not proof; "
+						"check the provider's meter.", c->ledger, c->repair_error);
+	return psprintf("The repair did not read back: wrote " INT64_FORMAT ", read back " INT64_FORMAT
+					". A write the provider accepted is not proof; check the provider's meter.",
+					c->ledger, c->read_back);
+}
+
 static void
 decide(Check *c)
 {
 	if (!c->op.ok)
-	{
 		c->verdict = "unreadable";
-		c->cause = psprintf("The provider's total could not be read: %s",
-							c->op.error ? c->op.error : "no answer");
-		return;
-	}
-	if (c->op.read_total == c->ledger)
-	{
+	else if (c->op.read_total == c->ledger)
 		c->verdict = "match";
-		c->cause = NULL;
-		return;
-	}
-	c->cause = drift_cause(c);
-	if (c->op.closed)
-	{
+	else if (c->op.closed)
 		c->verdict = "closed_cycle_drift";
-		c->cause = psprintf("The cycle has closed: it is not written, a person decides. %s", c->cause);
-		return;
-	}
-	c->verdict = c->op.read_total > c->ledger ? "over_billed" : "under_billed";
+	else
+		c->verdict = c->op.read_total > c->ledger ? "over_billed" : "under_billed";
 }
 
-/* write the ledger total, read it back: only an equal read back is a repair */
+static char *
+cause_of(Check *c)
+{
+	char	   *cause;
+
+	if (!c->op.ok)
+		return psprintf("The provider's total could not be read: %s",
+						c->read_error ? c->read_error : "no answer");
+	if (c->op.read_total == c->ledger)
+		return NULL;
+	cause = drift_cause(c);
+	if (c->op.closed)
+		return psprintf("The cycle has closed: it is not written, a person decides. %s", cause);
+	if (c->repair_tried && !c->repaired)
+		cause = psprintf("%s %s", cause, repair_outcome(c));
+	return cause;
+}
+
+/*
+ * Write the ledger total, read it back: only an equal read back is a
+ * repair.  A failure is noted on the check (phase 2 puts it in the
+ * evidence), never raised: one cycle does not undo the run.
+ */
 static void
-repair(Check *c)
+repair(Run *run, Check *c)
 {
 	EmMeterOp	w = c->op;
 	EmMeterOp	r = c->op;
@@ -214,59 +278,118 @@ repair(Check *c)
 	w.total = c->ledger;
 	em_meter_write(&w, 1, NULL, NULL);
 	em_log_send(&w, "repair");
+	c->repair_tried = true;
 	if (!w.ok)
-		ereport(ERROR,
-				(errcode(ERRCODE_EARMARK_PROVIDER),
-				 errmsg("could not repair the meter of account \"%s\", feature \"%s\"",
-						c->op.account, c->op.feature),
-				 errdetail("Writing the ledger total " INT64_FORMAT " failed: %s",
-						   c->ledger, w.error ? w.error : "no answer"),
-				 errhint("Run earmark_reconcile again once the provider answers.")));
-	em_meter_read(&r, 1);
-	if (!r.ok || r.read_total != c->ledger)
-		ereport(ERROR,
-				(errcode(ERRCODE_EARMARK_READ_BACK_DIFFERS),
-				 errmsg("the meter of account \"%s\", feature \"%s\" does not read back the repaired total",
-						c->op.account, c->op.feature),
-				 r.ok ? errdetail("Wrote " INT64_FORMAT ", read back " INT64_FORMAT ".",
-								  c->ledger, r.read_total)
-				 : errdetail("Wrote " INT64_FORMAT "; the read back failed: %s",
-							 c->ledger, r.error ? r.error : "no answer"),
-				 errhint("A write that the provider accepted is not proof; check the provider's meter.")));
-	c->repaired = true;
-	c->read_back = r.read_total;
-
-	/*
-	 * A report of a newer total may have landed just before this write:
-	 * mark the cycle, so that the reporter sends its total once more.
-	 */
 	{
-		Datum		arg = Int64GetDatum(c->op.budget_id);
-
-		em_mark_lock(c->op.budget_id);
-		em_exec(&mark_cycle, &arg, NULL, 0);
+		c->repair_error = MemoryContextStrdup(run->cxt, w.error ? w.error : "no answer");
+		return;
 	}
+	c->written = true;
+	em_meter_read(&r, 1);
+	c->read_back_ok = r.ok;
+	c->read_back = r.read_total;
+	c->repaired = r.ok && r.read_total == c->ledger;
+	if (!r.ok)
+		c->repair_error = MemoryContextStrdup(run->cxt, r.error ? r.error : "no answer");
 }
 
+/* phase 1, one cycle: its numbers, its verdict, its repair */
 static void
-put_row(ReturnSetInfo *rsinfo)
+check_cycle(Run *run, Check *c)
 {
-	tuplestore_puttuple(rsinfo->setResult, SPI_tuptable->vals[0]);
+	Datum		arg = Int64GetDatum(c->op.budget_id);
+	bool		isnull;
+	Datum		d;
+
+	em_exec(&cycle_numbers, &arg, NULL, 1);
+	if (SPI_processed != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the cycle was deleted while it was reconciled")));
+	c->ledger = em_get_int64(0, 1, 0);
+	c->counters = em_get_int64(0, 2, 0);
+	d = em_get(0, 3, &isnull);
+	c->has_sent = !isnull;
+	c->last_sent = isnull ? 0 : DatumGetInt64(d);
+	d = em_get(0, 4, &isnull);
+	c->last_send_failed = !isnull && !DatumGetBool(d);
+	d = em_get(0, 5, &isnull);
+	c->last_send_error = isnull ? NULL : MemoryContextStrdup(run->cxt, TextDatumGetCString(d));
+
+	decide(c);
+	if (strcmp(c->verdict, "over_billed") == 0 || strcmp(c->verdict, "under_billed") == 0)
+		repair(run, c);
+	/* only a cycle whose step went through has a phase 2 */
+	c->checked = true;
+}
+
+/*
+ * After a repair's write, a report of a newer total may have landed just
+ * before it: mark the cycle, so that the reporter sends its total once
+ * more.
+ */
+static void
+mark_after_repair(Check *c)
+{
+	Datum		arg = Int64GetDatum(c->op.budget_id);
+
+	em_mark_lock(c->op.budget_id);
+	em_exec(&mark_cycle, &arg, NULL, 0);
+}
+
+/* counters that differ from the ledger: rebuilt, if no writer is at it */
+static void
+rebuild(Check *c)
+{
+	Datum		arg = Int64GetDatum(c->op.budget_id);
+
+	em_exec(&lock_for_rebuild, &arg, NULL, 1);
+	if (em_mark_try_lock_exclusive(c->op.budget_id))
+	{
+		em_exec(&clear_shards, &arg, NULL, 0);
+		em_exec(&rebuild_counters, &arg, NULL, 0);
+		c->rebuilt = true;
+		ereport(WARNING,
+				(errmsg("the counters of account \"%s\", feature \"%s\" differed from the ledger and were rebuilt",
+						c->op.account, c->op.feature),
+				 errdetail("Counters " INT64_FORMAT ", ledger " INT64_FORMAT ".",
+						   c->counters, c->ledger)));
+	}
+	else
+		ereport(WARNING,
+				(errmsg("the counters of account \"%s\", feature \"%s\" differ from the ledger",
+						c->op.account, c->op.feature),
+				 errdetail("Counters " INT64_FORMAT ", ledger " INT64_FORMAT "; usage was being written, "
+						   "so they were not rebuilt.", c->counters, c->ledger),
+				 errhint("Run earmark_reconcile again.")));
+}
+
+/* hand back the row just stored or touched, in the run's resource owner */
+static void
+put_row(Run *run)
+{
+	ResourceOwner owner = CurrentResourceOwner;
+
+	/* a tuplestore that spills to disk must not belong to a subtransaction */
+	CurrentResourceOwner = run->owner;
+	tuplestore_puttuple(run->rsinfo->setResult, SPI_tuptable->vals[0]);
+	CurrentResourceOwner = owner;
 }
 
 /* store the evidence, unless the last row says the same; return it */
 static void
-keep_evidence(Check *c, ReturnSetInfo *rsinfo)
+keep_evidence(Run *run, Check *c)
 {
 	Datum		args[15];
 	char		nulls[15];
 	bool		isnull;
 	int64		counters_after = c->rebuilt ? c->ledger : c->counters;
+	char	   *cause = cause_of(c);
 
 	memset(nulls, ' ', sizeof(nulls));
 	args[0] = Int64GetDatum(c->op.budget_id);
 	em_exec(&last_evidence, args, NULL, 1);
-	if (SPI_processed == 1 && !c->repaired && !c->rebuilt)
+	if (SPI_processed == 1 && !c->repair_tried && !c->rebuilt)
 	{
 		bool		same = em_get_int64(0, 1, -1) == c->ledger &&
 			em_get_int64(0, 2, -1) == counters_after;
@@ -281,7 +404,7 @@ keep_evidence(Check *c, ReturnSetInfo *rsinfo)
 		{
 			args[0] = em_get(0, 6, &isnull);
 			em_exec(&touch_evidence, args, NULL, 1);
-			put_row(rsinfo);
+			put_row(run);
 			return;
 		}
 	}
@@ -299,145 +422,222 @@ keep_evidence(Check *c, ReturnSetInfo *rsinfo)
 	args[10] = Int64GetDatum(c->op.read_total);
 	nulls[10] = c->op.ok ? ' ' : 'n';
 	args[11] = CStringGetTextDatum(c->verdict);
-	args[12] = c->cause ? CStringGetTextDatum(c->cause) : (Datum) 0;
-	nulls[12] = c->cause ? ' ' : 'n';
+	args[12] = cause ? CStringGetTextDatum(cause) : (Datum) 0;
+	nulls[12] = cause ? ' ' : 'n';
+	/* what the repair wrote, and what was read after it (equal: proven) */
 	args[13] = Int64GetDatum(c->ledger);
-	nulls[13] = c->repaired ? ' ' : 'n';
+	nulls[13] = c->written ? ' ' : 'n';
 	args[14] = Int64GetDatum(c->read_back);
-	nulls[14] = c->repaired ? ' ' : 'n';
+	nulls[14] = c->read_back_ok ? ' ' : 'n';
 	em_exec(&add_evidence, args, nulls, 1);
-	put_row(rsinfo);
+	put_row(run);
+}
+
+/* phase 2, one cycle: after every provider call of the run */
+static void
+finish_cycle(Run *run, Check *c)
+{
+	if (c->written)
+		mark_after_repair(c);
+	/* counters last: the only row locks, after every provider call */
+	if (c->counters != c->ledger)
+		rebuild(c);
+	keep_evidence(run, c);
+}
+
+/*
+ * Run one step of one cycle in a subtransaction of its own.  An error is
+ * rolled back with it and reported as a WARNING naming the cycle; the run
+ * goes on.  A cancel (or a statement timeout) still ends the run.
+ */
+static bool
+cycle_unit(CycleStep step, Run *run, Check *c)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	volatile bool ok = true;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(cxt);
+	PG_TRY();
+	{
+		step(run, c);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+		if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED)
+			ReThrowError(edata);
+		ereport(WARNING,
+				(errcode(edata->sqlerrcode),
+				 errmsg("could not reconcile the cycle of account \"%s\", feature \"%s\" that starts %s",
+						c->op.account, c->op.feature, timestamptz_to_str(c->op.cycle_start)),
+				 errdetail("%s", edata->message),
+				 errhint("The other cycles were reconciled. Run earmark_reconcile again for this one.")));
+		FreeErrorData(edata);
+		ok = false;
+	}
+	PG_END_TRY();
+	return ok;
+}
+
+/* room for n more checks */
+static void
+grow(Run *run, int n)
+{
+	int			size;
+
+	if (run->n + n <= run->size)
+		return;
+	size = Max(run->size * 2, run->n + n);
+	if (run->checks == NULL)
+		run->checks = MemoryContextAllocZero(run->cxt, sizeof(Check) * size);
+	else
+	{
+		run->checks = repalloc(run->checks, sizeof(Check) * size);
+		memset(run->checks + run->size, 0, sizeof(Check) * (size - run->size));
+	}
+	run->size = size;
+}
+
+/*
+ * The next page of cycles after budget_id "after", added to the run with
+ * the provider's totals (the reads of a page run at once; no lock is
+ * held).  Returns the page's number of cycles.
+ */
+static int
+next_page(Run *run, text *account, text *feature, int64 after)
+{
+	Datum		args[4];
+	char		nulls[4] = {' ', ' ', ' ', ' '};
+	bool		isnull;
+	int			n;
+	int			i;
+	Check	   *page;
+	EmMeterOp  *reads;
+	TimestampTz now = GetCurrentTimestamp();
+
+	args[0] = account ? PointerGetDatum(account) : (Datum) 0;
+	nulls[0] = account ? ' ' : 'n';
+	args[1] = feature ? PointerGetDatum(feature) : (Datum) 0;
+	nulls[1] = feature ? ' ' : 'n';
+	args[2] = Int64GetDatum(after);
+	args[3] = Int32GetDatum(RECONCILE_PAGE);
+	em_exec(&page_of_cycles, args, nulls, 0);
+	n = (int) SPI_processed;
+	if (n == 0)
+		return 0;
+	grow(run, n);
+	page = run->checks + run->n;
+	for (i = 0; i < n; i++)
+	{
+		EmMeterOp  *op = &page[i].op;
+		MemoryContext old = MemoryContextSwitchTo(run->cxt);
+		Datum		d;
+
+		op->budget_id = em_get_int64(i, 1, 0);
+		op->account = TextDatumGetCString(em_get(i, 2, &isnull));
+		op->feature = TextDatumGetCString(em_get(i, 3, &isnull));
+		op->cycle_start = DatumGetTimestampTz(em_get(i, 4, &isnull));
+		op->cycle_end = DatumGetTimestampTz(em_get(i, 5, &isnull));
+		op->closed = op->cycle_end <= now;
+		d = em_get(i, 6, &isnull);
+		op->customer = isnull ? NULL : TextDatumGetCString(d);
+		d = em_get(i, 7, &isnull);
+		op->agreement = isnull ? NULL : TextDatumGetCString(d);
+		MemoryContextSwitchTo(old);
+	}
+
+	/* the provider's totals (in the page's memory); what phase 2 needs is kept */
+	reads = palloc(sizeof(EmMeterOp) * n);
+	for (i = 0; i < n; i++)
+		reads[i] = page[i].op;
+	em_meter_read(reads, n);
+	for (i = 0; i < n; i++)
+	{
+		page[i].op.ok = reads[i].ok;
+		page[i].op.read_total = reads[i].read_total;
+		page[i].op.http_status = reads[i].http_status;
+		if (!reads[i].ok)
+			page[i].read_error = MemoryContextStrdup(run->cxt,
+													 reads[i].error ? reads[i].error : "no answer");
+	}
+	run->n += n;
+	return n;
 }
 
 /*
  * earmark_reconcile(account, feature) RETURNS SETOF earmark.evidence: one
- * row per cycle checked, the stored evidence (new or unchanged).
+ * row per cycle checked, the stored evidence (new or unchanged), in
+ * budget_id order.  A cycle whose step failed (a WARNING says why) has no
+ * row.
  */
 Datum
 earmark_reconcile(PG_FUNCTION_ARGS)
 {
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	text	   *account = PG_ARGISNULL(0) ? NULL : em_arg_name(fcinfo, 0, "account");
 	text	   *feature = PG_ARGISNULL(1) ? NULL : em_arg_name(fcinfo, 1, "feature");
 	int64		after = 0;
-	MemoryContext page_cxt;
+	int			i;
+	Run			run;
+	MemoryContext step_cxt;
+	MemoryContext old;
 
 	em_require_read_committed("earmark_reconcile");
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC | MAT_SRF_BLESS);
-	page_cxt = AllocSetContextCreate(CurrentMemoryContext, "earmark reconcile page",
+	memset(&run, 0, sizeof(run));
+	run.rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	run.owner = CurrentResourceOwner;
+	run.cxt = AllocSetContextCreate(CurrentMemoryContext, "earmark reconcile run",
+									ALLOCSET_DEFAULT_SIZES);
+	step_cxt = AllocSetContextCreate(CurrentMemoryContext, "earmark reconcile step",
 									 ALLOCSET_DEFAULT_SIZES);
 	SPI_connect();
+
+	/* phase 1: every provider call, no lock */
 	for (;;)
 	{
-		Datum		args[4];
-		char		nulls[4] = {' ', ' ', ' ', ' '};
-		Check	   *checks;
-		EmMeterOp  *reads;
+		int			first = run.n;
 		int			n;
-		int			i;
-		bool		isnull;
-		MemoryContext old;
-		TimestampTz now = GetCurrentTimestamp();
 
-		MemoryContextReset(page_cxt);
-		old = MemoryContextSwitchTo(page_cxt);
-
-		args[0] = account ? PointerGetDatum(account) : (Datum) 0;
-		nulls[0] = account ? ' ' : 'n';
-		args[1] = feature ? PointerGetDatum(feature) : (Datum) 0;
-		nulls[1] = feature ? ' ' : 'n';
-		args[2] = Int64GetDatum(after);
-		args[3] = Int32GetDatum(RECONCILE_PAGE);
-		em_exec(&page_of_cycles, args, nulls, 0);
-		n = (int) SPI_processed;
-		if (n == 0)
-		{
-			MemoryContextSwitchTo(old);
-			break;
-		}
-		checks = palloc0(sizeof(Check) * n);
-		for (i = 0; i < n; i++)
-		{
-			EmMeterOp  *op = &checks[i].op;
-			Datum		d;
-
-			op->budget_id = em_get_int64(i, 1, 0);
-			op->account = TextDatumGetCString(em_get(i, 2, &isnull));
-			op->feature = TextDatumGetCString(em_get(i, 3, &isnull));
-			op->cycle_start = DatumGetTimestampTz(em_get(i, 4, &isnull));
-			op->cycle_end = DatumGetTimestampTz(em_get(i, 5, &isnull));
-			op->closed = op->cycle_end <= now;
-			d = em_get(i, 6, &isnull);
-			op->customer = isnull ? NULL : TextDatumGetCString(d);
-			d = em_get(i, 7, &isnull);
-			op->agreement = isnull ? NULL : TextDatumGetCString(d);
-		}
-		after = checks[n - 1].op.budget_id;
-
-		/* the provider's totals, a page at a time (no lock is held) */
-		reads = palloc(sizeof(EmMeterOp) * n);
-		for (i = 0; i < n; i++)
-			reads[i] = checks[i].op;
-		em_meter_read(reads, n);
-		for (i = 0; i < n; i++)
-			checks[i].op = reads[i];
-
-		/* then the record (see the header: never an older total) */
-		for (i = 0; i < n; i++)
-		{
-			Check	   *c = &checks[i];
-			Datum		d;
-
-			args[0] = Int64GetDatum(c->op.budget_id);
-			em_exec(&cycle_numbers, args, NULL, 1);
-			c->ledger = em_get_int64(0, 1, 0);
-			c->counters = em_get_int64(0, 2, 0);
-			d = em_get(0, 3, &isnull);
-			c->has_sent = !isnull;
-			c->last_sent = isnull ? 0 : DatumGetInt64(d);
-			d = em_get(0, 4, &isnull);
-			c->last_send_failed = !isnull && !DatumGetBool(d);
-			d = em_get(0, 5, &isnull);
-			c->last_send_error = isnull ? NULL : TextDatumGetCString(d);
-		}
-
-		for (i = 0; i < n; i++)
-		{
-			Check	   *c = &checks[i];
-
-			decide(c);
-			if (strcmp(c->verdict, "over_billed") == 0 ||
-				strcmp(c->verdict, "under_billed") == 0)
-				repair(c);
-
-			/* counters last: the only locks, after every provider call */
-			if (c->counters != c->ledger)
-			{
-				args[0] = Int64GetDatum(c->op.budget_id);
-				em_exec(&lock_for_rebuild, args, NULL, 1);
-				if (em_mark_try_lock_exclusive(c->op.budget_id))
-				{
-					em_exec(&clear_shards, args, NULL, 0);
-					em_exec(&rebuild_counters, args, NULL, 0);
-					c->rebuilt = true;
-					ereport(WARNING,
-							(errmsg("the counters of account \"%s\", feature \"%s\" differed from the ledger and were rebuilt",
-									c->op.account, c->op.feature),
-							 errdetail("Counters " INT64_FORMAT ", ledger " INT64_FORMAT ".",
-									   c->counters, c->ledger)));
-				}
-				else
-					ereport(WARNING,
-							(errmsg("the counters of account \"%s\", feature \"%s\" differ from the ledger",
-									c->op.account, c->op.feature),
-							 errdetail("Counters " INT64_FORMAT ", ledger " INT64_FORMAT "; usage was being written, "
-									   "so they were not rebuilt.", c->counters, c->ledger),
-							 errhint("Run earmark_reconcile again.")));
-			}
-			keep_evidence(c, rsinfo);
-		}
+		old = MemoryContextSwitchTo(step_cxt);
+		n = next_page(&run, account, feature, after);
 		MemoryContextSwitchTo(old);
+		if (n == 0)
+			break;
+		after = run.checks[run.n - 1].op.budget_id;
+		/* then the record (see the header: never an older total) */
+		for (i = first; i < run.n; i++)
+		{
+			old = MemoryContextSwitchTo(step_cxt);
+			(void) cycle_unit(check_cycle, &run, &run.checks[i]);
+			MemoryContextSwitchTo(old);
+		}
+		MemoryContextReset(step_cxt);
+	}
+
+	/* phase 2: the locked steps and the evidence, after the last call */
+	for (i = 0; i < run.n; i++)
+	{
+		if (!run.checks[i].checked)
+			continue;
+		old = MemoryContextSwitchTo(step_cxt);
+		(void) cycle_unit(finish_cycle, &run, &run.checks[i]);
+		MemoryContextSwitchTo(old);
+		MemoryContextReset(step_cxt);
 	}
 	SPI_finish();
+	MemoryContextDelete(step_cxt);
+	MemoryContextDelete(run.cxt);
 	return (Datum) 0;
 }

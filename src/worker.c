@@ -9,7 +9,8 @@
  *	  has passed (em_sweep), in short transactions of at most SWEEP_BATCH
  *	  jobs so that no lock is held for long, then applies the inbox events
  *	  that have a handler (em_inbox_claim, em_inbox_apply: one transaction
- *	  to claim, one per event to apply it with its mark).  The locks are
+ *	  to claim, one per event to apply it with its mark), reads the limits
+ *	  admissions asked for and reports marked cycles.  The locks are
  *	  those of gate.c and inbox.c: the sweep waits for no job row and no
  *	  budget row (an application's open transaction delays only its own
  *	  budget's sweep, never the worker); claims skip locked
@@ -17,10 +18,32 @@
  *	  earmark.jwks_refresh and fetches it again (the HTTP call holds no
  *	  earmark row lock).
  *
+ *	  HTTP to the provider (the reporter's sends, the limit reads, the
+ *	  Kinde token) runs outside any transaction, and between two polls the
+ *	  worker sweeps whenever earmark.sweep_interval has passed: a slow or
+ *	  hanging provider never holds up the settling of dead holds.
+ *
+ *	  Memory: each wake-up's passes run in one context (round_cxt), reset
+ *	  at the next wake-up; a commit or an abort leaves TopMemoryContext
+ *	  current, so run_pass makes its caller's context current again after
+ *	  every transaction (and http.c after every tick).  Nothing a pass
+ *	  allocates outlives its round, except the cached Kinde token.
+ *
+ *	  Transactions: every one is READ COMMITTED and READ WRITE whatever the
+ *	  defaults (a session SET by a handler, ALTER DATABASE or ALTER ROLE
+ *	  ... SET); settings a pass changes for the session (a handler's
+ *	  set_config(..., false)) are undone when the pass ends; and the
+ *	  settings that would change how the worker runs (search_path, lock
+ *	  and statement timeouts, exit_on_error, session_replication_role) are
+ *	  pinned over the database's and role's.
+ *
  *	  Signals: SIGHUP rereads the configuration, SIGTERM ends the worker at
  *	  the next CHECK_FOR_INTERRUPTS.  An error in a pass is logged, its
- *	  transaction is rolled back and the next pass runs on schedule: one bad
- *	  pass does not put the worker in a crash loop.
+ *	  transaction is rolled back and the next pass runs on schedule; an
+ *	  error outside a pass (none is expected: a provider's failure or
+ *	  hostile answer is a failed request, never an error) is logged and the
+ *	  worker goes on after a second.  One bad pass or answer does not put
+ *	  the worker in a crash loop.
  *
  *-------------------------------------------------------------------------
  */
@@ -71,6 +94,46 @@ em_register_worker(void)
 
 typedef int (*PassFn) (void *arg);
 
+/* the memory of one wake-up's passes, reset at the next wake-up */
+static MemoryContext round_cxt = NULL;
+
+static TimestampTz last_sweep = 0;
+static TimestampTz last_report = 0;
+static TimestampTz last_jwks_check = 0;
+
+/*
+ * Settings the worker runs with whatever the database or the role set:
+ * pinned with the highest source a default can have (PGC_S_OVERRIDE), so
+ * that ALTER DATABASE ... SET and ALTER ROLE ... SET do not reach it.  A
+ * session SET during a pass is undone when the pass ends (run_pass).
+ */
+static const char *const pinned_settings[][2] = {
+	/* everything the worker runs names its schema; nothing in public is ever resolved */
+	{"search_path", "pg_catalog, pg_temp"},
+	/* a snapshot per statement, read-write (run_pass sets both per transaction too) */
+	{"default_transaction_isolation", "read committed"},
+	{"default_transaction_read_only", "off"},
+	{"default_transaction_deferrable", "off"},
+	/* the worker's waits are its own to bound (the sweep never waits) */
+	{"lock_timeout", "0"},
+	{"statement_timeout", "0"},
+	{"idle_in_transaction_session_timeout", "0"},
+	/* an error is one failed pass, not the end of the worker */
+	{"exit_on_error", "off"},
+	/* triggers fire as for every other session */
+	{"session_replication_role", "origin"},
+};
+
+static void
+pin_settings(void)
+{
+	int			i;
+
+	for (i = 0; i < lengthof(pinned_settings); i++)
+		SetConfigOption(pinned_settings[i][0], pinned_settings[i][1], PGC_SUSET, PGC_S_OVERRIDE);
+	SetConfigOption("application_name", "earmark worker", PGC_USERSET, PGC_S_OVERRIDE);
+}
+
 /*
  * The library works on the schema of its own version only.  Between a
  * server restart with a new library and ALTER EXTENSION earmark UPDATE the
@@ -108,24 +171,44 @@ schema_is_current(void)
 }
 
 /*
- * Run fn in a transaction of its own, with the earmark extension present.
- * Returns fn's result, or -1 when the extension is not installed in this
- * database or the pass failed: the error is logged and rolled back, and
- * the worker carries on at the next pass instead of exiting.
+ * Start a transaction of the worker: READ COMMITTED and READ WRITE, set
+ * before its first snapshot, whatever the defaults say.  The reporter and
+ * the reconciler need a snapshot per statement (meter.c), and every pass
+ * writes.
  */
-static int
-run_pass(const char *activity, PassFn fn, void *arg)
+static void
+start_pass_transaction(void)
 {
-	MemoryContext oldcxt = CurrentMemoryContext;
-	volatile int n = -1;
-
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
+	XactIsoLevel = XACT_READ_COMMITTED;
+	XactReadOnly = false;
+	XactDeferrable = false;
+}
+
+/*
+ * Run fn in a transaction of its own, with the earmark extension present.
+ * Returns fn's result, or -1 when the extension is not installed in this
+ * database or the pass failed: the error is logged (and, if error is not
+ * NULL, its message copied there, in the caller's context) and rolled
+ * back, and the worker carries on at the next pass instead of exiting.
+ * The caller's memory context is current again when it returns.
+ */
+static int
+run_pass(const char *activity, PassFn fn, void *arg, char **error)
+{
+	MemoryContext caller = CurrentMemoryContext;
+	volatile int n = -1;
+
+	start_pass_transaction();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	pgstat_report_activity(STATE_RUNNING, activity);
 
 	PG_TRY();
 	{
+		/* what the pass sets for the session (a handler's SET) ends with it */
+		int			nestlevel = NewGUCNestLevel();
+
 		if (OidIsValid(get_extension_oid("earmark", true)))
 		{
 			SPI_connect();
@@ -133,12 +216,19 @@ run_pass(const char *activity, PassFn fn, void *arg)
 				n = fn(arg);
 			SPI_finish();
 		}
+		AtEOXact_GUC(false, nestlevel);
 		PopActiveSnapshot();
 		CommitTransactionCommand();
 	}
 	PG_CATCH();
 	{
-		MemoryContextSwitchTo(oldcxt);
+		MemoryContextSwitchTo(caller);
+		if (error)
+		{
+			ErrorData  *edata = CopyErrorData();
+
+			*error = edata->message;
+		}
 		EmitErrorReport();
 		FlushErrorState();
 		AbortCurrentTransaction();
@@ -146,6 +236,8 @@ run_pass(const char *activity, PassFn fn, void *arg)
 	}
 	PG_END_TRY();
 
+	/* a commit or an abort leaves TopMemoryContext current */
+	MemoryContextSwitchTo(caller);
 	pgstat_report_stat(false);
 	pgstat_report_activity(STATE_IDLE, NULL);
 	return n;
@@ -250,8 +342,6 @@ typedef struct ReportPass
 	int			failed;
 } ReportPass;
 
-static TimestampTz last_sweep = 0;
-
 static int
 report_claim_fn(void *arg)
 {
@@ -276,19 +366,23 @@ report_finish_fn(void *arg)
 static void sweep_pass(void);
 
 /*
- * Between the polls of a send: sweeping stays on schedule while the
- * provider is slow, so a provider that hangs delays no settlement.
+ * Between the polls of a provider call (arg: the activity to show again):
+ * sweeping stays on schedule while the provider is slow, so a provider
+ * that hangs delays no settlement.
  */
 static void
-report_tick(void *arg)
+sweep_tick(void *arg)
 {
 	if (TimestampDifferenceExceeds(last_sweep, GetCurrentTimestamp(),
 								   earmark_sweep_interval_ms))
 	{
 		sweep_pass();
-		pgstat_report_activity(STATE_RUNNING, "earmark: sending totals to the meter");
+		pgstat_report_activity(STATE_RUNNING, (const char *) arg);
 	}
 }
+
+#define SENDING		"earmark: sending totals to the meter"
+#define READING		"earmark: reading limits from the provider"
 
 /*
  * One report pass: claim (a transaction), send (none: no transaction and
@@ -301,20 +395,20 @@ report_pass(void)
 	MemoryContext old;
 
 	memset(&p, 0, sizeof(p));
-	p.cxt = AllocSetContextCreate(TopMemoryContext, "earmark report pass",
+	p.cxt = AllocSetContextCreate(CurrentMemoryContext, "earmark report pass",
 								  ALLOCSET_DEFAULT_SIZES);
 	/* a pass with nothing to send is still recorded (worker_status) */
-	if (run_pass("earmark: claiming marked cycles", report_claim_fn, &p) >= 0)
+	if (run_pass("earmark: claiming marked cycles", report_claim_fn, &p, NULL) >= 0)
 	{
 		if (earmark_provider != EM_PROVIDER_LOCAL)
 		{
-			pgstat_report_activity(STATE_RUNNING, "earmark: sending totals to the meter");
+			pgstat_report_activity(STATE_RUNNING, SENDING);
 			old = MemoryContextSwitchTo(p.cxt);
-			em_report_send(p.ops, p.n, report_tick, NULL);
+			em_report_send(p.ops, p.n, sweep_tick, SENDING);
 			MemoryContextSwitchTo(old);
 			pgstat_report_activity(STATE_IDLE, NULL);
 		}
-		if (run_pass("earmark: recording the report", report_finish_fn, &p) >= 0)
+		if (run_pass("earmark: recording the report", report_finish_fn, &p, NULL) >= 0)
 			elog(DEBUG1, "earmark: reported %d cycles, %d failed", p.sent, p.failed);
 	}
 	MemoryContextDelete(p.cxt);
@@ -323,7 +417,7 @@ report_pass(void)
 typedef struct LimitAccounts
 {
 	MemoryContext cxt;
-	List	   *accounts;
+	List	   *accounts;		/* EmWantedLimits */
 } LimitAccounts;
 
 static int
@@ -335,46 +429,98 @@ wanted_limits_fn(void *arg)
 	return list_length(l->accounts);
 }
 
-static int
-refresh_limits_fn(void *arg)
+/* an account's read, to store: its limits, or why they could not be read */
+typedef struct LimitsRead
 {
-	char	   *error = NULL;
-	int			n = em_refresh_account_limits((const char *) arg, &error);
+	const char *account;
+	List	   *limits;
+	char	   *error;
+} LimitsRead;
 
-	if (n < 0)
-		ereport(LOG,
-				(errmsg("earmark: could not read the limits of account \"%s\"", (const char *) arg),
-				 errdetail("%s", error)));
-	return n;
+static int
+store_limits_fn(void *arg)
+{
+	LimitsRead *r = (LimitsRead *) arg;
+
+	if (r->error)
+	{
+		em_limits_read_failed(r->account, r->error);
+		return 0;
+	}
+	return em_store_account_limits(r->account, r->limits);
 }
 
-/* read the limits that admissions found stale, one account a transaction */
+/*
+ * One account: read its limits (no transaction; sweeping goes on between
+ * polls), then store them or the failure (a transaction).  Any failure,
+ * a hostile answer included, is recorded on the account, so that it waits
+ * its retry time and the next pass reads the others.  Returns false when
+ * the provider itself failed (no answer, a timeout, 429, 5xx).
+ */
+static bool
+read_account_limits(EmWantedLimits *w)
+{
+	LimitsRead	r;
+	bool		unreachable = false;
+	char	   *store_error = NULL;
+
+	r.account = w->account;
+	r.error = NULL;
+	pgstat_report_activity(STATE_RUNNING, READING);
+	r.limits = em_provider_limits(w->account, w->customer, sweep_tick, READING,
+								  &r.error, &unreachable);
+	pgstat_report_activity(STATE_IDLE, NULL);
+	if (run_pass("earmark: storing limits", store_limits_fn, &r, &store_error) < 0)
+	{
+		r.error = psprintf("the limits could not be stored: %s",
+						   store_error ? store_error : "an error");
+		r.limits = NIL;
+		(void) run_pass("earmark: storing limits", store_limits_fn, &r, NULL);
+	}
+	if (r.error)
+		ereport(LOG,
+				(errmsg("earmark: could not read the limits of account \"%s\"", w->account),
+				 errdetail("%s", r.error)));
+	return !unreachable;
+}
+
+/* read the limits that admissions found stale, one account at a time */
 static void
 limits_pass(void)
 {
 	LimitAccounts l;
 	ListCell   *lc;
+	MemoryContext account_cxt;
+	MemoryContext old;
 
 	if (earmark_provider == EM_PROVIDER_LOCAL)
 		return;
-	l.cxt = AllocSetContextCreate(TopMemoryContext, "earmark limits pass",
-								  ALLOCSET_DEFAULT_SIZES);
+	l.cxt = CurrentMemoryContext;
 	l.accounts = NIL;
-	if (run_pass("earmark: finding stale limits", wanted_limits_fn, &l) > 0)
+	if (run_pass("earmark: finding stale limits", wanted_limits_fn, &l, NULL) <= 0)
+		return;
+	/* an account's answers (up to 100 pages) are freed before the next */
+	account_cxt = AllocSetContextCreate(CurrentMemoryContext, "earmark limits read",
+										ALLOCSET_DEFAULT_SIZES);
+	foreach(lc, l.accounts)
 	{
-		foreach(lc, l.accounts)
-		{
-			/*
-			 * A provider that fails once is not asked again this pass: each
-			 * attempt may cost earmark.http_timeout, and sweeping waits.
-			 */
-			if (run_pass("earmark: reading limits from the provider",
-						 refresh_limits_fn, lfirst(lc)) < 0)
-				break;
-			CHECK_FOR_INTERRUPTS();
-		}
+		bool		provider_answers;
+
+		old = MemoryContextSwitchTo(account_cxt);
+		provider_answers = read_account_limits((EmWantedLimits *) lfirst(lc));
+		MemoryContextSwitchTo(old);
+		MemoryContextReset(account_cxt);
+
+		/*
+		 * A provider that is down or busy is not asked again this pass: each
+		 * attempt may cost earmark.http_timeout, and the inbox and the
+		 * reporter wait.  One account's bad answer does not stop the others.
+		 */
+		if (!provider_answers)
+			break;
+		CHECK_FOR_INTERRUPTS();
 	}
-	MemoryContextDelete(l.cxt);
+	MemoryContextDelete(account_cxt);
 }
 
 static void
@@ -386,7 +532,7 @@ sweep_pass(void)
 	do
 	{
 		last_sweep = GetCurrentTimestamp();
-		n = run_pass("earmark: sweeping expired holds", sweep_fn, NULL);
+		n = run_pass("earmark: sweeping expired holds", sweep_fn, NULL, NULL);
 		if (n > 0)
 			elog(DEBUG1, "earmark: swept %d expired holds", n);
 		CHECK_FOR_INTERRUPTS();
@@ -401,7 +547,7 @@ inbox_pass(void)
 	int			i;
 
 	memset(&claimed, 0, sizeof(claimed));
-	if (run_pass("earmark: claiming inbox events", claim_fn, &claimed) <= 0)
+	if (run_pass("earmark: claiming inbox events", claim_fn, &claimed, NULL) <= 0)
 		return 0;
 	for (i = 0; i < claimed.n; i++)
 	{
@@ -409,36 +555,83 @@ inbox_pass(void)
 
 		a.event_id = claimed.event_id[i];
 		a.attempts = claimed.attempts[i];
-		(void) run_pass("earmark: applying an inbox event", apply_fn, &a);
+		(void) run_pass("earmark: applying an inbox event", apply_fn, &a, NULL);
 		CHECK_FOR_INTERRUPTS();
 	}
 	return claimed.n;
 }
 
+/* one wake-up: every duty whose time has come */
+static void
+run_round(void)
+{
+	sweep_pass();
+
+	while (inbox_pass() == INBOX_BATCH)
+		CHECK_FOR_INTERRUPTS();
+
+	limits_pass();
+
+	if (TimestampDifferenceExceeds(last_report, GetCurrentTimestamp(),
+								   earmark_report_interval_s * 1000))
+	{
+		last_report = GetCurrentTimestamp();
+		report_pass();
+	}
+
+	if (earmark_jwks_refresh_s > 0 &&
+		TimestampDifferenceExceeds(last_jwks_check, GetCurrentTimestamp(),
+								   Min(60, earmark_jwks_refresh_s) * 1000))
+	{
+		last_jwks_check = GetCurrentTimestamp();
+		(void) run_pass("earmark: refreshing the JWKS", jwks_fn, NULL, NULL);
+	}
+}
+
+/*
+ * An error outside a pass's own handling (none is expected): log it, drop
+ * whatever the round had, and go on after a second instead of exiting (the
+ * postmaster would restart the worker every 5 s, and the same error would
+ * stop it again).
+ */
+static void
+recover_from_error(void)
+{
+	error_context_stack = NULL;
+	HOLD_INTERRUPTS();
+	EmitErrorReport();
+	AbortOutOfAnyTransaction();
+	MemoryContextSwitchTo(TopMemoryContext);
+	FlushErrorState();
+	pgstat_report_activity(STATE_IDLE, NULL);
+	RESUME_INTERRUPTS();
+	(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+					 1000L, PG_WAIT_EXTENSION);
+	ResetLatch(MyLatch);
+}
+
 void
 earmark_worker_main(Datum main_arg)
 {
-	TimestampTz last_jwks_check;
-	TimestampTz last_report = 0;
+	sigjmp_buf	local_sigjmp_buf;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
 
 	BackgroundWorkerInitializeConnection(earmark_database, NULL, 0);
+	pin_settings();
 
-	/*
-	 * Everything the worker runs names its schema, but pin the path anyway
-	 * so that nothing a database owner puts in public is ever resolved.
-	 */
-	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
-	SetConfigOption("application_name", "earmark worker", PGC_USERSET, PGC_S_OVERRIDE);
-	/* a snapshot per statement, whatever the cluster's default (meter.c) */
-	SetConfigOption("default_transaction_isolation", "read committed", PGC_SUSET, PGC_S_OVERRIDE);
+	round_cxt = AllocSetContextCreate(TopMemoryContext, "earmark worker round",
+									  ALLOCSET_DEFAULT_SIZES);
 
 	ereport(LOG,
 			(errmsg("earmark worker started in database \"%s\"", earmark_database)));
 	last_jwks_check = GetCurrentTimestamp();
+
+	if (sigsetjmp(local_sigjmp_buf, 1) != 0)
+		recover_from_error();
+	PG_exception_stack = &local_sigjmp_buf;
 
 	for (;;)
 	{
@@ -455,26 +648,10 @@ earmark_worker_main(Datum main_arg)
 			ProcessConfigFile(PGC_SIGHUP);
 		}
 
-		sweep_pass();
-
-		while (inbox_pass() == INBOX_BATCH)
-			CHECK_FOR_INTERRUPTS();
-
-		limits_pass();
-
-		if (TimestampDifferenceExceeds(last_report, GetCurrentTimestamp(),
-									   earmark_report_interval_s * 1000))
-		{
-			last_report = GetCurrentTimestamp();
-			report_pass();
-		}
-
-		if (earmark_jwks_refresh_s > 0 &&
-			TimestampDifferenceExceeds(last_jwks_check, GetCurrentTimestamp(),
-									   Min(60, earmark_jwks_refresh_s) * 1000))
-		{
-			last_jwks_check = GetCurrentTimestamp();
-			(void) run_pass("earmark: refreshing the JWKS", jwks_fn, NULL);
-		}
+		/* whatever the last round allocated goes at once */
+		MemoryContextReset(round_cxt);
+		MemoryContextSwitchTo(round_cxt);
+		run_round();
+		MemoryContextSwitchTo(TopMemoryContext);
 	}
 }

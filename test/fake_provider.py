@@ -29,19 +29,31 @@ Generic "http" provider (--bearer and/or --hmac-secret turn authentication on):
   HMAC-SHA256(secret, ts + "." + METHOD + "." + path?query + "." + body)>.
 
 Control (no authentication, not logged, not subject to faults):
-  POST /_control   JSON object, any of: "fail": {"status", "count", "path", "method"},
-                   "rate_limit": {"count", "reset", "path", "method"},
-                   "hang": {"count", "seconds", "path", "method"}, "slow": {"ms"},
+  POST /_control   JSON object, any of:
+                   "fail": {"status", "count", "path", "method", "query", "body_bytes"},
+                   "answer": {"status", "body", "count", "path", "method", "query"},
+                   "rate_limit": {"count", "reset", "path", "method", "query"},
+                   "hang": {"count", "seconds", "path", "method", "query"}, "slow": {"ms"},
+                   "release": true, "token_expires_in": "<raw JSON text>" or null,
                    "down": bool, "set_meter", "set_entitlement", "set_limit" (an object
                    or a list of them), "revoke_tokens": true.
-  GET  /_state     meters, write counts, tokens issued, requests seen, rate_limited_until
+  GET  /_state     meters, write counts, tokens issued, requests seen, requests in
+                   flight (waiting on a hang or slow), rate_limited_until
   POST /_reset     forgets meters, entitlements, limits, faults, counters and requests
 
-Faults are checked in the order down (503), fail, rate_limit (429 with
-RateLimit-Reset and Retry-After), hang, slow; "fail", "rate_limit" and "hang"
-each queue rules (first matching rule with a count left is used; "count": 0
-drops all rules of that kind).  A hung request ends early when the client
-hangs up, and is then processed as usual (its answer goes nowhere).
+Faults are checked in the order down (503), fail, answer, rate_limit (429 with
+RateLimit-Reset and Retry-After), hang, slow; "fail", "answer", "rate_limit"
+and "hang" each queue rules (first matching rule with a count left is used;
+"count": 0 drops all rules of that kind).  A rule matches a request whose
+path starts with "path", whose method is "method" and whose query string
+contains "query" (each when given).  "fail" answers {"error": "injected"},
+padded to "body_bytes" bytes when given.  "answer" sends "body" verbatim
+(any text, valid JSON or not: a hostile provider) with "status" (200).
+"token_expires_in" puts its text verbatim as the token answer's expires_in
+(e.g. "1e200000"; null goes back to --token-ttl).  A hung request ends early
+when the client hangs up, and is then processed as usual (its answer goes
+nowhere); "release" ends every hang and slow wait in progress at once (those
+requests are then answered as usual).
 
 Every request other than the control ones appends
 "<unix time> <METHOD> <path without query> <status>" to --log (the time is
@@ -83,6 +95,12 @@ DIGITS = re.compile(r"[0-9]+\Z")
 
 class BadRequest(Exception):
     pass
+
+
+class Raw:
+    """An answer body sent as it is, not as JSON made from an object."""
+    def __init__(self, text):
+        self.data = text.encode("utf-8")
 
 
 def is_int(v):
@@ -135,20 +153,26 @@ class State:
         self.requests = []
         self.fail_rules = []
         self.rate_rules = []
+        self.answer_rules = []
         self.hang_rules = []
         self.slow_ms = 0
         self.down = False
         self.rate_limited_until = None
+        self.token_expires_in = None    # raw JSON text, or None
+        self.in_flight = {}             # id -> request waiting on a hang or slow
+        self.release_gen = 0            # "release" ends the waits of older generations
 
 
-def take_rule(rules, method, path):
-    """The first rule matching method and path with a count left, counted down."""
+def take_rule(rules, method, path, query=""):
+    """The first rule matching method, path and query with a count left, counted down."""
     for r in rules:
         if r["count"] <= 0:
             continue
         if r["path"] is not None and not path.startswith(r["path"]):
             continue
         if r["method"] is not None and r["method"] != method:
+            continue
+        if r["query"] is not None and r["query"] not in query:
             continue
         r["count"] -= 1
         return r
@@ -169,12 +193,25 @@ def parse_rule(spec, kind):
         if not isinstance(method, str):
             raise BadRequest("%s.method must be a string" % kind)
         method = method.upper()
-    rule = {"count": count, "path": path, "method": method}
-    if kind == "fail":
-        status = spec.get("status", 500)
+    query = spec.get("query")
+    if query is not None and not isinstance(query, str):
+        raise BadRequest("%s.query must be a string" % kind)
+    rule = {"count": count, "path": path, "method": method, "query": query}
+    if kind in ("fail", "answer"):
+        status = spec.get("status", 500 if kind == "fail" else 200)
         if not is_int(status) or not 200 <= status <= 599:
-            raise BadRequest("fail.status must be an integer in 200..599")
+            raise BadRequest("%s.status must be an integer in 200..599" % kind)
         rule["status"] = status
+    if kind == "fail":
+        pad = spec.get("body_bytes", 0)
+        if not is_int(pad) or not 0 <= pad <= MAX_BODY:
+            raise BadRequest("fail.body_bytes must be an integer in 0..%d" % MAX_BODY)
+        rule["body_bytes"] = pad
+    elif kind == "answer":
+        body = spec.get("body")
+        if not isinstance(body, str):
+            raise BadRequest("answer.body must be a string")
+        rule["body"] = body
     elif kind == "rate_limit":
         reset = spec.get("reset", 1)
         if not isinstance(reset, (int, float)) or isinstance(reset, bool) or reset < 0:
@@ -220,9 +257,17 @@ def main():
             raise BadRequest("the body must be a JSON object")
         actions = []                    # validate everything, then apply at once
         for key, v in obj.items():
-            if key in ("fail", "rate_limit", "hang"):
+            if key in ("fail", "answer", "rate_limit", "hang"):
                 rule = parse_rule(v, key)
                 actions.append((key, rule))
+            elif key == "release":
+                if v is not True:
+                    raise BadRequest("release must be true")
+                actions.append((key, v))
+            elif key == "token_expires_in":
+                if v is not None and not isinstance(v, str):
+                    raise BadRequest("token_expires_in must be a string (raw JSON text) or null")
+                actions.append((key, v))
             elif key == "slow":
                 ms = v.get("ms") if isinstance(v, dict) else None
                 if not isinstance(ms, (int, float)) or isinstance(ms, bool) or ms < 0:
@@ -262,15 +307,19 @@ def main():
                 raise BadRequest("unknown control key %r" % key)
         with st.lock:
             for kind, a in actions:
-                if kind in ("fail", "rate_limit", "hang"):
-                    rules = {"fail": st.fail_rules, "rate_limit": st.rate_rules,
-                             "hang": st.hang_rules}[kind]
+                if kind in ("fail", "answer", "rate_limit", "hang"):
+                    rules = {"fail": st.fail_rules, "answer": st.answer_rules,
+                             "rate_limit": st.rate_rules, "hang": st.hang_rules}[kind]
                     if a["count"] == 0:
                         rules.clear()
                     else:
                         rules.append(a)
                 elif kind == "slow":
                     st.slow_ms = a
+                elif kind == "release":
+                    st.release_gen += 1
+                elif kind == "token_expires_in":
+                    st.token_expires_in = a
                 elif kind == "down":
                     st.down = a
                 elif kind == "revoke_tokens":
@@ -300,6 +349,7 @@ def main():
                 "writes": dict(st.writes),
                 "tokens_issued": st.tokens_issued,
                 "requests": list(st.requests),
+                "in_flight": list(st.in_flight.values()),
                 "rate_limited_until": st.rate_limited_until,
             }
 
@@ -335,6 +385,11 @@ def main():
             del st.tokens[t]
         st.tokens[tok] = now + args.token_ttl
         st.tokens_issued += 1
+        if st.token_expires_in is not None:
+            # a hostile or odd expires_in, exactly as given
+            return 200, Raw('{"access_token": %s, "token_type": "bearer", "expires_in": %s, '
+                            '"scope": %s}' % (json.dumps(tok), st.token_expires_in,
+                                              json.dumps(f.get("scope", ""))))
         return 200, {"access_token": tok, "token_type": "bearer",
                      "expires_in": args.token_ttl, "scope": f.get("scope", "")}
 
@@ -547,18 +602,29 @@ def main():
                 return True
 
         def wait(self, seconds, watch):
-            """Sleep, ending early if watch and the client hangs up; True if it did."""
+            """Sleep, ending early if watch and the client hangs up (True) or on
+            "release" (False)."""
             end = time.monotonic() + seconds
+            with st.lock:
+                gen = st.release_gen
             while True:
                 left = end - time.monotonic()
                 if left <= 0:
                     return False
                 if watch and self.client_gone():
                     return True
+                with st.lock:
+                    if st.release_gen != gen:
+                        return False
                 time.sleep(min(left, 0.05))
 
         def answer(self, status, obj, headers=None):
-            body = b"" if status in (204, 304) else json.dumps(obj).encode()
+            if status in (204, 304):
+                body = b""
+            elif isinstance(obj, Raw):
+                body = obj.data
+            else:
+                body = json.dumps(obj).encode()
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -573,6 +639,28 @@ def main():
                 self.wfile.flush()
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True    # the client gave up
+
+        def fault(self, path, query):
+            """The injected answer (status, obj, headers, hang seconds); status
+            None when no rule applies.  Called with st.lock held."""
+            r = take_rule(st.fail_rules, self.command, path, query)
+            if r:
+                obj = {"error": "injected"}
+                if r["body_bytes"]:
+                    # padded with spaces after the object: still valid JSON
+                    text = json.dumps(obj)
+                    obj = Raw(text + " " * max(r["body_bytes"] - len(text), 0))
+                return r["status"], obj, {}, 0.0
+            r = take_rule(st.answer_rules, self.command, path, query)
+            if r:
+                return r["status"], Raw(r["body"]), {}, 0.0
+            r = take_rule(st.rate_rules, self.command, path, query)
+            if r:
+                st.rate_limited_until = time.time() + r["reset"]
+                return 429, {"error": "rate_limited"}, {"RateLimit-Reset": str(r["reset"]),
+                                                       "Retry-After": str(r["reset"])}, 0.0
+            r = take_rule(st.hang_rules, self.command, path, query)
+            return None, None, {}, (r["seconds"] if r else 0.0)
 
         def handle_request(self):
             t = time.time()
@@ -612,37 +700,27 @@ def main():
                 self.answer(status, obj)
                 return
             else:
-                status = None
-                rate = None
                 hang = 0.0
                 with st.lock:
                     slow = st.slow_ms / 1000.0
                     if st.down:
                         status, obj = 503, {"error": "down"}
                     else:
-                        r = take_rule(st.fail_rules, self.command, path)
-                        if r:
-                            status, obj = r["status"], {"error": "injected"}
-                        else:
-                            rate = take_rule(st.rate_rules, self.command, path)
-                            if rate:
-                                status, obj = 429, {"error": "rate_limited"}
-                                extra = {"RateLimit-Reset": str(rate["reset"]),
-                                         "Retry-After": str(rate["reset"])}
-                            else:
-                                r = take_rule(st.hang_rules, self.command, path)
-                                if r:
-                                    hang = r["seconds"]
+                        status, obj, extra, hang = self.fault(path, query)
                 # never hold the lock while sleeping
-                if hang:
-                    gone = self.wait(hang, True)
-                if slow and not gone:
-                    gone = self.wait(slow, True)
+                if hang or slow:
+                    with st.lock:
+                        st.in_flight[id(self)] = {"method": self.command, "path": path,
+                                                  "query": query}
+                    if hang:
+                        gone = self.wait(hang, True)
+                    if slow and not gone:
+                        gone = self.wait(slow, True)
+                    with st.lock:
+                        st.in_flight.pop(id(self), None)
                 with st.lock:
                     if status is None:
                         status, obj, extra = route(self, path, body)
-                    if rate:
-                        st.rate_limited_until = time.time() + rate["reset"]
             with st.lock:
                 st.requests.append({"t": t, "method": self.command, "path": path,
                                     "query": query, "status": status,

@@ -2,30 +2,37 @@
 # test/integration/escrow_stress.sh: escrow under load (DESIGN §4, §5).
 #
 # Phase 1: one hot account (limit 200000, 16 escrow slots), 50 pgbench
-# clients for 15 s with the rate limit off (so the fast path runs).  Each
+# clients for 15 s with the rate limit off (so the fast path runs), in
+# rounds of that length until the run has done what it is for: the limit
+# reached (a refusal) and 10 samples taken (so a slow machine runs longer
+# instead of failing; 40 rounds at most).  Each
 # transaction reserves a random amount (1..500) with a unique key, charges
 # part of it and then settles it (completed at its recorded use, completed
 # asking for more than the hold, failed), sweeps, or leaves it to its
-# 2-second lease.  Some transactions reserve twice and settle both in one
+# 2-second lease (ESCROW_STRESS_LEASE seconds: a lease must outlast the
+# steps of a transaction, and valgrind's are slower).  Some transactions reserve twice and settle both in one
 # transaction.  The limit is reached during the run, so both the fast path
 # (slot admissions) and the slow path (rebalances, reclaims, refusals) are
 # exercised.  A sampler checks, every 0.2 s in one snapshot, that used +
 # held <= limit over the budget row and the slots (earmark_budget), that
 # held is the sum of the open holds and used the ledger sum.  Afterwards:
-# leases pass, earmark_sweep runs until nothing is left, and the books are
-# checked (invariants 1-4).
+# once every lease has passed (waited for), earmark_sweep runs until nothing
+# is left, and the books are checked (invariants 1-4).
 #
 # Phase 2: two escrow accounts with room to spare; 20 clients for 10 s,
 # each transaction reserving on both accounts in one order or the other
 # (A then B, B then A), then settling the two jobs.  No transaction may fail
 # (a deadlock would be counted by pgbench as a failed transaction).
 #
-# ESCROW_STRESS_SECONDS / ESCROW_STRESS_CLIENTS override phase 1's run.
+# ESCROW_STRESS_SECONDS / ESCROW_STRESS_CLIENTS / ESCROW_STRESS_LIMIT /
+# ESCROW_STRESS_LEASE override phase 1's run (the length of a round,
+# clients, limit, lease in seconds).
 
 source "$(dirname "$0")/tap.sh"
 DB=earmark_stress
 PGBENCH="$EM_PGBIN/pgbench"
-LIMIT=200000
+LIMIT=${ESCROW_STRESS_LIMIT:-200000}
+LEASE=${ESCROW_STRESS_LEASE:-2}
 SECS=${ESCROW_STRESS_SECONDS:-15}
 CLIENTS=${ESCROW_STRESS_CLIENTS:-50}
 PAIR_SECS=${ESCROW_STRESS_PAIR_SECONDS:-10}
@@ -107,7 +114,7 @@ cat >"$TMP/single.sql" <<'EOF'
 \set amt random(1, 500)
 \set part random(0, :amt) / 2
 \set fate random(1, 20)
-WITH r AS (SELECT * FROM earmark_reserve('hot', :amt, 'k' || nextval('stress_key'), lease => '2 seconds')),
+WITH r AS (SELECT * FROM earmark_reserve('hot', :amt, 'k' || nextval('stress_key'), lease => make_interval(secs => :lease))),
      x AS (INSERT INTO stress_refusal SELECT 'hot', :amt, r.reason FROM r WHERE NOT r.admitted)
 SELECT coalesce((SELECT job_id FROM r), 0) AS jid \gset
 \if :jid > 0
@@ -130,10 +137,10 @@ cat >"$TMP/double.sql" <<'EOF'
 \set amt2 random(1, 500)
 \set part random(0, :amt1) / 2
 BEGIN;
-WITH r AS (SELECT * FROM earmark_reserve('hot', :amt1, 'k' || nextval('stress_key'), lease => '2 seconds')),
+WITH r AS (SELECT * FROM earmark_reserve('hot', :amt1, 'k' || nextval('stress_key'), lease => make_interval(secs => :lease))),
      x AS (INSERT INTO stress_refusal SELECT 'hot', :amt1, r.reason FROM r WHERE NOT r.admitted)
 SELECT coalesce((SELECT job_id FROM r), 0) AS j1 \gset
-WITH r AS (SELECT * FROM earmark_reserve('hot', :amt2, 'k' || nextval('stress_key'), lease => '2 seconds')),
+WITH r AS (SELECT * FROM earmark_reserve('hot', :amt2, 'k' || nextval('stress_key'), lease => make_interval(secs => :lease))),
      x AS (INSERT INTO stress_refusal SELECT 'hot', :amt2, r.reason FROM r WHERE NOT r.admitted)
 SELECT coalesce((SELECT job_id FROM r), 0) AS j2 \gset
 \if :j1 > 0
@@ -147,26 +154,42 @@ COMMIT;
 EOF
 
 start_sampler hot
-PGOPTIONS='-c earmark.rate_limit=0' "$PGBENCH" -n -d "$DB" -c "$CLIENTS" -j 4 -T "$SECS" \
-    -f "$TMP/single.sql@4" -f "$TMP/double.sql@1" >"$TMP/bench1.out" 2>"$TMP/bench1.err"
-rc=$?
+rc=0
+failed=0
+done_tx=0
+rounds=0
+t_run=$(date +%s)
+refused=0
+samples=0
+while :; do
+    rounds=$((rounds + 1))
+    PGOPTIONS='-c earmark.rate_limit=0' "$PGBENCH" -n -d "$DB" -c "$CLIENTS" -j 4 -T "$SECS" -D lease="$LEASE" \
+        -f "$TMP/single.sql@4" -f "$TMP/double.sql@1" >"$TMP/bench1.out" 2>"$TMP/bench1.err" || rc=1
+    if grep -q 'aborted' "$TMP/bench1.err"; then rc=1; fi
+    [ "$rc" != 0 ] && grep -m 5 -i 'error\|abort' "$TMP/bench1.err" | sed 's/^/# /'
+    failed=$((failed + $(pgbench_failed "$TMP/bench1.out")))
+    done_tx=$((done_tx + $(pgbench_done "$TMP/bench1.out")))
+    refused=$(qd -c "SELECT count(*) FROM stress_refusal")
+    samples=$(cat "$TMP/samples" 2>/dev/null | grep -c .)
+    [ "$rc" != 0 ] && break
+    [ "$refused" -gt 0 ] && [ "$samples" -ge 10 ] && break
+    [ "$rounds" -ge 40 ] && break
+done
 stop_sampler
 is "$rc" 0 "phase 1: pgbench ran to the end (no client aborted)"
-if [ "$rc" != 0 ] || grep -q 'aborted' "$TMP/bench1.err"; then
-    grep -m 5 -i 'error\|abort' "$TMP/bench1.err" | sed 's/^/# /'
-fi
-is "$(pgbench_failed "$TMP/bench1.out")" 0 "phase 1: no failed transaction (no deadlock, no serialization failure)"
-diag "phase 1: $(pgbench_done "$TMP/bench1.out") transactions, $(grep -m1 '^tps' "$TMP/bench1.out")"
+is "$failed" 0 "phase 1: no failed transaction (no deadlock, no serialization failure)"
+diag "phase 1: $done_tx transactions in $rounds rounds, $(( $(date +%s) - t_run )) s"
 
-samples=$(cat "$TMP/samples" 2>/dev/null | grep -c .)
 ok "$(( samples >= 10 ? 0 : 1 ))" "the sampler took $samples samples during the run"
 bad=$(grep -vc '^t t t ' "$TMP/samples")
 is "$bad" 0 "no sample with used + held over the limit, or books off (budget + slots vs jobs and ledger)"
 if [ "$bad" != 0 ]; then grep -v '^t t t ' "$TMP/samples" | head -5 | sed 's/^/# /'; fi
 [ -s "$TMP/sampler.err" ] && head -3 "$TMP/sampler.err" | sed 's/^/# sampler: /'
 
-# every lease has passed two seconds after the run; sweep what is left
-sleep 2.5
+# every hold's lease (LEASE seconds from its last charge, before the run
+# ended) has passed: waited for, then what is left is swept
+got=$(wait_for $((LEASE + 120)) "SELECT count(*) FROM earmark.job WHERE status IN ('running', 'capped') AND lease_until >= clock_timestamp()" 0)
+is "$got" 0 "every open hold's lease has passed"
 swept=0
 for _ in $(seq 1 100); do
     n=$(num "$(qd -c "SELECT earmark_sweep()")")
@@ -243,17 +266,30 @@ SELECT status FROM earmark_settle(:j2, :amt2 / 10);
 EOF
 done
 
+# (in rounds of PAIR_SECS until jobs of both orders were admitted through
+# slots: 10 rounds at most)
 start_sampler pair_a pair_b
-PGOPTIONS='-c earmark.rate_limit=0' "$PGBENCH" -n -d "$DB" -c "$PAIR_CLIENTS" -j 4 -T "$PAIR_SECS" \
-    -f "$TMP/pair_ab.sql" -f "$TMP/pair_ba.sql" >"$TMP/bench2.out" 2>"$TMP/bench2.err"
-rc=$?
+rc=0
+failed=0
+done_tx=0
+rounds=0
+while :; do
+    rounds=$((rounds + 1))
+    PGOPTIONS='-c earmark.rate_limit=0' "$PGBENCH" -n -d "$DB" -c "$PAIR_CLIENTS" -j 4 -T "$PAIR_SECS" \
+        -f "$TMP/pair_ab.sql" -f "$TMP/pair_ba.sql" >"$TMP/bench2.out" 2>"$TMP/bench2.err" || rc=1
+    if grep -q 'aborted' "$TMP/bench2.err"; then rc=1; fi
+    [ "$rc" != 0 ] && grep -m 5 -i 'error\|abort' "$TMP/bench2.err" | sed 's/^/# /'
+    failed=$((failed + $(pgbench_failed "$TMP/bench2.out")))
+    done_tx=$((done_tx + $(pgbench_done "$TMP/bench2.out")))
+    both=$(qd -c "SELECT count(DISTINCT account) FROM earmark.job WHERE account LIKE 'pair_%' AND slot IS NOT NULL")
+    [ "$rc" != 0 ] && break
+    [ "$both" -ge 2 ] && break
+    [ "$rounds" -ge 10 ] && break
+done
 stop_sampler
 is "$rc" 0 "phase 2: pgbench ran to the end (no client aborted)"
-if [ "$rc" != 0 ] || grep -q 'aborted' "$TMP/bench2.err"; then
-    grep -m 5 -i 'error\|abort' "$TMP/bench2.err" | sed 's/^/# /'
-fi
-is "$(pgbench_failed "$TMP/bench2.out")" 0 "phase 2: no failed transaction (no deadlock between the opposite orders)"
-diag "phase 2: $(pgbench_done "$TMP/bench2.out") transactions, $(grep -m1 '^tps' "$TMP/bench2.out")"
+is "$failed" 0 "phase 2: no failed transaction (no deadlock between the opposite orders)"
+diag "phase 2: $done_tx transactions in $rounds rounds"
 bad=$(grep -vc '^t t t ' "$TMP/samples")
 is "$bad" 0 "phase 2: no sample over a limit or with books off ($(cat "$TMP/samples" 2>/dev/null | grep -c .) samples)"
 pair_jobs=$(qd -c "SELECT count(*) FROM earmark.job WHERE account LIKE 'pair_%' AND idempotency_key <> 'warm-up'")

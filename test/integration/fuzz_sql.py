@@ -6,8 +6,11 @@
 
 Writes, into --out:
 
-  calls.copy    COPY text of fuzz.call (id, fn, cls, pre, sql): one SQL call
-                of one extension function per row.  Values of the fixture
+  calls.copy    COPY text of fuzz.call (id, fn, cls, refuse, pre, sql): one
+                SQL call of one extension function per row; refuse is true
+                when an argument is of a class the docs refuse (REFUSED: a
+                NULL where NULL means nothing, an empty name, a name of 256
+                characters or 1 MB), so the call must fail.  Values of the fixture
                 (job and event ids) are markers @@REF:name@@ that the
                 harness replaces once the fixture exists; values larger
                 than a few kB are fuzz.v('name') lookups.
@@ -68,6 +71,14 @@ def b64(b):
 
 def b64url(b):
     return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+
+
+# The classes of bad input the docs refuse in any call: NULL in an argument
+# whose NULL means nothing (22004), an empty name (22023), a name of 256
+# characters or a 1 MB one (22001).  A call with such an argument must fail;
+# the harness keeps what one that succeeds did, and fails.  Other classes
+# ("numeric", "timestamp", "odd", ...) hold values that may be valid.
+REFUSED = {"null", "empty", "long", "huge"}
 
 
 class Val:
@@ -1129,7 +1140,8 @@ class Gen:
         if kind == "event_row":
             return self.event_row(bad)
         if kind == "bool":
-            return Val(c.pick(["true", "false", "NULL"]), None if not bad else "null")
+            v = c.pick(["true", "false", "NULL"])
+            return Val(v, "null" if bad and v == NULL else None)
         return c.bad_text()
 
     def event_row(self, bad):
@@ -1161,7 +1173,8 @@ class Gen:
 
     # ---- one call ----------------------------------------------------------------------------
     def call(self, fn, strategy=None, force=None):
-        """(cls, pre, sql) of one call of fn."""
+        """(cls, pre, sql, refuse) of one call of fn: refuse when an argument
+        is of a class in REFUSED (whatever the call's first class is)."""
         c, r = self.c, self.r
         names, types, ndef, retset = self.funcs[fn]
         kinds = [self.kind_of(fn, n, t) for n, t in zip(names, types)]
@@ -1225,7 +1238,8 @@ class Gen:
             sql = "SELECT * FROM %s(%s)" % (fn, text)
         else:
             sql = "SELECT %s(%s)" % (fn, text)
-        return cls or "valid", pre, sql
+        refuse = any(v.cls in REFUSED for v in args.values())
+        return cls or "valid", pre, sql, refuse
 
 
 # --------------------------------------------------------------------------
@@ -1352,8 +1366,8 @@ def main():
     gen = Gen(corpus, funcs)
     rows = []
 
-    def emit(fn, cls, pre, sql):
-        rows.append((len(rows) + 1, fn, cls, pre, sql))
+    def emit(fn, cls, pre, sql, refuse):
+        rows.append((len(rows) + 1, fn, cls, "t" if refuse else "f", pre, sql))
 
     # 1. systematic: NULL, and each class of bad value, in every argument of every function
     for fn in sorted(funcs):
@@ -1370,14 +1384,14 @@ def main():
                       Val(corpus.V_A1M1, "huge" if is_name else "huge-text")]:
                 if types[i] != "text" and v.sql != NULL:
                     continue
-                cls, pre, sql = gen.call(fn, "good", force=(i, v))
-                emit(fn, cls, pre, sql)
+                cls, pre, sql, refuse = gen.call(fn, "good", force=(i, v))
+                emit(fn, cls, pre, sql, refuse)
         for _ in range(20):
-            cls, pre, sql = gen.call(fn, "good")
-            emit(fn, cls, pre, sql)
+            cls, pre, sql, refuse = gen.call(fn, "good")
+            emit(fn, cls, pre, sql, refuse)
         for role in ("earmark_fuzz_nobody", "earmark_fuzz_user", "earmark_fuzz_admin"):
-            cls, pre, sql = gen.call(fn, "good")
-            emit(fn, "role", "SET LOCAL ROLE " + role, sql)
+            cls, pre, sql, refuse = gen.call(fn, "good")
+            emit(fn, "role", "SET LOCAL ROLE " + role, sql, False)
 
     # 2. random: each function about equally often, the intake functions more
     weights = []
@@ -1398,8 +1412,8 @@ def main():
             x -= w
             if x <= 0:
                 break
-        cls, pre, sql = gen.call(fn)
-        emit(fn, cls, pre, sql)
+        cls, pre, sql, refuse = gen.call(fn)
+        emit(fn, cls, pre, sql, refuse)
 
     out = args.out
     with open(os.path.join(out, "calls.copy"), "w", encoding="utf-8") as f:

@@ -18,7 +18,10 @@ ok $? "database $DB created"
 q -d "$DB" -c "CREATE EXTENSION earmark"
 ok $? "extension created"
 
-PGC="$EM_PGBIN/pg_config"
+# the headers and libpq of the system's PostgreSQL: a private copy of it
+# (EM_PREFIX) holds the server's programs and libraries only
+PGC=/usr/lib/postgresql/15/bin/pg_config
+[ -x "$PGC" ] || PGC="$EM_PGBIN/pg_config"
 gcc -std=c11 -O2 -Wall -Wextra -Werror -I"$("$PGC" --includedir)" \
     "$ROOT/test/lab/earmark_lab.c" -L"$("$PGC" --libdir)" -lpq -lpthread \
     -o "$TMP/earmark_lab" 2>"$TMP/cc.log"

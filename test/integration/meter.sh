@@ -16,7 +16,16 @@
 #   again once it answers; earmark_refresh_limits for a new account;
 # - http: the generic provider with a bearer token and an HMAC signature;
 # - secrets: in a file only the server's user may read (refused otherwise),
-#   named by a setting a non-superuser cannot see, absent from the log.
+#   named by a setting a non-superuser cannot see, absent from the log;
+# - a hostile provider: answers jsonb would refuse (a limit of 1e200000,
+#   nesting 200,000 deep) are one failed read of their account, recorded,
+#   and the other accounts are read; token answers with every kind of bad
+#   expires_in are used and not kept (a huge one is cut to a day); a cancel
+#   in the middle of a send ends that send only; the worker is the same
+#   process throughout;
+# - a limits read that hangs: the worker sweeps meanwhile;
+# - memory: ten report passes against a provider that answers 500 with a
+#   256 kB body after 1.3 s leave the worker's memory as it was.
 source "$(dirname "$0")/tap.sh"
 export PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning"
 DB=postgres
@@ -47,7 +56,8 @@ trap cleanup EXIT
 python3 "$ROOT/test/fake_provider.py" --port-file "$WORK/port" --log "$WORK/requests.log" \
     --client-id earmark-test --client-secret "$SECRET" --bearer btok --hmac-secret "$HMAC" &
 FAKE_PID=$!
-for i in $(seq 1 50); do [ -s "$WORK/port" ] && break; sleep 0.1; done
+# (a loaded machine may take seconds to start python)
+for i in $(seq 1 300); do [ -s "$WORK/port" ] && break; sleep 0.1; done
 BASE="http://127.0.0.1:$(cat "$WORK/port")"
 
 control() { curl -s -X POST "$BASE/_control" -H 'Content-Type: application/json' -d "$1" >/dev/null; }
@@ -193,6 +203,9 @@ is "$(q -c "SELECT count(*) FROM (SELECT 1 FROM jsonb_array_elements('$(curl -s 
 is "$(q -c "SELECT admitted FROM earmark_reserve('lim_acct', 100, 'l1')")" t "an admission under a fresh provider limit"
 
 set_conf earmark.limit_fresh 1s earmark.limit_stale 4s
+# read again now: the 4 s window starts here, not several steps back (on a
+# loaded machine those steps alone took longer than 4 s)
+q -c "SELECT earmark_refresh_limits('lim_acct')" >/dev/null
 control '{"down": true}'
 sleep 1.5
 is "$(q -c "SELECT admitted || ' ' || coalesce(reason, '') FROM earmark_reserve('lim_acct', 100, 'l2')")" "true " \
@@ -235,6 +248,162 @@ is "$got" t "a secrets file others may read is refused, and no request is made"
 secrets_file 600 "token = btok" "hmac_secret = $HMAC"
 got=$(wait_for 10 "SELECT count(*) FROM earmark.meter_mark m JOIN earmark.budget b USING (budget_id) WHERE b.account = 'h_acct'" 0)
 is "$got" 0 "with the right key again the cycle is sent"
+
+# --- answers earmark refuses (providers.md): each is one failed read ----------
+q -c "SELECT earmark_set_account('h_ans')" >/dev/null
+answer_case() {  # answer_case BODY EXPECTED-DETAIL-OR-RESULT DESCRIPTION
+    local spec detail
+    spec=$(python3 -c 'import json, sys; print(json.dumps({"answer": {"path": "/generic/limits", "query": "account=h_ans", "count": 1, "body": sys.argv[1]}}))' "$1")
+    control "$spec"
+    detail=$("$EM_PGBIN/psql" -X -A -t -q -d postgres -c "SELECT earmark_refresh_limits('h_ans')" 2>&1 |
+             sed -n 's/^DETAIL:  //p; s/^\([0-9][0-9]*\)$/read \1/p')
+    is "$detail" "$2" "a limits answer $3"
+}
+answer_case '' "the provider's answer cannot be read: the answer is empty" "empty"
+answer_case '[{"feature": "default", "limit": 1}]' "the provider's answer cannot be read: the answer is not a JSON object" "that is an array"
+answer_case '{"limits": [' "the provider's answer cannot be read: the answer is not valid JSON" "cut short"
+answer_case '{"limits": [{"feature": "a\u0000b", "limit": 1}]}' "the provider's answer cannot be read: the answer is not valid JSON" "with \\u0000"
+answer_case '{"limits": [{"feature": "\udc00", "limit": 1}]}' "the provider's answer cannot be read: the answer is not valid JSON" "with a lone surrogate"
+answer_case "{\"a\": $(printf '[%.0s' $(seq 1 40))$(printf ']%.0s' $(seq 1 40))}" "the provider's answer cannot be read: nested deeper than 32 levels" "nested 40 deep"
+answer_case '{"limits": [{"feature": "default", "limit": 1e3}]}' 'the limit of feature "default" is not a whole number >= 0' "with a limit of 1e3"
+answer_case '{"limits": [{"feature": "default", "limit": 1.5}]}' 'the limit of feature "default" is not a whole number >= 0' "with a limit of 1.5"
+answer_case '{"limits": [{"feature": "default", "limit": 9223372036854775808}]}' 'the limit of feature "default" is not a whole number >= 0' "with a limit past bigint"
+answer_case '{"limits": [{"feature": "", "limit": 1}]}' "a limit in the provider's answer has no usable feature" "with an empty feature"
+answer_case '{"limits": [{"feature": "default", "limit": 7}], "noise": [1e200000, -1e-200000, "\ud83d\ude00"]}' "read 1" "with 1e200000 outside the limits"
+is "$(q -c "SELECT lim FROM earmark.account_limit WHERE account = 'h_ans'")" 7 "a number jsonb would refuse elsewhere in the answer is ignored"
+answer_case '{"limits": [], "limits": [{"feature": "default", "limit": "8"}]}' "read 1" "with two limits keys"
+is "$(q -c "SELECT lim FROM earmark.account_limit WHERE account = 'h_ans'")" 8 "of two equal keys the last counts; a decimal string is a number"
+
+# --- a hostile provider: answers PostgreSQL's jsonb would refuse -------------
+# (a number past numeric's range, nesting past the stack depth) are each one
+# failed read of one account, recorded and logged; the worker keeps running
+# and reads the other accounts' limits
+secrets_file 600 "client_secret = $SECRET" "token = btok" "hmac_secret = $HMAC"
+set_conf earmark.provider kinde earmark.kinde_domain "$BASE" earmark.http_timeout 5000
+worker() { q -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'earmark worker'"; }
+log_from=$(stat -c %s "$EM_BASE/server.log")
+log_since() { tail -c +$((log_from + 1)) "$EM_BASE/server.log"; }
+wpid=$(worker)
+python3 - "$WORK/deep.json" <<'EOF2'
+import json, sys
+n = 200000
+body = '{"has_more": false, "entitlements": ' + '[' * n + ']' * n + '}'
+json.dump({"answer": {"path": "/api/v1/billing/entitlements", "query": "customer_id=cus_hx_deep",
+                      "count": 100000, "body": body}}, open(sys.argv[1], "w"))
+EOF2
+curl -s -X POST "$BASE/_control" -H 'Content-Type: application/json' --data-binary @"$WORK/deep.json" >/dev/null
+control '{"answer": {"path": "/api/v1/billing/entitlements", "query": "customer_id=cus_hx_big", "count": 100000, "body": "{\"has_more\": false, \"entitlements\": [{\"id\": \"e1\", \"feature_code\": \"default\", \"entitlement_limit_max\": 1e200000}]}"}}'
+control '{"set_entitlement": [{"customer": "cus_hx_one", "feature": "default", "limit": 500}, {"customer": "cus_hx_two", "feature": "default", "limit": 600}]}'
+q -c "SELECT earmark_set_account(a, NULL, 'cus_' || a, 'agr_' || a) FROM unnest(ARRAY['hx_big', 'hx_deep', 'hx_one', 'hx_two']) a" >/dev/null
+# flagged in this order: the hostile ones come first in every pass
+for a in hx_big hx_deep hx_one hx_two; do q -c "SELECT reason FROM earmark_reserve('$a', 1, 'hx-1')" >/dev/null; done
+got=$(wait_for 30 "SELECT string_agg(account || '=' || lim, ',' ORDER BY account) FROM earmark.account_limit WHERE account IN ('hx_one', 'hx_two')" "hx_one=500,hx_two=600")
+is "$got" "hx_one=500,hx_two=600" "the other accounts' limits were read although the first two flagged answer with hostile JSON"
+is "$(q -c "SELECT string_agg(account || ' ' || (limits_error IS NOT NULL) || ' ' || (limits_fetched_at IS NULL), ', ' ORDER BY account) FROM earmark.account WHERE account IN ('hx_big', 'hx_deep')")" \
+   "hx_big true true, hx_deep true true" "each hostile answer is a failed read of its account, with its error recorded"
+q -c "SELECT account || ': ' || limits_error FROM earmark.account WHERE account IN ('hx_big', 'hx_deep') ORDER BY account" | sed 's/^/# /'
+is "$(worker)" "$wpid" "the worker kept running (same pid)"
+is "$(log_since | grep -c -e 'value overflows numeric format' -e 'stack depth limit exceeded')" 0 \
+   "no answer raised an error in the worker"
+logged=$(log_since | grep -c 'could not read the limits of account "hx_big"')
+ok "$(( logged >= 1 ? 0 : 1 ))" "the failed read is in the server log ($logged lines, one a try)"
+q -c "UPDATE earmark.account SET limits_wanted_at = NULL" >/dev/null
+
+# --- the token's expires_in: validated and clamped, never an error -------------
+# Each case: the token is refused by the provider (revoked), the worker gets a
+# new one whose expires_in is the case's text, and reports with it; then one
+# more report shows whether the token was kept (no new token) or not.
+tok_n=0
+total=$(meter agr_m)
+token_case() {  # token_case RAW-EXPIRES-IN KEPT(true/false) DESCRIPTION
+    local raw issued first second
+    raw=$(python3 -c 'import json, sys; print(json.dumps(sys.argv[1]))' "$1")
+    control "{\"token_expires_in\": $raw, \"revoke_tokens\": true}"
+    tok_n=$((tok_n + 1)); total=$((total + 1))
+    q -c "SELECT earmark_record_usage('m_acct', 1, 'tok-$tok_n-a')" >/dev/null
+    first=$(wait_meter 20 agr_m $total)
+    issued=$(state "d['tokens_issued']")
+    total=$((total + 1))
+    q -c "SELECT earmark_record_usage('m_acct', 1, 'tok-$tok_n-b')" >/dev/null
+    second=$(wait_meter 20 agr_m $total)
+    kept=$([ "$(state "d['tokens_issued']")" = "$issued" ] && echo true || echo false)
+    is "$first $second $kept" "$((total - 1)) $total $2" "expires_in $1: $3"
+}
+token_case 1e200000 false "past numeric's range: the token is used, not kept"
+token_case 99999999999999999999999 false "past bigint: not kept"
+token_case -5 false "negative: not kept"
+token_case 0 false "zero: not kept"
+token_case 1.5 false "not a whole number: not kept"
+token_case true false "not a number: not kept"
+token_case '"3600"' true "a decimal string: kept"
+token_case 9223372036854775807 true "bigint's largest: clamped (no overflow), kept"
+token_case 3600 true "an hour: kept"
+is "$(worker)" "$wpid" "the worker kept running through every token answer (same pid)"
+control '{"token_expires_in": null}'
+
+# --- a cancel in the middle of a send: logged, and the worker goes on ----------
+control '{"hang": {"count": 1, "seconds": 20, "path": "/api/v1/billing/meter_usage", "method": "POST"}}'
+total=$((total + 1))
+q -c "SELECT earmark_record_usage('m_acct', 1, 'cancelled-send')" >/dev/null
+wait_for 10 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND query = 'earmark: sending totals to the meter'" 1 >/dev/null
+ok $? "the worker is waiting on a hanging meter write"
+q -c "SELECT pg_cancel_backend($(worker))" >/dev/null
+got=$(wait_meter 20 agr_m $total)
+is "$got" "$total" "after a cancel in the middle of the send, the total reaches the meter"
+is "$(worker)" "$wpid" "the cancel ended one step only: the same worker goes on"
+cancelled=$(log_since | grep -c "earmark worker ERROR:  canceling statement due to user request")
+is "$cancelled" 1 "the cancel is in the server log, once"
+
+# --- a slow limits read: sweeping goes on meanwhile ----------------------------
+set_conf earmark.http_timeout 30000
+q -c "SELECT earmark_set_account('hx_slow', NULL, 'cus_hx_slow', 'agr_hx_slow')" >/dev/null
+control '{"hang": {"count": 1, "seconds": 25, "path": "/api/v1/billing/entitlements", "query": "customer_id=cus_hx_slow"}}'
+q -c "SELECT reason FROM earmark_reserve('hx_slow', 1, 'slow-1')" >/dev/null
+in_flight() { state "len([r for r in d['in_flight'] if r['path'] == '/api/v1/billing/entitlements'])"; }
+for i in $(seq 1 100); do [ "$(in_flight)" = 1 ] && break; sleep 0.2; done
+is "$(in_flight)" 1 "the worker's limits read waits on a hanging provider"
+job=$(q -c "SELECT job_id FROM earmark_reserve('m_acct', 10, 'slow-limits-job', lease => '300 ms')")
+got=$(wait_for 20 "SELECT status FROM earmark.job WHERE job_id = $job" expired)
+is "$got $(in_flight)" "expired 1" "a lease that passed while the limits read hung was swept meanwhile"
+control '{"release": true}'
+got=$(wait_for 20 "SELECT limits_fetched_at IS NOT NULL FROM earmark.account WHERE account = 'hx_slow'" t)
+is "$got" t "once the provider answers, the slow read is stored"
+set_conf earmark.http_timeout 5000
+
+# --- memory: failing passes against a slow provider leave the worker's memory as it was
+# A provider that answers 500 with a 256 kB body after 1.3 s, to five cycles a
+# pass; the worker's memory (pg_log_backend_memory_contexts' grand total) is
+# sampled after 2 failing passes and again 10 passes later.
+worker_memory() {  # the grand total of the worker's memory contexts, in bytes ("" if not logged)
+    local pid=$1 before i
+    before=$(grep -c "\[$pid\] .*Grand total: " "$EM_BASE/server.log")
+    q -c "SELECT pg_log_backend_memory_contexts($pid)" >/dev/null
+    for i in $(seq 1 100); do
+        if [ "$(grep -c "\[$pid\] .*Grand total: " "$EM_BASE/server.log")" -gt "$before" ]; then
+            grep "\[$pid\] .*Grand total: " "$EM_BASE/server.log" | tail -1 |
+                sed 's/.*Grand total: \([0-9]*\) bytes.*/\1/'
+            return 0
+        fi
+        sleep 0.1
+    done
+}
+failed_sends() { q -c "SELECT count(*) FROM earmark.send_log WHERE account LIKE 'mem_%' AND NOT ok"; }
+q -c "SELECT earmark_set_account('mem_' || i, NULL, 'cus_mem_' || i, 'agr_mem_' || i), earmark_set_limit('mem_' || i, NULL) FROM generate_series(1, 5) i" >/dev/null
+control '{"fail": {"status": 500, "count": 100000, "path": "/api/v1/billing/meter_usage", "method": "POST", "body_bytes": 262144}, "slow": {"ms": 1300}}'
+q -c "SELECT earmark_record_usage('mem_' || i, i, 'mem') FROM generate_series(1, 5) i" >/dev/null
+wait_for 60 "SELECT count(*) >= 10 FROM earmark.send_log WHERE account LIKE 'mem_%' AND NOT ok" t >/dev/null
+first_mem=$(worker_memory "$(worker)")
+sent=$(failed_sends)
+wait_for 120 "SELECT count(*) >= $((sent + 50)) FROM earmark.send_log WHERE account LIKE 'mem_%' AND NOT ok" t >/dev/null
+ok $? "ten more passes failed against the slow provider ($sent, then $(failed_sends) failed sends)"
+second_mem=$(worker_memory "$(worker)")
+diag "worker memory: $first_mem bytes, then $second_mem bytes"
+ok "$([ -n "$first_mem" ] && [ -n "$second_mem" ] && [ $((second_mem - first_mem)) -lt $((2 * 1024 * 1024)) ]; echo $?)" \
+   "the worker's memory did not grow over ten failing passes ($first_mem -> $second_mem bytes)"
+is "$(worker)" "$wpid" "the same worker throughout"
+control '{"fail": {"count": 0}, "slow": {"ms": 0}}'
+got=$(wait_for 30 "SELECT count(*) FROM earmark.meter_mark m JOIN earmark.budget b USING (budget_id) WHERE b.account LIKE 'mem_%'" 0)
+is "$got" 0 "once the provider answers, the cycles are sent"
 
 # --- secrets ------------------------------------------------------------------
 q -c "DROP ROLE IF EXISTS meter_app" -c "CREATE ROLE meter_app LOGIN IN ROLE earmark_admin" >/dev/null

@@ -2,9 +2,17 @@
 # The background worker: it sweeps expired holds on its own, follows
 # earmark.sweep_interval on SIGHUP, comes back after SIGTERM and after
 # kill -9 (with every committed hold, charge and settlement intact), and
-# logs what it swept at DEBUG1.  Without preload the functions still work.
+# logs what it swept at DEBUG1; settings that a handler, the database or the
+# role set (read-only, serializable, timeouts, search_path) do not change
+# its transactions.  Without preload the functions still work.
 source "$(dirname "$0")/tap.sh"
 DB=postgres
+
+# pass_lease JOB: the job's lease has passed (written into its row, so that
+# no test waits for a lease, nor fails when the machine is slow)
+pass_lease() {
+    q -d "${2:-postgres}" -c "UPDATE earmark.job SET lease_until = clock_timestamp() - interval '1 millisecond' WHERE job_id = $1" >/dev/null
+}
 
 worker_pid() { q -d postgres -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'earmark worker'"; }
 server_up() {
@@ -24,8 +32,9 @@ pid=$(wait_for 15 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'e
 is "$pid" 1 "one earmark worker runs, connected to earmark.database"
 
 # 1. the worker sweeps an expired hold without anybody calling earmark_sweep
-job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 40000, 'gone', lease => '300 milliseconds')")
+job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 40000, 'gone', lease => '1 hour')")
 q -d postgres -c "SELECT charged FROM earmark_charge($job, 1234)" >/dev/null
+pass_lease "$job"
 got=$(wait_for 10 "SELECT status || ' ' || charged || ' ' || released FROM earmark.job WHERE job_id = $job" "expired 1234 38766")
 is "$got" "expired 1234 38766" "the worker settled the dead hold as expired at its recorded use"
 is "$(q -d postgres -c "SELECT used || '/' || held FROM earmark_budget('w')")" "1234/0" "the budget shows the use and no hold"
@@ -34,8 +43,9 @@ is "$(q -d postgres -c "SELECT sum(units) FROM earmark.ledger")" "1234" "one led
 
 # 2. SIGHUP: a new sweep interval is read on reload
 q -d postgres -c "ALTER SYSTEM SET earmark.sweep_interval = '1h'" -c "SELECT pg_reload_conf()" >/dev/null
-sleep 1.5
-job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 10, 'slow', lease => '100 milliseconds')")
+sleep 3
+job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 10, 'slow', lease => '1 hour')")
+pass_lease "$job"
 sleep 3
 is "$(q -d postgres -c "SELECT status FROM earmark.job WHERE job_id = $job")" "running" \
    "with sweep_interval = 1h the worker has not swept yet (the charge path still treats it as dead)"
@@ -46,13 +56,16 @@ is "$got" expired "after SIGHUP with 100ms the worker sweeps it"
 
 # 3. DEBUG1 log of what was swept
 q -d postgres -c "ALTER SYSTEM SET log_min_messages = 'debug1'" -c "SELECT pg_reload_conf()" >/dev/null
-sleep 1
-job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 10, 'logged', lease => '50 milliseconds')")
+job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 10, 'logged', lease => '1 hour')")
+pass_lease "$job"
 wait_for 10 "SELECT status FROM earmark.job WHERE job_id = $job" expired >/dev/null
-sleep 0.5
+logged=1
+for i in $(seq 1 100); do
+    grep -q "earmark: swept 1 expired holds" "$EM_BASE/server.log" && { logged=0; break; }
+    sleep 0.2
+done
 q -d postgres -c "ALTER SYSTEM RESET log_min_messages" -c "SELECT pg_reload_conf()" >/dev/null
-grep -q "earmark: swept 1 expired holds" "$EM_BASE/server.log"
-ok $? "the worker logs what it swept at DEBUG1"
+ok $logged "the worker logs what it swept at DEBUG1"
 
 # 4. SIGTERM: the worker exits and the postmaster starts it again
 old=$(worker_pid)
@@ -68,7 +81,7 @@ for i in $(seq 1 20); do
     q -d postgres -c "SELECT charged FROM earmark_charge($j, $i)" >/dev/null
     [ $((i % 2)) -eq 0 ] && q -d postgres -c "SELECT charged FROM earmark_settle($j)" >/dev/null
 done
-dead=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('crash', 5000, 'dies', lease => '2 seconds')")
+dead=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('crash', 5000, 'dies', lease => '1 hour')")
 q -d postgres -c "SELECT charged FROM earmark_charge($dead, 77)" >/dev/null
 before=$(q -d postgres -c "SELECT used || '/' || held FROM earmark_budget('crash')")
 old=$(worker_pid)
@@ -81,6 +94,7 @@ is "$new" 1 "the worker runs again after kill -9"
 is "$(q -d postgres -c "SELECT count(*) || ' ' || count(*) FILTER (WHERE status = 'completed') FROM earmark.job WHERE account = 'crash' AND idempotency_key LIKE 'c%'")" \
    "20 10" "every committed reserve and settle survived the crash"
 is "$before" "110/15000" "before the crash: 10 settled jobs used 110, 15000 held"
+pass_lease "$dead"
 got=$(wait_for 20 "SELECT status || ' ' || charged FROM earmark.job WHERE job_id = $dead" "expired 77")
 is "$got" "expired 77" "the restarted worker sweeps a hold whose lease passed"
 is "$(q -d postgres -c "SELECT used || '/' || held FROM earmark_budget('crash')")" "187/10000" \
@@ -88,7 +102,71 @@ is "$(q -d postgres -c "SELECT used || '/' || held FROM earmark_budget('crash')"
 
 q -d postgres -c "ALTER SYSTEM RESET earmark.sweep_interval" -c "SELECT pg_reload_conf()" >/dev/null
 
-# 6. without shared_preload_libraries the functions still work (no worker)
+# 6. settings of a session, the database or the role never reach the
+#    worker's transactions: each one is READ COMMITTED and READ WRITE.
+#    First a handler that sets read-only and serializable for its session
+#    (set_config(..., false)), then the same and lock and statement timeouts
+#    and a search_path set on the database and role for a restarted worker.
+#    (This script's own sessions override them with PGOPTIONS.)
+reset_db_settings() {
+    PGOPTIONS="-c default_transaction_read_only=off" q -d postgres \
+        -c "ALTER DATABASE postgres RESET ALL" -c "ALTER ROLE postgres IN DATABASE postgres RESET ALL" \
+        -c "ALTER SYSTEM RESET earmark.report_interval" -c "SELECT pg_reload_conf()" >/dev/null 2>&1
+}
+trap reset_db_settings EXIT
+q -d postgres -c "ALTER SYSTEM SET earmark.report_interval = '1s'" -c "SELECT pg_reload_conf()" >/dev/null
+q -d postgres >/dev/null <<'SQL'
+DROP FUNCTION IF EXISTS public.w_sets_session(earmark.inbox_event);
+CREATE FUNCTION public.w_sets_session(e earmark.inbox_event) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('default_transaction_read_only', 'on', false);
+    PERFORM set_config('default_transaction_isolation', 'serializable', false);
+    PERFORM set_config('lock_timeout', '1ms', false);
+    RETURN 'set';
+END $$;
+SELECT earmark_inbox_set_handler('w.sets_session', 'w_sets_session(earmark.inbox_event)');
+SQL
+key="sets-$$-$RANDOM"
+q -d postgres -c "SELECT earmark_inbox_receive('w', '$key', 'w.sets_session', '{}')" >/dev/null
+got=$(wait_for 15 "SELECT status FROM earmark.inbox_event WHERE dedupe_key = '$key'" applied)
+is "$got" applied "a handler that sets read-only and serializable for its session was applied"
+job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 10, 'after-handler', lease => '1 hour')")
+q -d postgres -c "SELECT charged FROM earmark_charge($job, 3)" >/dev/null
+pass_lease "$job"
+got=$(wait_for 15 "SELECT status || ' ' || charged FROM earmark.job WHERE job_id = $job" "expired 3")
+is "$got" "expired 3" "after that handler the worker still sweeps"
+ledger_w() { q -d postgres -c "SELECT sum(l.units) FROM earmark.ledger l JOIN earmark.budget b USING (budget_id) WHERE b.account = 'w'"; }
+q -d postgres -c "SELECT earmark_record_usage('w', 2, 'after-handler')" >/dev/null
+got=$(wait_for 15 "SELECT total FROM earmark.local_meter WHERE account = 'w'" "$(ledger_w)")
+is "$got" "$(ledger_w)" "... and reports the new total"
+
+export PGOPTIONS="-c default_transaction_read_only=off -c default_transaction_isolation=read\\ committed -c lock_timeout=0 -c statement_timeout=0 -c search_path=public"
+q -d postgres -c "ALTER DATABASE postgres SET default_transaction_read_only = on" \
+  -c "ALTER DATABASE postgres SET default_transaction_isolation = 'serializable'" \
+  -c "ALTER DATABASE postgres SET lock_timeout = '1ms'" -c "ALTER DATABASE postgres SET statement_timeout = '1ms'" \
+  -c "ALTER ROLE postgres IN DATABASE postgres SET search_path = 'nowhere'" >/dev/null
+old=$(worker_pid)
+q -d postgres -c "SELECT pg_terminate_backend($old)" >/dev/null
+new=$(wait_for 20 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND pid <> $old" 1)
+is "$new" 1 "the worker restarted with the database's and role's settings"
+is "$(PGOPTIONS= q -d postgres -c "SHOW default_transaction_read_only")" on "(a session without overrides is read-only by default)"
+job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 10, 'read-only-db', lease => '1 hour')")
+q -d postgres -c "SELECT charged FROM earmark_charge($job, 4)" >/dev/null
+pass_lease "$job"
+got=$(wait_for 15 "SELECT status || ' ' || charged FROM earmark.job WHERE job_id = $job" "expired 4")
+is "$got" "expired 4" "with a read-only, serializable default the worker still sweeps an expired hold"
+q -d postgres -c "SELECT earmark_record_usage('w', 6, 'read-only-db')" >/dev/null
+got=$(wait_for 15 "SELECT total FROM earmark.local_meter WHERE account = 'w'" "$(ledger_w)")
+is "$got" "$(ledger_w)" "... and reports the new total"
+is "$(q -d postgres -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker'")" 1 "one worker, still running"
+reset_db_settings
+unset PGOPTIONS
+old=$(worker_pid)
+q -d postgres -c "SELECT pg_terminate_backend($old)" >/dev/null
+wait_for 20 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND pid <> $old" 1 >/dev/null
+q -d postgres -c "SELECT earmark_inbox_set_handler('w.sets_session', NULL)" -c "DROP FUNCTION public.w_sets_session(earmark.inbox_event)" >/dev/null
+
+# 7. without shared_preload_libraries the functions still work (no worker)
 NP=$(mktemp -d /tmp/earmark-nopreload.XXXXXX)
 chown postgres "$NP"; chmod 755 "$NP"
 runuser -u postgres -- "$EM_PGBIN/initdb" -D "$NP/data" -U postgres -A trust >/dev/null 2>&1
@@ -98,10 +176,10 @@ np() { PGHOST=$NP PGPORT=$((PGPORT + 1)) q -d postgres "$@"; }
 np -c "CREATE EXTENSION earmark" >/dev/null
 is "$(np -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker'")" 0 "no worker without preload"
 np -c "SELECT earmark_set_limit('np', 100)" >/dev/null
-j=$(np -c "SELECT job_id FROM earmark_reserve('np', 60, 'a', lease => '2 seconds')")
+j=$(np -c "SELECT job_id FROM earmark_reserve('np', 60, 'a', lease => '1 hour')")
 is "$(np -c "SELECT admitted || ' ' || reason FROM earmark_reserve('np', 60, 'b')")" "false the job needs 60 and 40 is left" "reserve works without preload"
 np -c "SELECT charged FROM earmark_charge($j, 25)" >/dev/null
-sleep 2.2
+np -c "UPDATE earmark.job SET lease_until = clock_timestamp() - interval '1 millisecond' WHERE job_id = $j" >/dev/null
 is "$(np -c "SELECT earmark_sweep()")" 1 "earmark_sweep works by hand without the worker"
 is "$(np -c "SELECT used || '/' || held FROM earmark_budget('np')")" "25/0" "and the budget is right"
 runuser -u postgres -- "$EM_PGBIN/pg_ctl" -D "$NP/data" -m fast -w stop >/dev/null

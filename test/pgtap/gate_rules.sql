@@ -1,9 +1,18 @@
 -- test/pgtap/gate_rules.sql: the gate's rules of DESIGN.md §2 with
 -- concrete numbers.  Each part uses its own account.  earmark reads the
--- wall clock, not now(), so pg_sleep inside this transaction lets a short
--- lease pass.
+-- wall clock, not now(); a lease is made to pass (or to end soon) by
+-- writing its end into the job row relative to the wall clock, never by
+-- sleeping, so that no machine is too slow or too fast for a test.
 BEGIN;
-SELECT plan(103);
+SELECT plan(104);
+-- holds outlive the slowest run (valgrind); part 7 checks the default
+SET LOCAL earmark.lease = '1h';
+-- every account's cycle began 14 to 17 days ago (midnight UTC, day 28 at
+-- the latest): no cycle ends during the run, on any date
+SELECT count(*) FROM (SELECT (clock_timestamp() AT TIME ZONE 'UTC') - interval '14 days' AS a) t,
+       unnest(ARRAY['gr_arith', 'gr_idem', 'gr_cap', 'gr_step', 'gr_fail', 'gr_once', 'gr_lease', 'gr_late', 'gr_sweep', 'gr_reclaim', 'gr_limit', 'gr_unl', 'gr_ledger', 'gr_rate', 'gr_rate_other', 'gr_rate_idle']) acct,
+       LATERAL earmark_set_account(acct, make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
+                        least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC')) \gset x_
 
 -- job ids by label, kept by pg_temp.rsv
 CREATE TEMP TABLE jobs (label text PRIMARY KEY, job_id bigint NOT NULL);
@@ -21,6 +30,19 @@ $$;
 
 CREATE FUNCTION pg_temp.jid(label text) RETURNS bigint
 LANGUAGE sql STABLE AS $$ SELECT job_id FROM pg_temp.jobs j WHERE j.label = $1 $$;
+
+-- the lease of a job has passed: it ended a moment ago
+CREATE FUNCTION pg_temp.pass_lease(label text) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE earmark.job SET lease_until = clock_timestamp() - interval '1 millisecond'
+    WHERE job_id = pg_temp.jid(label)
+$$;
+-- the lease of a job is about to end: a minute is left
+CREATE FUNCTION pg_temp.end_soon(label text) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE earmark.job SET lease_until = clock_timestamp() + interval '1 minute'
+    WHERE job_id = pg_temp.jid(label)
+$$;
 
 -- ====================================================================
 -- 1. admission arithmetic: remaining = max(0, limit - used - held)
@@ -178,8 +200,8 @@ SELECT results_eq(format('SELECT units FROM earmark.ledger WHERE job_id = %s', p
 -- 7. leases: charge and heartbeat renew; a passed lease is dead
 -- ====================================================================
 SELECT earmark_set_limit('gr_lease', 10000) \gset x_
-SELECT pg_temp.rsv('e1', 'gr_lease', 1000, 'lease-1', lease => '1 millisecond') \gset x_
-SELECT pg_sleep(0.02) \gset x_
+SELECT pg_temp.rsv('e1', 'gr_lease', 1000, 'lease-1', lease => '1 hour') \gset x_
+SELECT pg_temp.pass_lease('e1') \gset x_
 
 SELECT results_eq(format('SELECT charged, status FROM earmark_charge(%s, 100)', pg_temp.jid('e1')),
                   $$VALUES (0::bigint, 'expired'::text)$$,
@@ -191,6 +213,7 @@ SELECT results_eq(format('SELECT charged, status FROM earmark_charge(%s, 100)', 
                   $$VALUES (0::bigint, 'expired'::text)$$,
                   'a heartbeat does not revive a passed lease');
 
+RESET earmark.lease;
 SELECT pg_temp.rsv('d1', 'gr_lease', 10, 'lease-default') \gset x_
 SELECT results_eq(format('SELECT lease, lease_until - created_at FROM earmark.job WHERE job_id = %s', pg_temp.jid('d1')),
                   $$VALUES (interval '2 minutes', interval '2 minutes')$$,
@@ -198,7 +221,7 @@ SELECT results_eq(format('SELECT lease, lease_until - created_at FROM earmark.jo
 SET LOCAL earmark.lease = '45s';
 SELECT pg_temp.rsv('d2', 'gr_lease', 10, 'lease-guc') \gset x_
 SELECT pg_temp.rsv('d3', 'gr_lease', 10, 'lease-arg', lease => '5 minutes') \gset x_
-RESET earmark.lease;
+SET LOCAL earmark.lease = '1h';
 SELECT results_eq(format('SELECT lease FROM earmark.job WHERE job_id IN (%s, %s) ORDER BY job_id', pg_temp.jid('d2'), pg_temp.jid('d3')),
                   $$VALUES (interval '45 seconds'), (interval '5 minutes')$$,
                   'earmark.lease sets the default lease; the lease argument overrides it');
@@ -206,20 +229,24 @@ SELECT earmark_settle(pg_temp.jid('d1'), 0) \gset x_
 SELECT earmark_settle(pg_temp.jid('d2'), 0) \gset x_
 SELECT earmark_settle(pg_temp.jid('d3'), 0) \gset x_
 
-SELECT pg_temp.rsv('h1', 'gr_lease', 100, 'lease-hb', lease => '1 second') \gset x_
-SELECT pg_sleep(0.6) \gset x_
-SELECT ok(earmark_heartbeat(pg_temp.jid('h1')) > clock_timestamp() + interval '800 milliseconds',
-          'a heartbeat renews the lease by the job''s lease');
+SELECT pg_temp.rsv('h1', 'gr_lease', 100, 'lease-hb', lease => '1 hour') \gset x_
+SELECT pg_temp.end_soon('h1') \gset x_
+SELECT clock_timestamp() AS t1 \gset x_
+SELECT ok(earmark_heartbeat(pg_temp.jid('h1')) >= :'x_t1'::timestamptz + interval '1 hour',
+          'a heartbeat renews the lease by the job''s lease (a minute left: now it ends an hour after the call)');
 SELECT is((SELECT used FROM earmark.job WHERE job_id = pg_temp.jid('h1')), 0::bigint,
           'a heartbeat charges nothing');
-SELECT pg_sleep(0.6) \gset x_
 SELECT results_eq(format('SELECT charged, status FROM earmark_charge(%s, 10)', pg_temp.jid('h1')),
                   $$VALUES (10::bigint, 'running'::text)$$,
-                  'after the heartbeat the job lives past its first lease');
-SELECT pg_sleep(0.6) \gset x_
+                  'after the heartbeat the job charges');
+SELECT pg_temp.end_soon('h1') \gset x_
+SELECT clock_timestamp() AS t2 \gset x_
 SELECT results_eq(format('SELECT charged, status FROM earmark_charge(%s, 10)', pg_temp.jid('h1')),
                   $$VALUES (10::bigint, 'running'::text)$$,
-                  'a charge renews the lease too');
+                  'a job with a minute of lease left charges');
+SELECT ok((SELECT lease_until FROM earmark.job WHERE job_id = pg_temp.jid('h1'))
+              BETWEEN :'x_t2'::timestamptz + interval '1 hour' AND clock_timestamp() + interval '1 hour',
+          'a charge renews the lease too (it ends an hour after the call)');
 SELECT results_eq(format('SELECT charged, released, status FROM earmark_settle(%s, 15)', pg_temp.jid('h1')),
                   $$VALUES (15::bigint, 85::bigint, 'completed'::text)$$,
                   'a settle inside the lease uses its used argument');
@@ -228,10 +255,10 @@ SELECT results_eq(format('SELECT charged, released, status FROM earmark_settle(%
 -- 8. a late settle ignores its used argument and ends expired
 -- ====================================================================
 SELECT earmark_set_limit('gr_late', 10000) \gset x_
-SELECT pg_temp.rsv('l1', 'gr_late', 1000, 'late-1', lease => '300 milliseconds') \gset x_
+SELECT pg_temp.rsv('l1', 'gr_late', 1000, 'late-1', lease => '1 hour') \gset x_
 SELECT results_eq(format('SELECT charged, status FROM earmark_charge(%s, 250)', pg_temp.jid('l1')),
                   $$VALUES (250::bigint, 'running'::text)$$, 'late: charge 250 while the lease runs');
-SELECT pg_sleep(0.4) \gset x_
+SELECT pg_temp.pass_lease('l1') \gset x_
 SELECT results_eq(format('SELECT charged, released, status FROM earmark_settle(%s, 900)', pg_temp.jid('l1')),
                   $$VALUES (250::bigint, 750::bigint, 'expired'::text)$$,
                   'late: settle(used 900) after the lease ends expired at the recorded 250');
@@ -248,11 +275,11 @@ SELECT results_eq(format($q$SELECT charged, released, status FROM earmark_settle
 -- ====================================================================
 SELECT earmark_set_limit('gr_sweep', 10000) \gset x_
 SELECT earmark_sweep() AS before \gset x_
-SELECT pg_temp.rsv('w1', 'gr_sweep', 1000, 'sweep-1', lease => '300 milliseconds') \gset x_
+SELECT pg_temp.rsv('w1', 'gr_sweep', 1000, 'sweep-1', lease => '1 hour') \gset x_
 SELECT earmark_charge(pg_temp.jid('w1'), 400) \gset x_
-SELECT pg_temp.rsv('w2', 'gr_sweep', 500, 'sweep-2', lease => '300 milliseconds') \gset x_
-SELECT pg_temp.rsv('w3', 'gr_sweep', 200, 'sweep-3') \gset x_
-SELECT pg_sleep(0.4) \gset x_
+SELECT pg_temp.rsv('w2', 'gr_sweep', 500, 'sweep-2', lease => '1 hour') \gset x_
+SELECT pg_temp.rsv('w3', 'gr_sweep', 200, 'sweep-3', lease => '1 hour') \gset x_
+SELECT pg_temp.pass_lease('w1'), pg_temp.pass_lease('w2') \gset x_
 
 SELECT is(earmark_sweep(), 2, 'sweep settles the 2 holds whose lease passed');
 SELECT results_eq($$SELECT idempotency_key, status, charged, released FROM earmark.job
@@ -279,10 +306,10 @@ SELECT is(earmark_sweep(), 0, 'sweep: a second sweep finds nothing');
 -- 10. reserve reclaims expired holds before it refuses
 -- ====================================================================
 SELECT earmark_set_limit('gr_reclaim', 1000) \gset x_
-SELECT pg_temp.rsv('r1', 'gr_reclaim', 1000, 'reclaim-1', lease => '300 milliseconds') \gset x_
+SELECT pg_temp.rsv('r1', 'gr_reclaim', 1000, 'reclaim-1', lease => '1 hour') \gset x_
 SELECT results_eq(format('SELECT charged, status FROM earmark_charge(%s, 100)', pg_temp.jid('r1')),
                   $$VALUES (100::bigint, 'running'::text)$$, 'reclaim: the hold records 100 while its lease runs');
-SELECT pg_sleep(0.4) \gset x_
+SELECT pg_temp.pass_lease('r1') \gset x_
 SELECT results_eq($$SELECT admitted, remaining FROM earmark_reserve('gr_reclaim', 600, 'reclaim-2')$$,
                   $$VALUES (true, 300::bigint)$$,
                   'reclaim: the expired hold does not cause a refusal (1000 - 100 used - 600 = 300)');

@@ -406,6 +406,10 @@ SELECT is(pg_temp.em_tap_try($$SELECT earmark_record_usage('em_tap_lc', 10000000
 -- 6: recorded usage spreads over the cycle's 64 counter rows (picked at
 -- random per call), so that many writers of one account rarely meet on
 -- one row; their sum is the ledger's
+-- (its cycle began 14 to 17 days ago: none ends during the run, on any date)
+SELECT earmark_set_account('em_tap_shards', make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
+                        least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC'))
+FROM (SELECT (clock_timestamp() AT TIME ZONE 'UTC') - interval '14 days' AS a) t;
 SELECT earmark_set_limit('em_tap_shards', NULL);
 SELECT count(*) FROM generate_series(1, 300) i, LATERAL earmark_record_usage('em_tap_shards', 2, 'sh-' || i) r;
 SELECT cmp_ok((SELECT count(DISTINCT u.shard) FROM earmark.usage_shard u JOIN earmark.budget b USING (budget_id)

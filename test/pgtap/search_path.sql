@@ -68,6 +68,13 @@ $$BEGIN PERFORM evil.log('count(any)'); RETURN 0; END$$;
 -- what the gate answered, recorded without evaluating any operator of ours
 CREATE TEMP TABLE out (seq serial, variant text, step text, r text);
 CREATE TEMP TABLE sweeps (variant text, n int);
+-- a job's lease has passed: written into its row (a moment before the wall
+-- clock), not waited for; with a search_path of its own, so that it uses
+-- nothing of evil's
+CREATE FUNCTION pg_temp.pass_lease(j bigint) RETURNS void LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    UPDATE earmark.job SET lease_until = clock_timestamp() - interval '1 millisecond' WHERE job_id = j
+$$;
 
 -- 2: the trap works: with evil before pg_catalog, plain SQL does pick the
 -- planted objects (so an empty log below means earmark did not)
@@ -80,11 +87,17 @@ SELECT results_eq($$SELECT eq, pl FROM trap$$, $$VALUES (false, 3::bigint)$$,
                   'the planted objects behave like the real ones (only their use is logged)');
 TRUNCATE evil.calls;
 
+-- the accounts' cycle anchor: 14 to 17 days ago (midnight UTC, day 28 at
+-- the latest), so that no cycle ends during the run, on any date
+SELECT make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
+                        least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC') AS anchor
+FROM (SELECT (clock_timestamp() AT TIME ZONE 'UTC') - interval '14 days' AS a) t \gset sp_
+
 -- ---------------------------------------------------------------------
 -- variant A: search_path = evil, public
 -- ---------------------------------------------------------------------
 SET search_path = evil, public;
-SELECT earmark_set_account('em_tap_sp_A', '2024-01-05 00:00+00', 'cus_A', 'agr_A') \gset sp_
+SELECT earmark_set_account('em_tap_sp_A', :'sp_anchor', 'cus_A', 'agr_A') \gset sp_
 SELECT earmark_set_limit('em_tap_sp_A', 1000) \gset sp_
 WITH r AS (SELECT * FROM earmark_reserve('em_tap_sp_A', 600, 'sp-k1')),
      o AS (INSERT INTO pg_temp.out (variant, step, r) SELECT 'A', 'reserve 600', ROW(admitted, remaining, reason)::text FROM r)
@@ -102,18 +115,18 @@ INSERT INTO pg_temp.out (variant, step, r)
 SELECT 'A', 'heartbeat is set', ROW(earmark_heartbeat(:A_j1) IS NOT NULL)::text;
 INSERT INTO pg_temp.out (variant, step, r)
 SELECT 'A', 'settle 250', ROW(s.*)::text FROM earmark_settle(:A_j1, 250) s;
-WITH r AS (SELECT * FROM earmark_reserve('em_tap_sp_A', 700, 'sp-k3', lease => '1 millisecond')),
-     o AS (INSERT INTO pg_temp.out (variant, step, r) SELECT 'A', 'reserve 700 short lease', ROW(admitted, remaining, reason)::text FROM r)
+WITH r AS (SELECT * FROM earmark_reserve('em_tap_sp_A', 700, 'sp-k3', lease => '1 hour')),
+     o AS (INSERT INTO pg_temp.out (variant, step, r) SELECT 'A', 'reserve 700 lease to pass', ROW(admitted, remaining, reason)::text FROM r)
 SELECT job_id AS j3 FROM r \gset A_
-SELECT pg_sleep(0.02) \gset sp_
+SELECT pg_temp.pass_lease(:A_j3) \gset sp_
 INSERT INTO pg_temp.out (variant, step, r)
 SELECT 'A', 'charge after lease', ROW(c.*)::text FROM earmark_charge(:A_j3, 5) c;
 INSERT INTO pg_temp.out (variant, step, r)
 SELECT 'A', 'reserve 300 reclaims', ROW(admitted, remaining, reason)::text FROM earmark_reserve('em_tap_sp_A', 300, 'sp-k4');
-WITH r AS (SELECT * FROM earmark_reserve('em_tap_sp_A', 100, 'sp-k5', lease => '1 millisecond')),
-     o AS (INSERT INTO pg_temp.out (variant, step, r) SELECT 'A', 'reserve 100 short lease', ROW(admitted, remaining, reason)::text FROM r)
+WITH r AS (SELECT * FROM earmark_reserve('em_tap_sp_A', 100, 'sp-k5', lease => '1 hour')),
+     o AS (INSERT INTO pg_temp.out (variant, step, r) SELECT 'A', 'reserve 100 lease to pass', ROW(admitted, remaining, reason)::text FROM r)
 SELECT job_id AS j5 FROM r \gset A_
-SELECT pg_sleep(0.02) \gset sp_
+SELECT pg_temp.pass_lease(:A_j5) \gset sp_
 INSERT INTO pg_temp.sweeps SELECT 'A', earmark_sweep();
 INSERT INTO pg_temp.out (variant, step, r)
 SELECT 'A', 'settle after sweep', ROW(s.*)::text FROM earmark_settle(:A_j5, 50) s;
@@ -130,10 +143,10 @@ SELECT results_eq(
              ('charge 100 step 1 again', '(0,f,500,running)'),
              ('heartbeat is set', '(t)'),
              ('settle 250', '(250,350,completed)'),
-             ('reserve 700 short lease', '(t,50,)'),
+             ('reserve 700 lease to pass', '(t,50,)'),
              ('charge after lease', '(0,f,700,expired)'),
              ('reserve 300 reclaims', '(t,450,)'),
-             ('reserve 100 short lease', '(t,350,)'),
+             ('reserve 100 lease to pass', '(t,350,)'),
              ('settle after sweep', '(0,0,expired)'),
              ('budget', '(1000,250,300,450)')$$,
     'variant A (evil, public): the gate gives its normal answers');
@@ -148,7 +161,7 @@ SELECT results_eq(
     'variant A: the jobs ended as they should');
 SELECT results_eq(
     $$SELECT cycle_anchor, provider_customer, provider_agreement FROM earmark.account WHERE account = 'em_tap_sp_A'$$,
-    $$VALUES ('2024-01-05 00:00+00'::timestamptz, 'cus_A'::text, 'agr_A'::text)$$,
+    format('VALUES (%L::timestamptz,', :'sp_anchor') || $$ 'cus_A'::text, 'agr_A'::text)$$,
     'variant A: earmark_set_account stored the account');
 SELECT is(:A_j1_again::bigint, :A_j1::bigint, 'variant A: the repeated key returned the same job');
 SELECT is((SELECT string_agg(DISTINCT what, ', ') FROM evil.calls), NULL,
@@ -158,7 +171,7 @@ SELECT is((SELECT string_agg(DISTINCT what, ', ') FROM evil.calls), NULL,
 -- variant B: search_path = evil, pg_catalog, public
 -- ---------------------------------------------------------------------
 SET search_path = evil, pg_catalog, public;
-SELECT earmark_set_account('em_tap_sp_B', '2024-01-05 00:00+00', 'cus_B', 'agr_B') \gset sp_
+SELECT earmark_set_account('em_tap_sp_B', :'sp_anchor', 'cus_B', 'agr_B') \gset sp_
 SELECT earmark_set_limit('em_tap_sp_B', 1000) \gset sp_
 WITH r AS (SELECT * FROM earmark_reserve('em_tap_sp_B', 600, 'sp-k1')),
      o AS (INSERT INTO pg_temp.out (variant, step, r) SELECT 'B', 'reserve 600', ROW(admitted, remaining, reason)::text FROM r)
@@ -176,18 +189,18 @@ INSERT INTO pg_temp.out (variant, step, r)
 SELECT 'B', 'heartbeat is set', ROW(earmark_heartbeat(:B_j1) IS NOT NULL)::text;
 INSERT INTO pg_temp.out (variant, step, r)
 SELECT 'B', 'settle 250', ROW(s.*)::text FROM earmark_settle(:B_j1, 250) s;
-WITH r AS (SELECT * FROM earmark_reserve('em_tap_sp_B', 700, 'sp-k3', lease => '1 millisecond')),
-     o AS (INSERT INTO pg_temp.out (variant, step, r) SELECT 'B', 'reserve 700 short lease', ROW(admitted, remaining, reason)::text FROM r)
+WITH r AS (SELECT * FROM earmark_reserve('em_tap_sp_B', 700, 'sp-k3', lease => '1 hour')),
+     o AS (INSERT INTO pg_temp.out (variant, step, r) SELECT 'B', 'reserve 700 lease to pass', ROW(admitted, remaining, reason)::text FROM r)
 SELECT job_id AS j3 FROM r \gset B_
-SELECT pg_sleep(0.02) \gset sp_
+SELECT pg_temp.pass_lease(:B_j3) \gset sp_
 INSERT INTO pg_temp.out (variant, step, r)
 SELECT 'B', 'charge after lease', ROW(c.*)::text FROM earmark_charge(:B_j3, 5) c;
 INSERT INTO pg_temp.out (variant, step, r)
 SELECT 'B', 'reserve 300 reclaims', ROW(admitted, remaining, reason)::text FROM earmark_reserve('em_tap_sp_B', 300, 'sp-k4');
-WITH r AS (SELECT * FROM earmark_reserve('em_tap_sp_B', 100, 'sp-k5', lease => '1 millisecond')),
-     o AS (INSERT INTO pg_temp.out (variant, step, r) SELECT 'B', 'reserve 100 short lease', ROW(admitted, remaining, reason)::text FROM r)
+WITH r AS (SELECT * FROM earmark_reserve('em_tap_sp_B', 100, 'sp-k5', lease => '1 hour')),
+     o AS (INSERT INTO pg_temp.out (variant, step, r) SELECT 'B', 'reserve 100 lease to pass', ROW(admitted, remaining, reason)::text FROM r)
 SELECT job_id AS j5 FROM r \gset B_
-SELECT pg_sleep(0.02) \gset sp_
+SELECT pg_temp.pass_lease(:B_j5) \gset sp_
 INSERT INTO pg_temp.sweeps SELECT 'B', earmark_sweep();
 INSERT INTO pg_temp.out (variant, step, r)
 SELECT 'B', 'settle after sweep', ROW(s.*)::text FROM earmark_settle(:B_j5, 50) s;
@@ -204,10 +217,10 @@ SELECT results_eq(
              ('charge 100 step 1 again', '(0,f,500,running)'),
              ('heartbeat is set', '(t)'),
              ('settle 250', '(250,350,completed)'),
-             ('reserve 700 short lease', '(t,50,)'),
+             ('reserve 700 lease to pass', '(t,50,)'),
              ('charge after lease', '(0,f,700,expired)'),
              ('reserve 300 reclaims', '(t,450,)'),
-             ('reserve 100 short lease', '(t,350,)'),
+             ('reserve 100 lease to pass', '(t,350,)'),
              ('settle after sweep', '(0,0,expired)'),
              ('budget', '(1000,250,300,450)')$$,
     'variant B (evil, pg_catalog, public): the gate gives its normal answers');
@@ -222,7 +235,7 @@ SELECT results_eq(
     'variant B: the jobs ended as they should');
 SELECT results_eq(
     $$SELECT cycle_anchor, provider_customer, provider_agreement FROM earmark.account WHERE account = 'em_tap_sp_B'$$,
-    $$VALUES ('2024-01-05 00:00+00'::timestamptz, 'cus_B'::text, 'agr_B'::text)$$,
+    format('VALUES (%L::timestamptz,', :'sp_anchor') || $$ 'cus_B'::text, 'agr_B'::text)$$,
     'variant B: earmark_set_account stored the account');
 SELECT is(:B_j1_again::bigint, :B_j1::bigint, 'variant B: the repeated key returned the same job');
 SELECT is((SELECT string_agg(DISTINCT what, ', ') FROM evil.calls), NULL,

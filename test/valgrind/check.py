@@ -16,7 +16,9 @@ import sys
 
 OURS = re.compile(r"\((earmark|account|gate|escrow|ledger|meter|reconcile|limits|provider|"
                   r"inbox|worker|sigverify|http|intake)\.c:\d+\)")
-SERVER = re.compile(r"\(in /usr/lib/postgresql/\d+/bin/postgres\)")
+# the server binary, also in a private copy of PostgreSQL (EM_PREFIX): its
+# frames end the search (a frame of earmark's further down is a caller)
+SERVER = re.compile(r"\(in (/[^()]*)?/usr/lib/postgresql/\d+/bin/postgres\)")
 FRAME = re.compile(r"^==\d+==\s+(at|by) ")
 
 
