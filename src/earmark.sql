@@ -499,6 +499,20 @@ LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 REVOKE ALL ON FUNCTION earmark.sweep_account(text, int) FROM PUBLIC;
 
+-- One cycle's last report step: what the worker calls per cycle on a
+-- distributed install (Citus runs it on the account's node, where the
+-- cycle's writers take its mark lock).
+CREATE FUNCTION earmark.report_cycle(account text, budget_id bigint, cycle_account text, total bigint,
+                                     ok boolean, http_status int, error text, duration_ms double precision,
+                                     closed boolean, too_large boolean, last_sent bigint, feature text,
+                                     cycle_start timestamptz, cycle_end timestamptz)
+RETURNS void
+AS 'MODULE_PATHNAME', 'earmark_report_cycle'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION earmark.report_cycle(text, bigint, text, bigint, boolean, int, text,
+    double precision, boolean, boolean, bigint, text, timestamptz, timestamptz) FROM PUBLIC;
+
 -- Inbox
 
 -- earmark_inbox_receive, _complete, _ignore and _fail look at who calls
@@ -915,7 +929,10 @@ DECLARE
         'earmark_set_limit(text, bigint, text)',
         'earmark_set_account(text, timestamptz, text, text)',
         'earmark_set_escrow(text, int)',
-        'earmark.sweep_account(text, int)'];
+        'earmark_reconcile(text, text)',
+        'earmark_refresh_limits(text)',
+        'earmark.sweep_account(text, int)',
+        'earmark.report_cycle(text, bigint, text, bigint, boolean, integer, text, double precision, boolean, boolean, bigint, text, timestamptz, timestamptz)'];
     t text;
     f text;
     n_dist int;

@@ -201,6 +201,154 @@ em_log_send(EmMeterOp *op, const char *origin)
 	em_exec(&log_send, args, nulls, 0);
 }
 
+static void note_for_review(EmMeterOp *op, TimestampTz now);
+
+/*
+ * Step 3 for one cycle, on the node that holds its account: log the send;
+ * delete the mark of a cycle the provider took, under the cycle's mark
+ * lock taken exclusively without waiting, and only if its total did not
+ * move; list a closed cycle for review; mark a failed one again, behind
+ * the others.
+ */
+static void
+finish_cycle(EmMeterOp *op, TimestampTz now)
+{
+	Datum		arg[3];
+	bool		found;
+
+	arg[0] = Int64GetDatum(op->budget_id);
+	arg[1] = CStringGetTextDatum(op->mark_account);
+	arg[2] = TimestampTzGetDatum(now);
+	if (op->account == NULL)
+	{
+		/* the cycle is gone (its account was deleted) */
+		em_exec(&delete_mark, arg, NULL, 0);
+		return;
+	}
+	if (op->too_large)
+	{
+		/* logged and marked again, behind the others: it blocks nobody */
+		op->ok = false;
+		op->error = "the cycle's total is past the largest bigint: not sent";
+	}
+	else if (op->closed)
+	{
+		/* never written: listed for a person, who decides */
+		if (em_mark_try_lock_exclusive(op->budget_id))
+		{
+			note_for_review(op, now);
+			em_exec(&delete_mark, arg, NULL, 0);
+		}
+		return;
+	}
+
+	em_log_send(op, "report");
+	if (op->ok)
+	{
+		if (em_mark_try_lock_exclusive(op->budget_id) &&
+			em_cycle_total(cstring_to_text(op->account), op->budget_id, &found) == op->total)
+			em_exec(&delete_mark, arg, NULL, 0);
+		/* else: usage arrived meanwhile, the mark stays for the next pass */
+	}
+	else if (em_mark_try_lock_exclusive(op->budget_id))
+		em_exec(&requeue_mark, arg, NULL, 0);	/* behind the cycles that wait */
+}
+
+/* a closed cycle that changed after it closed, for a person */
+static void
+note_for_review(EmMeterOp *op, TimestampTz now)
+{
+	Datum		args[9];
+	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	bool		found;
+
+	args[0] = Int64GetDatum(op->budget_id);
+	args[1] = CStringGetTextDatum(op->account);
+	args[2] = CStringGetTextDatum(op->feature);
+	args[3] = TimestampTzGetDatum(op->cycle_start);
+	args[4] = TimestampTzGetDatum(op->cycle_end);
+	args[5] = Int64GetDatum(em_cycle_total(cstring_to_text(op->account), op->budget_id, &found));
+	args[6] = Int64GetDatum(op->read_total);
+	nulls[6] = op->read_total < 0 ? 'n' : ' ';
+	args[7] = CStringGetTextDatum("The cycle closed before its last total reached the meter; "
+								  "a closed cycle is not written.");
+	args[8] = TimestampTzGetDatum(now);
+	em_exec(&note_review, args, nulls, 0);
+}
+
+/* on a distributed install: a cycle's step 3, on its account's node */
+static EmStatement call_report_cycle = {
+	"SELECT earmark.report_cycle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+	14, {TEXTOID, INT8OID, TEXTOID, INT8OID, BOOLOID, INT4OID, TEXTOID, FLOAT8OID, BOOLOID,
+	BOOLOID, INT8OID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+};
+
+static void
+finish_cycle_delegated(EmMeterOp *op)
+{
+	Datum		args[14];
+	char		nulls[14];
+
+	memset(nulls, ' ', sizeof(nulls));
+	args[0] = CStringGetTextDatum(op->mark_account);
+	args[1] = Int64GetDatum(op->budget_id);
+	args[2] = op->account ? CStringGetTextDatum(op->account) : (Datum) 0;
+	nulls[2] = op->account ? ' ' : 'n';
+	args[3] = Int64GetDatum(op->total);
+	args[4] = BoolGetDatum(op->ok);
+	args[5] = Int32GetDatum((int32) op->http_status);
+	args[6] = op->error ? CStringGetTextDatum(op->error) : (Datum) 0;
+	nulls[6] = op->error ? ' ' : 'n';
+	args[7] = Float8GetDatum(op->elapsed_ms);
+	args[8] = BoolGetDatum(op->closed);
+	args[9] = BoolGetDatum(op->too_large);
+	args[10] = Int64GetDatum(op->read_total);
+	args[11] = op->account ? CStringGetTextDatum(op->feature) : (Datum) 0;
+	nulls[11] = op->account ? ' ' : 'n';
+	args[12] = TimestampTzGetDatum(op->cycle_start);
+	args[13] = TimestampTzGetDatum(op->cycle_end);
+	em_exec(&call_report_cycle, args, nulls, 1);
+	if (op->too_large)
+	{
+		op->ok = false;
+		op->error = "the cycle's total is past the largest bigint: not sent";
+	}
+}
+
+/*
+ * earmark.report_cycle(...): a cycle's step 3, for the worker on a
+ * distributed install, which calls it on its own so that Citus runs it
+ * on the account's node, where the cycle's writers take its mark lock.
+ */
+PG_FUNCTION_INFO_V1(earmark_report_cycle);
+Datum
+earmark_report_cycle(PG_FUNCTION_ARGS)
+{
+	EmMeterOp	op;
+
+	em_require_schema();
+	memset(&op, 0, sizeof(op));
+	op.mark_account = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	op.budget_id = PG_GETARG_INT64(1);
+	op.account = PG_ARGISNULL(2) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(2));
+	op.total = PG_GETARG_INT64(3);
+	op.ok = PG_GETARG_BOOL(4);
+	op.http_status = PG_GETARG_INT32(5);
+	op.error = PG_ARGISNULL(6) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(6));
+	op.elapsed_ms = PG_GETARG_FLOAT8(7);
+	op.closed = PG_GETARG_BOOL(8);
+	op.too_large = PG_GETARG_BOOL(9);
+	op.read_total = PG_GETARG_INT64(10);
+	op.feature = PG_ARGISNULL(11) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(11));
+	op.cycle_start = PG_GETARG_TIMESTAMPTZ(12);
+	op.cycle_end = PG_GETARG_TIMESTAMPTZ(13);
+	em_require_account_local(cstring_to_text(op.mark_account));
+	SPI_connect();
+	finish_cycle(&op, GetCurrentTimestamp());
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
 /*
  * Step 3.  Returns the number of cycles the provider took; *failed the
  * number it did not.
@@ -213,66 +361,23 @@ em_report_finish(EmMeterOp *ops, int n, TimestampTz now, int *failed)
 	long		retry_after = -1;
 	bool		saw_429 = false;
 	char	   *last_error = NULL;
-	Datum		args[9];
-	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	bool		distributed = em_distributed();
+	Datum		args[4];
+	char		nulls[4] = {' ', ' ', ' ', ' '};
 
 	*failed = 0;
 	for (i = 0; i < n; i++)
 	{
 		EmMeterOp  *op = &ops[i];
-		Datum		arg[3];
 
-		arg[0] = Int64GetDatum(op->budget_id);
-		arg[1] = CStringGetTextDatum(op->mark_account);
-		arg[2] = TimestampTzGetDatum(now);
-		if (op->account == NULL)
-		{
-			em_exec(&delete_mark, arg, NULL, 0);
+		if (distributed)
+			finish_cycle_delegated(op);
+		else
+			finish_cycle(op, now);
+		if (op->account == NULL || (op->closed && !op->too_large))
 			continue;
-		}
-		if (op->too_large)
-		{
-			/* logged and marked again, behind the others: it blocks nobody */
-			op->ok = false;
-			op->error = "the cycle's total is past the largest bigint: not sent";
-		}
-		else if (op->closed)
-		{
-			/* never written: listed for a person, who decides */
-			if (!em_mark_try_lock_exclusive(op->budget_id))
-				continue;
-			{
-				bool		found;
-
-				args[0] = arg[0];
-				args[1] = CStringGetTextDatum(op->account);
-				args[2] = CStringGetTextDatum(op->feature);
-				args[3] = TimestampTzGetDatum(op->cycle_start);
-				args[4] = TimestampTzGetDatum(op->cycle_end);
-				args[5] = Int64GetDatum(em_cycle_total(cstring_to_text(op->account), op->budget_id, &found));
-				args[6] = Int64GetDatum(op->read_total);
-				nulls[6] = op->read_total < 0 ? 'n' : ' ';
-				args[7] = CStringGetTextDatum("The cycle closed before its last total reached the meter; "
-											  "a closed cycle is not written.");
-				args[8] = TimestampTzGetDatum(now);
-				em_exec(&note_review, args, nulls, 0);
-				nulls[6] = ' ';
-			}
-			em_exec(&delete_mark, arg, NULL, 0);
-			continue;
-		}
-
-		em_log_send(op, "report");
 		if (op->ok)
-		{
-			bool		found;
-
 			sent++;
-			if (em_mark_try_lock_exclusive(op->budget_id) &&
-				em_cycle_total(cstring_to_text(op->account), op->budget_id, &found) == op->total)
-				em_exec(&delete_mark, arg, NULL, 0);
-			/* else: usage arrived meanwhile, the mark stays for the next pass */
-		}
 		else
 		{
 			(*failed)++;
@@ -283,9 +388,6 @@ em_report_finish(EmMeterOp *ops, int n, TimestampTz now, int *failed)
 				saw_429 = true;
 				retry_after = Max(retry_after, op->retry_after);
 			}
-			/* marked again: behind the cycles that are waiting */
-			if (em_mark_try_lock_exclusive(op->budget_id))
-				em_exec(&requeue_mark, arg, NULL, 0);
 		}
 	}
 
@@ -315,18 +417,26 @@ em_report_finish(EmMeterOp *ops, int n, TimestampTz now, int *failed)
 Datum
 earmark_report(PG_FUNCTION_ARGS)
 {
-	int			max_cycles = PG_ARGISNULL(0) ? earmark_report_batch : PG_GETARG_INT32(0);
+	int			max_cycles;
 	TimestampTz now = GetCurrentTimestamp();
 	EmMeterOp  *ops;
 	int			n;
 	int			failed;
 	int			sent;
 
+	em_require_schema();
+	max_cycles = PG_ARGISNULL(0) ? earmark_report_batch : PG_GETARG_INT32(0);
 	if (max_cycles < 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("max_cycles must be at least 1")));
 	em_require_read_committed("earmark_report");
+	if (em_distributed())
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("earmark_report reports from one node; earmark is distributed"),
+				 errdetail("On a distributed install the background worker on the coordinator reports, each cycle's last step on its account's node."),
+				 errhint("Let the worker report (earmark.report_interval).")));
 	/*
 	 * The report takes cycles' mark locks exclusively and holds them until
 	 * its transaction ends; in an open transaction block they would stay

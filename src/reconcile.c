@@ -79,8 +79,10 @@ static EmStatement page_of_cycles = {
 	"FROM earmark.budget b JOIN earmark.account a ON a.account = b.account "
 	"WHERE ($1::text IS NULL OR b.account = $1) AND ($2::text IS NULL OR b.feature = $2) "
 	"  AND b.budget_id > $3 "
-	"  AND (EXISTS (SELECT 1 FROM earmark.ledger l WHERE l.budget_id = b.budget_id) "
-	"       OR EXISTS (SELECT 1 FROM earmark.meter_send x WHERE x.budget_id = b.budget_id)) "
+	"  AND (EXISTS (SELECT 1 FROM earmark.ledger l "
+	"                WHERE l.account = b.account AND l.budget_id = b.budget_id) "
+	"       OR EXISTS (SELECT 1 FROM earmark.meter_send x "
+	"                   WHERE x.account = b.account AND x.budget_id = b.budget_id)) "
 	"ORDER BY b.budget_id LIMIT $4",
 	4, {TEXTOID, TEXTOID, INT8OID, INT4OID}
 };
@@ -90,21 +92,29 @@ static EmStatement page_of_cycles = {
  * last total sent, and the last send's outcome.
  */
 static EmStatement cycle_numbers = {
-	"SELECT coalesce((SELECT pg_catalog.sum(units) FROM earmark.ledger WHERE budget_id = b.budget_id), 0)::bigint, "
-	"       " EM_CYCLE_TOTAL_SQL ", "
-	"       (SELECT x.total FROM earmark.meter_send x WHERE x.budget_id = b.budget_id AND x.ok "
+	"SELECT (SELECT coalesce(pg_catalog.sum(units), 0)::bigint FROM earmark.ledger "
+	"         WHERE account = $1 AND budget_id = $2), "
+	"       b.used + (SELECT coalesce(pg_catalog.sum(s.used), 0)::bigint FROM earmark.budget_slot s "
+	"                  WHERE s.account = $1 AND s.budget_id = $2) "
+	"              + (SELECT coalesce(pg_catalog.sum(u.units), 0)::bigint FROM earmark.usage_shard u "
+	"                  WHERE u.account = $1 AND u.budget_id = $2), "
+	"       (SELECT x.total FROM earmark.meter_send x WHERE x.account = $1 AND x.budget_id = $2 AND x.ok "
 	"         ORDER BY x.send_id DESC LIMIT 1), "
-	"       (SELECT x.ok FROM earmark.meter_send x WHERE x.budget_id = b.budget_id "
+	"       (SELECT x.ok FROM earmark.meter_send x WHERE x.account = $1 AND x.budget_id = $2 "
 	"         ORDER BY x.send_id DESC LIMIT 1), "
-	"       (SELECT x.error FROM earmark.meter_send x WHERE x.budget_id = b.budget_id "
+	"       (SELECT x.error FROM earmark.meter_send x WHERE x.account = $1 AND x.budget_id = $2 "
 	"         ORDER BY x.send_id DESC LIMIT 1) "
-	"FROM earmark.budget b WHERE b.budget_id = $1",
-	1, {INT8OID}
+	"FROM earmark.budget b WHERE b.account = $1 AND b.budget_id = $2",
+	2, {TEXTOID, INT8OID}
+};
+enum
+{
+	CN_LEDGER = 1, CN_COUNTERS, CN_LAST_SENT, CN_LAST_OK, CN_LAST_ERROR
 };
 
 static EmStatement lock_for_rebuild = {
-	"SELECT 1 FROM earmark.budget WHERE budget_id = $1 FOR UPDATE",
-	1, {INT8OID}
+	"SELECT 1 FROM earmark.budget WHERE account = $1 AND budget_id = $2 FOR UPDATE",
+	2, {TEXTOID, INT8OID}
 };
 
 /*
@@ -114,30 +124,28 @@ static EmStatement lock_for_rebuild = {
  * statements: the shards' delete must be done before the insert.
  */
 static EmStatement clear_shards = {
-	"DELETE FROM earmark.usage_shard WHERE budget_id = $1",
-	1, {INT8OID}
+	"DELETE FROM earmark.usage_shard WHERE account = $1 AND budget_id = $2",
+	2, {TEXTOID, INT8OID}
 };
 
 static EmStatement rebuild_counters = {
 	"WITH k AS (SELECT coalesce(pg_catalog.sum(units), 0)::bigint AS units FROM earmark.ledger "
-	"            WHERE budget_id = $1 AND job_id IS NULL),"
+	"            WHERE account = $1 AND budget_id = $2 AND job_id IS NULL),"
 	"     j AS (SELECT coalesce(pg_catalog.sum(units), 0)::bigint AS units FROM earmark.ledger "
-	"            WHERE budget_id = $1 AND job_id IS NOT NULL),"
+	"            WHERE account = $1 AND budget_id = $2 AND job_id IS NOT NULL),"
 	"     s AS (SELECT coalesce(pg_catalog.sum(used), 0)::bigint AS used FROM earmark.budget_slot "
-	"            WHERE budget_id = $1),"
+	"            WHERE account = $1 AND budget_id = $2),"
 	"     i AS (INSERT INTO earmark.usage_shard (account, budget_id, shard, units) "
-	"           SELECT (SELECT account FROM earmark.budget WHERE budget_id = $1), $1, 0, k.units "
-	"             FROM k WHERE k.units <> 0) "
+	"           SELECT $1, $2, 0, k.units FROM k WHERE k.units <> 0) "
 	"UPDATE earmark.budget SET used = (SELECT units FROM j) - (SELECT used FROM s) "
-	"WHERE budget_id = $1",
-	1, {INT8OID}
+	"WHERE account = $1 AND budget_id = $2",
+	2, {TEXTOID, INT8OID}
 };
 
 /* after a repair the reporter sends the cycle once more (see repair) */
 static EmStatement mark_cycle = {
-	"INSERT INTO earmark.meter_mark (account, budget_id) "
-	"SELECT account, budget_id FROM earmark.budget WHERE budget_id = $1 ON CONFLICT DO NOTHING",
-	1, {INT8OID}
+	"INSERT INTO earmark.meter_mark (account, budget_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+	2, {TEXTOID, INT8OID}
 };
 
 static EmStatement last_evidence = {
@@ -145,14 +153,14 @@ static EmStatement last_evidence = {
 	"       CASE WHEN counters_rebuilt THEN ledger_total ELSE counter_total END, "
 	"       coalesce(repaired_to, last_sent), coalesce(read_back, provider_total), "
 	"       CASE WHEN read_back = repaired_to THEN 'match' ELSE verdict END, evidence_id "
-	"FROM earmark.evidence WHERE budget_id = $1 ORDER BY evidence_id DESC LIMIT 1",
-	1, {INT8OID}
+	"FROM earmark.evidence WHERE account = $1 AND budget_id = $2 ORDER BY evidence_id DESC LIMIT 1",
+	2, {TEXTOID, INT8OID}
 };
 
 static EmStatement touch_evidence = {
-	"UPDATE earmark.evidence SET last_checked_at = pg_catalog.now() "
-	"WHERE evidence_id = $1 RETURNING *",
-	1, {INT8OID}
+	"UPDATE earmark.evidence SET last_checked_at = $3 "
+	"WHERE account = $1 AND evidence_id = $2 RETURNING *",
+	3, {TEXTOID, INT8OID, TIMESTAMPTZOID}
 };
 
 static EmStatement add_evidence = {
@@ -198,6 +206,14 @@ typedef struct Run
 } Run;
 
 typedef void (*CycleStep) (Run *run, Check *c);
+
+/* a cycle's statement arguments: its account and budget */
+static void
+cycle_args(Check *c, Datum *args)
+{
+	args[0] = CStringGetTextDatum(c->op.account);
+	args[1] = Int64GetDatum(c->op.budget_id);
+}
 
 /* the cause, from the evidence */
 static char *
@@ -297,23 +313,24 @@ repair(Run *run, Check *c)
 static void
 check_cycle(Run *run, Check *c)
 {
-	Datum		arg = Int64GetDatum(c->op.budget_id);
+	Datum		args[2];
 	bool		isnull;
 	Datum		d;
 
-	em_exec(&cycle_numbers, &arg, NULL, 1);
+	cycle_args(c, args);
+	em_exec(&cycle_numbers, args, NULL, 1);
 	if (SPI_processed != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("the cycle was deleted while it was reconciled")));
-	c->ledger = em_get_int64(0, 1, 0);
-	c->counters = em_get_int64(0, 2, 0);
-	d = em_get(0, 3, &isnull);
+	c->ledger = em_get_int64(0, CN_LEDGER, 0);
+	c->counters = em_get_int64(0, CN_COUNTERS, 0);
+	d = em_get(0, CN_LAST_SENT, &isnull);
 	c->has_sent = !isnull;
 	c->last_sent = isnull ? 0 : DatumGetInt64(d);
-	d = em_get(0, 4, &isnull);
+	d = em_get(0, CN_LAST_OK, &isnull);
 	c->last_send_failed = !isnull && !DatumGetBool(d);
-	d = em_get(0, 5, &isnull);
+	d = em_get(0, CN_LAST_ERROR, &isnull);
 	c->last_send_error = isnull ? NULL : MemoryContextStrdup(run->cxt, TextDatumGetCString(d));
 
 	decide(c);
@@ -331,23 +348,25 @@ check_cycle(Run *run, Check *c)
 static void
 mark_after_repair(Check *c)
 {
-	Datum		arg = Int64GetDatum(c->op.budget_id);
+	Datum		args[2];
 
+	cycle_args(c, args);
 	em_mark_lock(c->op.budget_id);
-	em_exec(&mark_cycle, &arg, NULL, 0);
+	em_exec(&mark_cycle, args, NULL, 0);
 }
 
 /* counters that differ from the ledger: rebuilt, if no writer is at it */
 static void
 rebuild(Check *c)
 {
-	Datum		arg = Int64GetDatum(c->op.budget_id);
+	Datum		args[2];
 
-	em_exec(&lock_for_rebuild, &arg, NULL, 1);
+	cycle_args(c, args);
+	em_exec(&lock_for_rebuild, args, NULL, 1);
 	if (em_mark_try_lock_exclusive(c->op.budget_id))
 	{
-		em_exec(&clear_shards, &arg, NULL, 0);
-		em_exec(&rebuild_counters, &arg, NULL, 0);
+		em_exec(&clear_shards, args, NULL, 0);
+		em_exec(&rebuild_counters, args, NULL, 0);
 		c->rebuilt = true;
 		ereport(WARNING,
 				(errmsg("the counters of account \"%s\", feature \"%s\" differed from the ledger and were rebuilt",
@@ -387,7 +406,7 @@ keep_evidence(Run *run, Check *c)
 	char	   *cause = cause_of(c);
 
 	memset(nulls, ' ', sizeof(nulls));
-	args[0] = Int64GetDatum(c->op.budget_id);
+	cycle_args(c, args);
 	em_exec(&last_evidence, args, NULL, 1);
 	if (SPI_processed == 1 && !c->repair_tried && !c->rebuilt)
 	{
@@ -402,13 +421,16 @@ keep_evidence(Run *run, Check *c)
 		same = same && strcmp(TextDatumGetCString(em_get(0, 5, &isnull)), c->verdict) == 0;
 		if (same)
 		{
-			args[0] = em_get(0, 6, &isnull);
+			args[0] = CStringGetTextDatum(c->op.account);
+			args[1] = em_get(0, 6, &isnull);
+			args[2] = TimestampTzGetDatum(GetCurrentTimestamp());
 			em_exec(&touch_evidence, args, NULL, 1);
 			put_row(run);
 			return;
 		}
 	}
 
+	args[0] = Int64GetDatum(c->op.budget_id);
 	args[1] = CStringGetTextDatum(c->op.account);
 	args[2] = CStringGetTextDatum(c->op.feature);
 	args[3] = TimestampTzGetDatum(c->op.cycle_start);
@@ -585,15 +607,31 @@ next_page(Run *run, text *account, text *feature, int64 after)
 Datum
 earmark_reconcile(PG_FUNCTION_ARGS)
 {
-	text	   *account = PG_ARGISNULL(0) ? NULL : em_arg_name(fcinfo, 0, "account");
-	text	   *feature = PG_ARGISNULL(1) ? NULL : em_arg_name(fcinfo, 1, "feature");
+	text	   *account;
+	text	   *feature;
 	int64		after = 0;
 	int			i;
 	Run			run;
 	MemoryContext step_cxt;
 	MemoryContext old;
 
+	em_require_schema();
+	account = PG_ARGISNULL(0) ? NULL : em_arg_name(fcinfo, 0, "account");
+	feature = PG_ARGISNULL(1) ? NULL : em_arg_name(fcinfo, 1, "feature");
 	em_require_read_committed("earmark_reconcile");
+	/*
+	 * A cycle's locked steps take its mark lock, which only excludes the
+	 * cycle's writers on the account's node: on a distributed install an
+	 * account is reconciled in a call Citus runs there.
+	 */
+	if (account == NULL && em_distributed())
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("earmark_reconcile needs an account on a distributed install"),
+				 errdetail("Each account is reconciled on its node, in a call of its own."),
+				 errhint("Call SELECT * FROM earmark_reconcile(account) for each account.")));
+	if (account != NULL)
+		em_require_account_local(account);
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC | MAT_SRF_BLESS);
 	memset(&run, 0, sizeof(run));
 	run.rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;

@@ -18,6 +18,13 @@
  *	  earmark.jwks_refresh and fetches it again (the HTTP call holds no
  *	  earmark row lock).
  *
+ *	  On a distributed install (Citus, earmark_distribute) only the
+ *	  coordinator's worker works; the workers of the other nodes wait.  It
+ *	  finds work with reads over the cluster, and does each account's part
+ *	  in a call of its own (earmark.sweep_account, earmark.report_cycle)
+ *	  that Citus runs on the account's node, where that account's writers
+ *	  take their locks.
+ *
  *	  HTTP to the provider (the reporter's sends, the limit reads, the
  *	  Kinde token) runs outside any transaction, and between two polls the
  *	  worker sweeps whenever earmark.sweep_interval has passed: a slow or
@@ -171,6 +178,19 @@ schema_is_current(void)
 }
 
 /*
+ * On a distributed install only the coordinator's worker works: it finds
+ * the work with reads over the cluster and does each account's part in a
+ * call of its own that Citus runs on the account's node (em_sweep, the
+ * reporter's last step).  A worker node's worker waits: its passes would
+ * go over the same cluster again.
+ */
+static bool
+node_works(void)
+{
+	return !em_distributed() || em_node_group() == 0;
+}
+
+/*
  * Start a transaction of the worker: READ COMMITTED and READ WRITE, set
  * before its first snapshot, whatever the defaults say.  The reporter and
  * the reconciler need a snapshot per statement (meter.c), and every pass
@@ -212,7 +232,7 @@ run_pass(const char *activity, PassFn fn, void *arg, char **error)
 		if (OidIsValid(get_extension_oid("earmark", true)))
 		{
 			SPI_connect();
-			if (schema_is_current())
+			if (schema_is_current() && node_works())
 				n = fn(arg);
 			SPI_finish();
 		}
