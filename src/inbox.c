@@ -57,6 +57,7 @@
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
+#include "cluster.h"
 #include "earmark.h"
 #include "sigverify.h"
 
@@ -372,6 +373,7 @@ earmark_inbox_receive(PG_FUNCTION_ARGS)
 	int64		event_id;
 	bool		inserted;
 	AsOwner		a;
+	em_require_coordinator("earmark_inbox_receive");
 
 	if (PG_ARGISNULL(3))
 		ereport(ERROR,
@@ -465,6 +467,8 @@ earmark_inbox_claim(PG_FUNCTION_ARGS)
 	TimestampTz now = GetCurrentTimestamp();
 	uint64		i;
 	uint64		n;
+	em_require_schema();
+	em_require_coordinator("earmark_inbox_claim");
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
 		ereport(ERROR,
@@ -616,6 +620,7 @@ check_may_finish(int64 event_id, Oid caller, const char *action)
 static char *
 arg_text(FunctionCallInfo fcinfo, int argno, const char *what)
 {
+	em_require_schema();
 	if (PG_ARGISNULL(argno))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -632,6 +637,7 @@ earmark_inbox_complete(PG_FUNCTION_ARGS)
 	int			attempts;
 	const char *status;
 	AsOwner		a;
+	em_require_coordinator("earmark_inbox_complete");
 
 	become_owner(fcinfo, &a);
 	SPI_connect();
@@ -657,6 +663,7 @@ earmark_inbox_ignore(PG_FUNCTION_ARGS)
 	int			attempts;
 	const char *status;
 	AsOwner		a;
+	em_require_coordinator("earmark_inbox_ignore");
 
 	if (reason[0] == '\0')
 		ereport(ERROR,
@@ -706,6 +713,7 @@ earmark_inbox_fail(PG_FUNCTION_ARGS)
 	char	   *error = arg_text(fcinfo, 1, "error");
 	const char *status;
 	AsOwner		a;
+	em_require_coordinator("earmark_inbox_fail");
 
 	become_owner(fcinfo, &a);
 	SPI_connect();
@@ -729,6 +737,7 @@ earmark_inbox_replay(PG_FUNCTION_ARGS)
 	char	   *owner;
 	int			attempts;
 	Datum		args[2];
+	em_require_coordinator("earmark_inbox_replay");
 
 	SPI_connect();
 	(void) lock_event_row(event_id, &attempts, &owner);
@@ -813,6 +822,7 @@ earmark_inbox_set_handler(PG_FUNCTION_ARGS)
 {
 	text	   *event_type = em_arg_name(fcinfo, 0, "event_type");
 	Datum		args[3];
+	em_require_coordinator("earmark_inbox_set_handler");
 
 	SPI_connect();
 	args[0] = PointerGetDatum(event_type);

@@ -57,6 +57,7 @@
 #include "utils/resowner.h"
 #include "utils/timestamp.h"
 
+#include "cluster.h"
 #include "earmark.h"
 #include "sigverify.h"
 
@@ -95,6 +96,7 @@ arg_text(FunctionCallInfo fcinfo, int argno, const char *what, size_t max_bytes)
 {
 	Size		size;
 
+	em_require_schema();
 	if (PG_ARGISNULL(argno))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -499,6 +501,7 @@ earmark_inbox_receive_signed(PG_FUNCTION_ARGS)
 	text	   *account;
 	int64		event_id;
 	bool		inserted;
+	em_require_coordinator("earmark_inbox_receive_signed");
 
 	fill_message(&msg, webhook_id, ts, sig, body);
 
@@ -631,8 +634,9 @@ earmark_inbox_set_secret(PG_FUNCTION_ARGS)
 	unsigned char *key;
 	size_t		len;
 	Datum		args[2];
-
 	text	   *canonical;
+
+	em_require_coordinator("earmark_inbox_set_secret");
 
 	key = em_webhook_secret_decode(VARDATA_ANY(secret),
 								   VARSIZE_ANY_EXHDR(secret), &len);
@@ -675,8 +679,9 @@ earmark_inbox_drop_secret(PG_FUNCTION_ARGS)
 	size_t		len;
 	Datum		args[2];
 	bool		dropped;
-
 	text	   *canonical = NULL;
+
+	em_require_coordinator("earmark_inbox_drop_secret");
 
 	key = em_webhook_secret_decode(VARDATA_ANY(secret),
 								   VARSIZE_ANY_EXHDR(secret), &len);
@@ -1132,6 +1137,7 @@ earmark_inbox_receive_kinde(PG_FUNCTION_ARGS)
 	text	   *account;
 	int64		event_id;
 	bool		inserted;
+	em_require_coordinator("earmark_inbox_receive_kinde");
 
 	if (!em_jwt_split(VARDATA_ANY(token), VARSIZE_ANY_EXHDR(token), &jwt, &why))
 		raise_malformed("the Kinde webhook token is not a JWT", why);
@@ -1169,6 +1175,8 @@ Datum
 earmark_refresh_jwks(PG_FUNCTION_ARGS)
 {
 	int			n;
+	em_require_schema();
+	em_require_coordinator("earmark_refresh_jwks");
 
 	(void) jwks_url(true);		/* a clear error when it is not configured */
 	SPI_connect();

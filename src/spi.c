@@ -18,6 +18,7 @@
 #include "utils/snapmgr.h"
 #include "utils/tuplestore.h"
 
+#include "cluster.h"
 #include "spi.h"
 
 /*
@@ -137,9 +138,15 @@ check_name(text *t, const char *what)
 	return t;
 }
 
+/*
+ * The argument readers check the installed schema's version first (once
+ * per transaction, cluster.c): a function of an older install script may
+ * pass arguments this library reads otherwise.
+ */
 text *
 em_arg_name(FunctionCallInfo fcinfo, int argno, const char *what)
 {
+	em_require_schema();
 	if (PG_ARGISNULL(argno))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -150,6 +157,7 @@ em_arg_name(FunctionCallInfo fcinfo, int argno, const char *what)
 int64
 em_arg_int64(FunctionCallInfo fcinfo, int argno, const char *what)
 {
+	em_require_schema();
 	if (PG_ARGISNULL(argno))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
