@@ -631,3 +631,20 @@ $$;
 -- not in a row every admission of the account would update.
 -- ---------------------------------------------------------------------------
 ALTER TABLE earmark.account DROP COLUMN rate_tat;
+
+-- ---------------------------------------------------------------------------
+-- A worker per database (launcher.c): workers_running counts this
+-- database's.
+-- ---------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION earmark.workers_running() RETURNS bigint
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT count(*) FROM pg_catalog.pg_stat_activity
+      WHERE backend_type = 'earmark worker' AND datname = pg_catalog.current_database() $$;
+
+-- The launcher (launcher.c) starts this database's worker now rather than
+-- at its next look at the databases.
+CREATE FUNCTION earmark.wake_launcher() RETURNS void
+AS 'MODULE_PATHNAME', 'earmark_wake_launcher' LANGUAGE C VOLATILE;
+REVOKE ALL ON FUNCTION earmark.wake_launcher() FROM PUBLIC;
+SELECT earmark.wake_launcher();

@@ -35,13 +35,14 @@
 #include "utils/tuplestore.h"
 
 #include "earmark.h"
+#include "launcher.h"
 #include "ratelimit.h"
 #include "provider.h"
 #include "sigverify.h"
 
 PG_MODULE_MAGIC;
 
-char	   *earmark_database = NULL;
+char	   *earmark_database = NULL;	/* launcher.c */
 int			earmark_lease_s = 120;
 int			earmark_sweep_interval_ms = 1000;
 int			earmark_inbox_lease_s = 30;
@@ -85,6 +86,7 @@ em_shmem_request(void)
 		prev_shmem_request_hook();
 	RequestAddinShmemSpace(MAXALIGN(sizeof(EmShared)));
 	RequestAddinShmemSpace(MAXALIGN(em_rate_shmem_size()));
+	RequestAddinShmemSpace(MAXALIGN(em_launcher_shmem_size()));
 }
 
 static void
@@ -102,6 +104,7 @@ em_shmem_startup(void)
 		SpinLockInit(&em_shared->mutex);
 	}
 	em_rate_shmem_init();
+	em_launcher_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }
 
@@ -169,13 +172,31 @@ _PG_init(void)
 	 * library is not an error.
 	 */
 	DefineCustomStringVariable("earmark.database",
-							   "Database the earmark background worker connects to.",
-							   "The extension must be created in this database for the worker to sweep it.",
+							   "The one database an earmark worker runs in; empty: every database with the extension.",
+							   "The launcher starts a worker in each database where earmark is installed, or only in this one.",
 							   &earmark_database,
-							   "postgres",
+							   "",
 							   process_shared_preload_libraries_in_progress ? PGC_POSTMASTER : PGC_SIGHUP,
 							   0,
 							   NULL, NULL, NULL);
+
+	DefineCustomIntVariable("earmark.max_databases",
+							"Databases the launcher can run an earmark worker in at once.",
+							"Each worker is a background worker: max_worker_processes must have room for them.",
+							&earmark_max_databases,
+							16, 1, 1024,
+							process_shared_preload_libraries_in_progress ? PGC_POSTMASTER : PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("earmark.launcher_naptime",
+							"How often the launcher looks for databases that need an earmark worker.",
+							"CREATE EXTENSION earmark wakes it at once.",
+							&earmark_launcher_naptime_ms,
+							10000, 100, 3600 * 1000,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("earmark.lease",
 							"Default lease of a hold; a charge or heartbeat renews it.",
@@ -389,6 +410,6 @@ _PG_init(void)
 		shmem_request_hook = em_shmem_request;
 		prev_shmem_startup_hook = shmem_startup_hook;
 		shmem_startup_hook = em_shmem_startup;
-		em_register_worker();
+		em_register_launcher();
 	}
 }

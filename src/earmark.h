@@ -95,7 +95,6 @@ extern int	em_jwks_refresh(void);
 extern int	em_jwks_refresh_if_older(TimestampTz cutoff);
 
 /* worker (worker.c) */
-extern void em_register_worker(void);
 PGDLLEXPORT void earmark_worker_main(Datum main_arg);
 
 #endif							/* EARMARK_H */

@@ -860,7 +860,8 @@ CREATE VIEW earmark.send_log AS
 CREATE FUNCTION earmark.workers_running() RETURNS bigint
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE backend_type = 'earmark worker' $$;
+AS $$ SELECT count(*) FROM pg_catalog.pg_stat_activity
+      WHERE backend_type = 'earmark worker' AND datname = pg_catalog.current_database() $$;
 REVOKE ALL ON FUNCTION earmark.workers_running() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION earmark.workers_running() TO earmark_admin;
 
@@ -1209,3 +1210,10 @@ SELECT pg_catalog.pg_extension_config_dump('earmark.send_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('earmark.evidence_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('earmark.inbox_event', 'event_id')::regclass, '');
 SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence('earmark.inbox_receipt', 'receipt_id')::regclass, '');
+
+-- The launcher (launcher.c) starts this database's worker now rather than
+-- at its next look at the databases.
+CREATE FUNCTION earmark.wake_launcher() RETURNS void
+AS 'MODULE_PATHNAME', 'earmark_wake_launcher' LANGUAGE C VOLATILE;
+REVOKE ALL ON FUNCTION earmark.wake_launcher() FROM PUBLIC;
+SELECT earmark.wake_launcher();

@@ -57,6 +57,7 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "commands/dbcommands.h"
 #include "commands/extension.h"
 #include "miscadmin.h"
 #include "pgstat.h"
@@ -73,7 +74,11 @@
 #include "utils/timestamp.h"
 
 #include "earmark.h"
+#include "launcher.h"
 #include "provider.h"
+
+/* the worker's database */
+static char *dbname = NULL;
 
 /* jobs settled in one transaction of the worker */
 #define SWEEP_BATCH		1000
@@ -81,23 +86,6 @@
 /* accounts whose limits are read in one pass */
 #define LIMIT_BATCH		20
 
-void
-em_register_worker(void)
-{
-	BackgroundWorker worker;
-
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = 5;
-	snprintf(worker.bgw_library_name, BGW_MAXLEN, "earmark");
-	snprintf(worker.bgw_function_name, BGW_MAXLEN, "earmark_worker_main");
-	snprintf(worker.bgw_name, BGW_MAXLEN, "earmark worker");
-	snprintf(worker.bgw_type, BGW_MAXLEN, "earmark worker");
-	worker.bgw_main_arg = (Datum) 0;
-	worker.bgw_notify_pid = 0;
-	RegisterBackgroundWorker(&worker);
-}
 
 typedef int (*PassFn) (void *arg);
 
@@ -171,7 +159,7 @@ schema_is_current(void)
 	if (!warned)
 		ereport(WARNING,
 				(errmsg("earmark worker waits: the extension in database \"%s\" is version %s, the library is %s",
-						earmark_database, version, EARMARK_VERSION),
+						dbname, version, EARMARK_VERSION),
 				 errhint("Run ALTER EXTENSION earmark UPDATE in that database.")));
 	warned = true;
 	return false;
@@ -214,6 +202,10 @@ start_pass_transaction(void)
  * back, and the worker carries on at the next pass instead of exiting.
  * The caller's memory context is current again when it returns.
  */
+/* a pass found no earmark in this database (DROP EXTENSION) */
+static bool extension_gone = false;
+
+
 static int
 run_pass(const char *activity, PassFn fn, void *arg, char **error)
 {
@@ -236,6 +228,8 @@ run_pass(const char *activity, PassFn fn, void *arg, char **error)
 				n = fn(arg);
 			SPI_finish();
 		}
+		else
+			extension_gone = true;
 		AtEOXact_GUC(false, nestlevel);
 		PopActiveSnapshot();
 		CommitTransactionCommand();
@@ -639,14 +633,17 @@ earmark_worker_main(Datum main_arg)
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
 
-	BackgroundWorkerInitializeConnection(earmark_database, NULL, 0);
+	BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(main_arg), InvalidOid, 0);
+	em_launcher_worker_started();
 	pin_settings();
 
 	round_cxt = AllocSetContextCreate(TopMemoryContext, "earmark worker round",
 									  ALLOCSET_DEFAULT_SIZES);
 
-	ereport(LOG,
-			(errmsg("earmark worker started in database \"%s\"", earmark_database)));
+	StartTransactionCommand();
+	dbname = MemoryContextStrdup(TopMemoryContext, get_database_name(MyDatabaseId));
+	CommitTransactionCommand();
+	ereport(LOG, (errmsg("earmark worker started in database \"%s\"", dbname)));
 	last_jwks_check = GetCurrentTimestamp();
 
 	if (sigsetjmp(local_sigjmp_buf, 1) != 0)
@@ -673,5 +670,14 @@ earmark_worker_main(Datum main_arg)
 		MemoryContextSwitchTo(round_cxt);
 		run_round();
 		MemoryContextSwitchTo(TopMemoryContext);
+		if (extension_gone)
+		{
+			/* the launcher starts one again when CREATE EXTENSION runs */
+			ereport(LOG,
+					(errmsg("earmark worker stops: earmark is not installed in database \"%s\"",
+							dbname)));
+			em_launcher_no_extension();
+			proc_exit(0);
+		}
 	}
 }
