@@ -17,7 +17,7 @@ BEGIN
                pg_catalog.current_setting('shared_preload_libraries'), ' ', ''), ',')
            && ARRAY['earmark', '$libdir/earmark'] THEN
         RAISE WARNING 'earmark is not in shared_preload_libraries: its background worker does not run'
-            USING DETAIL = 'Holds whose lease passed are not swept, usage is not reported to the meter, and inbox events are not applied.',
+            USING DETAIL = 'Holds whose lease passed are not swept, usage is not reported to the meter, inbox events are not applied, and the admission rate limit (it lives in shared memory) is not applied.',
                   HINT = 'Add earmark to shared_preload_libraries in postgresql.conf and restart the server.';
     END IF;
 END

@@ -230,7 +230,7 @@ _PG_init(void)
 							"Only accounts ahead of their rate take an entry; when none is free, the one least ahead forgets.",
 							&earmark_rate_accounts,
 							65536, 8, 64 * 1024 * 1024,
-							PGC_POSTMASTER,
+							process_shared_preload_libraries_in_progress ? PGC_POSTMASTER : PGC_SIGHUP,
 							0,
 							NULL, NULL, NULL);
 
