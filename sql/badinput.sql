@@ -2,8 +2,8 @@
 -- and changes nothing.
 SET client_min_messages = warning;
 \pset null '<null>'
-TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget,
-         earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
+TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget_slot, earmark.budget,
+         earmark.usage_shard, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
 
 SELECT earmark_set_limit('acct', 1000);
 SELECT job_id AS j FROM earmark_reserve('acct', 100, 'ok-key') \gset
@@ -58,20 +58,31 @@ INSERT INTO bad_call (q, n) SELECT * FROM unnest(ARRAY[
     -- lease: zero and negative
     $$SELECT earmark_reserve('acct', 1, 'k', lease => '0 seconds')$$,
     $$SELECT earmark_reserve('acct', 1, 'k', lease => '-1 minute')$$,
-    -- charge: unknown job, NULLs, negative tokens
-    $$SELECT earmark_charge(999999, 1)$$,
-    $$SELECT earmark_charge(NULL, 1)$$,
-    $$SELECT earmark_charge(1, NULL)$$,
-    $$SELECT earmark_charge(1, -1)$$,
-    -- heartbeat and settle: unknown job, unknown outcome, negative use
-    $$SELECT earmark_heartbeat(999999)$$,
-    $$SELECT earmark_heartbeat(NULL)$$,
-    $$SELECT earmark_settle(999999)$$,
-    $$SELECT earmark_settle(NULL)$$,
-    $$SELECT earmark_settle(1, 10, 'exploded')$$,
-    $$SELECT earmark_settle(1, 10, 'expired')$$,
-    $$SELECT earmark_settle(1, 10, NULL)$$,
-    $$SELECT earmark_settle(1, -10)$$,
+    -- charge: unknown job, a job of another account, NULLs, negative tokens
+    $$SELECT earmark_charge('acct', 999999, 1)$$,
+    $$SELECT earmark_charge('unlimited', 1, 1)$$,
+    $$SELECT earmark_charge(NULL, 1, 1)$$,
+    $$SELECT earmark_charge('acct', NULL, 1)$$,
+    $$SELECT earmark_charge('acct', 1, NULL)$$,
+    $$SELECT earmark_charge('acct', 1, -1)$$,
+    -- heartbeat and settle: unknown job, a job of another account, unknown
+    -- outcome, negative use
+    $$SELECT earmark_heartbeat('acct', 999999)$$,
+    $$SELECT earmark_heartbeat('unlimited', 1)$$,
+    $$SELECT earmark_heartbeat(NULL, 1)$$,
+    $$SELECT earmark_heartbeat('acct', NULL)$$,
+    $$SELECT earmark_settle('acct', 999999)$$,
+    $$SELECT earmark_settle('unlimited', 1)$$,
+    $$SELECT earmark_settle(NULL, 1)$$,
+    $$SELECT earmark_settle('acct', NULL)$$,
+    $$SELECT earmark_settle('acct', 1, 10, 'exploded')$$,
+    $$SELECT earmark_settle('acct', 1, 10, 'expired')$$,
+    $$SELECT earmark_settle('acct', 1, 10, NULL)$$,
+    $$SELECT earmark_settle('acct', 1, -10)$$,
+    -- the 0.2.0 forms (no account) fail and say to pass the account
+    $$SELECT earmark_charge(1, 1)$$,
+    $$SELECT earmark_heartbeat(1)$$,
+    $$SELECT earmark_settle(1, 10)$$,
     -- limits and accounts
     $$SELECT earmark_set_limit('acct', -1)$$,
     $$SELECT earmark_set_limit(NULL, 1)$$,
@@ -103,8 +114,8 @@ SELECT count(*) >= 10 AS tables_compared FROM before;
 
 -- 255 characters is fine: the limit is inclusive
 SELECT admitted FROM earmark_reserve('acct', 1, repeat('k', 255));
-SELECT earmark_settle(job_id, 0, 'cancelled') IS NOT NULL AS settled
-FROM earmark.job WHERE idempotency_key = repeat('k', 255);
+SELECT earmark_settle('acct', job_id, 0, 'cancelled') IS NOT NULL AS settled
+FROM earmark.job WHERE account = 'acct' AND idempotency_key = repeat('k', 255);
 -- multibyte keys count characters, not bytes
 SELECT admitted FROM earmark_reserve('acct', 1, repeat('é', 255));
 SELECT try($$SELECT earmark_reserve('acct', 1, repeat('é', 256))$$);

@@ -4,8 +4,8 @@
 SET client_min_messages = warning;
 SET timezone = 'UTC';
 \pset null '<null>'
-TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget,
-         earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
+TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget_slot, earmark.budget,
+         earmark.usage_shard, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
 
 -- An agreement that started on 20 October at 15:29 UTC.
 SELECT earmark_set_account('anchored', '2026-10-20 15:29:00+00', 'customer_0198', 'agreement_1');
@@ -51,7 +51,7 @@ SELECT earmark_set_account('anchored', '2026-10-05 00:00:00+00');
 SELECT cycle_anchor FROM earmark.account WHERE account = 'anchored';
 -- ... a cancelled job that used nothing is neither ...
 SELECT job_id AS j FROM earmark_reserve('anchored', 10, 'nothing') \gset
-SELECT status FROM earmark_settle(:j, 0, 'cancelled');
+SELECT status FROM earmark_settle('anchored', :j, 0, 'cancelled');
 SELECT earmark_set_account('anchored', '2026-10-20 15:29:00+00');
 -- ... but a hold is: refused with EM002, and the anchor stays.
 SELECT admitted FROM earmark_reserve('anchored', 10, 'held');
@@ -64,7 +64,7 @@ SELECT earmark_set_account('anchored', '2026-10-20 15:29:00+00');
 SELECT earmark_set_account('anchored', provider_customer => 'customer_0199');
 SELECT cycle_anchor, provider_customer, provider_agreement FROM earmark.account WHERE account = 'anchored';
 -- usage (a settled job) also locks the anchor after the holds are gone
-SELECT charged FROM earmark_settle((SELECT job_id FROM earmark.job WHERE idempotency_key = 'held'), 7);
+SELECT charged FROM earmark_settle('anchored', (SELECT job_id FROM earmark.job WHERE account = 'anchored' AND idempotency_key = 'held'), 7);
 -- (the job's own budget, not the current cycle's: a cycle of this anchor ends
 -- on the 20th at 15:29 UTC, maybe during the run)
 SELECT b.held, b.used FROM earmark.budget b JOIN earmark.job j USING (budget_id)

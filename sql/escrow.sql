@@ -2,7 +2,8 @@
 -- limit stays exact: admissions take room from a slot (fast path) or from
 -- the whole budget under its lock (slow path, which re-cuts the slots); a
 -- refusal names what the whole budget has left; a lowered limit stops the
--- slots cut for the old one.  The fast path runs with the rate limit off.
+-- slots cut for the old one.  The rate limit is off here: this file is
+-- about room, not rate.
 SET client_min_messages = warning;
 SET earmark.rate_limit = 0;
 -- holds outlive the slowest run (valgrind): a lease passes only where a
@@ -10,7 +11,7 @@ SET earmark.rate_limit = 0;
 SET earmark.lease = '1h';
 \pset null '<null>'
 TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget_slot, earmark.budget,
-         earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
+         earmark.usage_shard, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
 
 -- Every account here starts its cycle 14 to 17 days ago (midnight UTC, day
 -- 28 at the latest), so that no cycle ends while the file runs, on any
@@ -59,7 +60,7 @@ SELECT * FROM earmark_reserve('hot', 100, 'c');
 SELECT job_id, slot IS NOT NULL AS in_a_slot, amount FROM earmark.job ORDER BY job_id;
 SELECT * FROM slots();
 -- a settle gives its released room back to a slot
-SELECT * FROM earmark_settle(2, 30);
+SELECT * FROM earmark_settle('hot', 2, 30);
 SELECT * FROM slots();
 SELECT * FROM books('hot');
 -- idempotency holds on both paths
@@ -78,7 +79,8 @@ SELECT admitted, remaining, reason FROM earmark_reserve('hot', 1, 'one-more');
 SELECT * FROM books('hot');
 
 -- a lower limit: the next admission re-cuts, the old slots stop admitting
-SELECT earmark_settle(job_id, 0, 'cancelled') IS NOT NULL FROM earmark.job WHERE idempotency_key IN ('x1', 'x2', 'x3');
+SELECT earmark_settle('hot', job_id, 0, 'cancelled') IS NOT NULL FROM earmark.job
+WHERE account = 'hot' AND idempotency_key IN ('x1', 'x2', 'x3');
 SELECT earmark_set_limit('hot', 800);
 SELECT admitted, remaining, reason FROM earmark_reserve('hot', 1, 'after-lower');
 SELECT * FROM slots();
@@ -91,7 +93,7 @@ SELECT earmark_set_limit('sweepy', 1000);
 SELECT earmark_set_escrow('sweepy', 2);
 SELECT count(*) FILTER (WHERE admitted) AS admitted
 FROM generate_series(1, 5) n, LATERAL earmark_reserve('sweepy', 200, 's' || n, lease => '1 hour');
-SELECT charged FROM earmark_charge((SELECT job_id FROM earmark.job WHERE idempotency_key = 's2'), 50);
+SELECT charged FROM earmark_charge('sweepy', (SELECT job_id FROM earmark.job WHERE account = 'sweepy' AND idempotency_key = 's2'), 50);
 -- their leases pass (written into the job rows, not waited for)
 UPDATE earmark.job SET lease_until = clock_timestamp() - interval '1 millisecond' WHERE account = 'sweepy';
 SELECT earmark_sweep();

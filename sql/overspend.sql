@@ -48,7 +48,7 @@ SELECT earmark_set_limit('low', 15);
 SELECT admitted, remaining, reason FROM earmark_reserve('low', 1, 'd');
 -- b ends unused: its 10 go back, but the budget is still over (11 of 15
 -- held: 4 left), so a reserve of 10 must be refused
-SELECT charged, released, status FROM earmark_settle((SELECT job_id FROM earmark.job WHERE idempotency_key = 'b'), 0);
+SELECT charged, released, status FROM earmark_settle('low', (SELECT job_id FROM earmark.job WHERE idempotency_key = 'b' AND account = 'low'), 0);
 SELECT admitted, remaining, reason FROM earmark_reserve('low', 10, 'e');
 SELECT admitted, remaining, reason FROM earmark_reserve('low', 4, 'f');
 SELECT * FROM open_total('low');
@@ -62,7 +62,7 @@ SELECT admitted, remaining FROM earmark_reserve('rec', 10, 'b');
 SELECT admitted, remaining FROM earmark_reserve('rec', 10, 'c');
 SELECT earmark_record_usage('rec', 95, 'usage-95');
 SELECT admitted, remaining, reason FROM earmark_reserve('rec', 1, 'd');
-SELECT charged, released, status FROM earmark_settle((SELECT job_id FROM earmark.job WHERE idempotency_key = 'b' AND account = 'rec'), 0);
+SELECT charged, released, status FROM earmark_settle('rec', (SELECT job_id FROM earmark.job WHERE idempotency_key = 'b' AND account = 'rec'), 0);
 SELECT admitted, remaining, reason FROM earmark_reserve('rec', 10, 'e');
 SELECT * FROM open_total('rec');
 
@@ -72,7 +72,7 @@ SELECT earmark_set_limit('low', 1000);
 SELECT admitted FROM earmark_reserve('low', 100, 'g');
 SELECT admitted FROM earmark_reserve('low', 50, 'h');
 SELECT j.idempotency_key, s.charged, s.released, s.status
-  FROM earmark.job j, earmark_settle(j.job_id, 0) s
+  FROM earmark.job j, earmark_settle('low', j.job_id, 0) s
  WHERE j.account = 'low' AND j.status = 'running' ORDER BY j.job_id;
 SELECT * FROM open_total('low');
 SELECT admitted, remaining FROM earmark_reserve('low', 1000, 'whole');
@@ -126,8 +126,8 @@ SELECT invariant, account FROM earmark_check() WHERE account = 'moved' ORDER BY 
 ROLLBACK;
 
 -- 3. bad input that used to pass silently: a negative step
-SELECT job_id AS j FROM earmark.job WHERE idempotency_key = 'x' \gset
-SELECT * FROM earmark_charge(:j, 1, step => -1);
+SELECT job_id AS j FROM earmark.job WHERE account = 'over' AND idempotency_key = 'x' \gset
+SELECT * FROM earmark_charge('over', :j, 1, step => -1);
 SELECT used, last_step FROM earmark.job WHERE job_id = :j;
 
 DROP FUNCTION open_total(text);

@@ -23,7 +23,8 @@ SELECT admitted FROM earmark_reserve('hot', 10, 'a');
 SELECT earmark_set_limit('hot', 99);
 SELECT admitted FROM earmark_reserve('hot', 1, 'x');
 SELECT idempotency_key, slot IS NOT NULL AS from_a_slot, gen FROM earmark.job ORDER BY job_id;
-SELECT s.status FROM earmark.job j, earmark_settle(j.job_id, 0, 'cancelled') s ORDER BY j.job_id;
+SELECT s.status FROM earmark.job j, earmark_settle('hot', j.job_id, 0, 'cancelled') s
+WHERE j.account = 'hot' ORDER BY j.job_id;
 
 -- nothing used, nothing held, no ledger row
 SELECT used, held FROM earmark_budget('hot');

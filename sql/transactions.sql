@@ -3,8 +3,8 @@
 -- transaction rolled back can be used again.
 SET client_min_messages = warning;
 \pset null '<null>'
-TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget,
-         earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
+TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget_slot, earmark.budget,
+         earmark.usage_shard, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
 
 -- Every account here starts its cycle 14 to 17 days ago (midnight UTC, day
 -- 28 at the latest), so that no cycle ends while the file runs, on any
@@ -51,17 +51,17 @@ SELECT count(*) AS jobs_for_order_4 FROM earmark.job WHERE idempotency_key = 'or
 -- reserve, charge and settle in one transaction
 BEGIN;
 SELECT job_id AS j FROM earmark_reserve('app', 5000, 'order-5') \gset
-SELECT charged FROM earmark_charge(:j, 3000);
-SELECT charged, released, status FROM earmark_settle(:j);
+SELECT charged FROM earmark_charge('app', :j, 3000);
+SELECT charged, released, status FROM earmark_settle('app', :j);
 COMMIT;
 SELECT used, held FROM earmark_budget('app');
 
 -- a settle that rolls back leaves the job running with its hold
 SELECT job_id AS j FROM earmark.job WHERE idempotency_key = 'order-1' \gset
 BEGIN;
-SELECT charged FROM earmark_settle(:j, 40000);
+SELECT charged FROM earmark_settle('app', :j, 40000);
 ROLLBACK;
 SELECT status FROM earmark.job WHERE job_id = :j;
 SELECT used, held FROM earmark_budget('app');
-SELECT charged, released, status FROM earmark_settle(:j, 1000);
+SELECT charged, released, status FROM earmark_settle('app', :j, 1000);
 SELECT used, held FROM earmark_budget('app');

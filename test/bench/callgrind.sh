@@ -17,8 +17,8 @@
 # by CG_CALLS, is the cost of one call with everything that happens once
 # (start-up, catalog caches, the first plans) taken out.  Measured:
 #   reserve   SELECT * FROM earmark_reserve('cg', 10, $1)  | SELECT ref.reserve('cg', 10, $1)
-#   charge    SELECT * FROM earmark_charge($1, 5)          | SELECT ref.charge($1, 5)
-#   settle    SELECT * FROM earmark_settle($1, 5)          | SELECT ref.settle($1, 5)
+#   charge    SELECT * FROM earmark_charge('cg', $1, 5)    | SELECT ref.charge($1, 5)
+#   settle    SELECT * FROM earmark_settle('cg', $1, 5)    | SELECT ref.settle($1, 5)
 # Each also reports the instructions inside the function call itself
 # (inclusive): fmgr_security_definer for earmark (its functions are
 # SECURITY DEFINER with a pinned search_path, so this wraps the C function
@@ -45,7 +45,7 @@ CREATE EXTENSION earmark;
 SELECT earmark_set_limit('cg', $LIMIT);
 SELECT ref.set_limit('cg', $LIMIT);
 -- the cycle's budget row exists before any measurement
-SELECT * FROM earmark_settle((SELECT job_id FROM earmark_reserve('cg', 1, 'warm-up')), 0);
+SELECT * FROM earmark_settle('cg', (SELECT job_id FROM earmark_reserve('cg', 1, 'warm-up')), 0);
 -- pools of open jobs for charge and settle: 1 + 1 + CALLS + 1 a pool, ids
 -- in order; 100 a transaction (many holds of one account in one
 -- transaction are slow, see docs/benchmarks.md)
@@ -71,9 +71,9 @@ em_as_pg "$EM_PGBIN/pg_ctl" -D "$EM_DATA" -m fast -w stop >/dev/null
 declare -A PREP=(
     [earmark_reserve]="PREPARE q(text) AS SELECT * FROM earmark_reserve('cg', 10, \$1);"
     [reference_reserve]="PREPARE q(text) AS SELECT ref.reserve('cg', 10, \$1);"
-    [earmark_charge]="PREPARE q(bigint) AS SELECT * FROM earmark_charge(\$1, 5);"
+    [earmark_charge]="PREPARE q(bigint) AS SELECT * FROM earmark_charge('cg', \$1, 5);"
     [reference_charge]="PREPARE q(bigint) AS SELECT ref.charge(\$1, 5);"
-    [earmark_settle]="PREPARE q(bigint) AS SELECT * FROM earmark_settle(\$1, 5);"
+    [earmark_settle]="PREPARE q(bigint) AS SELECT * FROM earmark_settle('cg', \$1, 5);"
     [reference_settle]="PREPARE q(bigint) AS SELECT ref.settle(\$1, 5);"
 )
 

@@ -25,8 +25,8 @@
 #                                     (BENCH_FLOOR=0 leaves both out)
 # each once with synchronous_commit on (the default) and once off
 # (PGOPTIONS='-c synchronous_commit=off').  Limits are 10^15: finite, never
-# reached.  earmark.rate_limit = 0 (the rate limit is one row per account
-# and caps a hot account by design).  First the data: 10,002 accounts in
+# reached.  earmark.rate_limit = 0 (the rate limit caps a hot account by
+# design).  First the data: 10,002 accounts in
 # each system and 50,000 settled jobs of history (an empty job table gives
 # sessions sequential-scan plans, see pgbench/bench_lib.sh).  Each run
 # starts with 3 s of unmeasured warm-up (BENCH_WARMUP).  After each run the

@@ -52,7 +52,7 @@ BEGIN
     FOR i IN 1 .. n LOOP
         IF side = 'earmark' THEN
             SELECT r.job_id INTO j FROM earmark_reserve('rss', 10, batch || '-' || i) r;
-            PERFORM earmark_settle(j, 5);
+            PERFORM earmark_settle('rss', j, 5);
         ELSE
             j := ref.reserve('rss', 10, batch || '-' || i);
             PERFORM ref.settle(j, 5);

@@ -303,6 +303,17 @@ def documented_states(docs_dir, fns, arg_types, valid):
                 targets = {m.group(1)} if m else head_fns
                 for f in targets:
                     add(f, codes_in(b, valid, prose=True), "%s %s" % (doc, head.strip("# ").strip()))
+
+    # 4. the 0.2.0 forms of the account-first functions: what api.md's
+    # section on moving from 0.2.0 says of them (the blocks that name them)
+    for head, body in api_secs:
+        if "0.2.0" not in head:
+            continue
+        for b in blocks(body):
+            named = set(FN_RE.findall(b))
+            for f, name in V020.items():
+                if name in named:
+                    add(f, codes_in(b, valid, prose=True), "api.md %s" % head.strip("# ").strip())
     return allowed
 
 
@@ -974,9 +985,13 @@ KINDS = {
     "earmark_budget": {"account": "account", "feature": "feature", "at": "ts_nullable"},
     "earmark_reserve": {"account": "account", "amount": "amount", "idempotency_key": "key",
                         "feature": "feature", "lease": "lease"},
-    "earmark_charge": {"job_id": "job", "tokens": "amount0", "step": "step"},
-    "earmark_heartbeat": {"job_id": "job"},
-    "earmark_settle": {"job_id": "job", "used": "used", "outcome": "outcome"},
+    "earmark_charge": {"account": "account", "job_id": "job", "tokens": "amount0", "step": "step"},
+    "earmark_heartbeat": {"account": "account", "job_id": "job"},
+    "earmark_settle": {"account": "account", "job_id": "job", "used": "used", "outcome": "outcome"},
+    # the 0.2.0 forms (no account), which only fail (42883)
+    "earmark_charge(0.2.0)": {"job_id": "job", "tokens": "amount0", "step": "step"},
+    "earmark_heartbeat(0.2.0)": {"job_id": "job"},
+    "earmark_settle(0.2.0)": {"job_id": "job", "used": "used", "outcome": "outcome"},
     "earmark_set_escrow": {"account": "account", "slots": "slots"},
     "earmark_sweep": {"max_jobs": "count"},
     "earmark_inbox_receive": {"source": "source", "dedupe_key": "key", "event_type": "event_type",
@@ -1007,6 +1022,14 @@ NAME_KINDS = {"account", "feature", "key", "source", "event_type", "provider_nul
 
 JOBS = ["running", "capped", "completed", "cancelled", "expired_lease", "f1job", "slot", "huge_run",
         "anch_run"]
+# the account each fixture job was reserved for (fixture_sql)
+JOB_ACCOUNT = {"running": "fz_a", "capped": "fz_a", "completed": "fz_a", "cancelled": "fz_a",
+               "expired_lease": "fz_a", "f1job": "fz_a", "slot": "fz_esc", "huge_run": "fz_huge",
+               "anch_run": "fz_anch"}
+# the functions that take a job's account first (0.3.0), and the names
+# under which their 0.2.0 forms are fuzzed: fn key -> the function's name
+ACCOUNT_FIRST = ("earmark_charge", "earmark_heartbeat", "earmark_settle")
+V020 = {fn + "(0.2.0)": fn for fn in ACCOUNT_FIRST}
 EVENTS = ["received", "processing", "applied", "ignored", "failed", "dead", "noaccount",
           "abandoned", "plan", "handled"]
 HANDLERS = [
@@ -1207,6 +1230,18 @@ class Gen:
             i, v = force
             args[names[i]] = v
             cls = v.cls or "null"
+        # a good account for a fixture job is mostly the job's own account
+        # (else every such call would only find no job of that account)
+        if fn in ACCOUNT_FIRST and args["account"].cls is None and r.random() < 0.8:
+            m = re.match(r"^@@REF:job:(\w+)@@$", args["job_id"].sql)
+            if m:
+                args["account"] = Val(q(JOB_ACCOUNT[m.group(1)]))
+        # a 0.2.0 form: every argument cast to its own type, so that the call
+        # cannot resolve to the account-first form (an untyped NULL first
+        # would: PostgreSQL prefers text for an unknown argument)
+        if fn in V020:
+            for n, t in zip(names, types):
+                args[n] = Val("(%s)::%s" % (args[n].sql, t), args[n].cls)
         # settings the gate reads: escrow's fast path runs only without the rate limit
         if pre is None and r.random() < 0.06 and fn in ("earmark_reserve", "earmark_settle",
                                                         "earmark_set_escrow", "earmark_record_usage"):
@@ -1234,10 +1269,11 @@ class Gen:
                 items.append('"%s" => %s' % (n, v.sql))
             r.shuffle(items)
             text = ", ".join(items)
+        callee = V020.get(fn, fn)
         if retset:
-            sql = "SELECT * FROM %s(%s)" % (fn, text)
+            sql = "SELECT * FROM %s(%s)" % (callee, text)
         else:
-            sql = "SELECT %s(%s)" % (fn, text)
+            sql = "SELECT %s(%s)" % (callee, text)
         refuse = any(v.cls in REFUSED for v in args.values())
         return cls or "valid", pre, sql, refuse
 
@@ -1269,12 +1305,12 @@ SELECT earmark_set_limit('été', 10);
 
 INSERT INTO fuzz.ref SELECT 'job:running', job_id FROM earmark_reserve('fz_a', 1000, 'running', lease => '1 day');
 INSERT INTO fuzz.ref SELECT 'job:capped', job_id FROM earmark_reserve('fz_a', 1000, 'capped', lease => '1 day');
-SELECT earmark_charge((SELECT val::bigint FROM fuzz.ref WHERE name = 'job:capped'), 5000, 1);
+SELECT earmark_charge('fz_a', (SELECT val::bigint FROM fuzz.ref WHERE name = 'job:capped'), 5000, 1);
 INSERT INTO fuzz.ref SELECT 'job:completed', job_id FROM earmark_reserve('fz_a', 1000, 'completed');
-SELECT earmark_charge((SELECT val::bigint FROM fuzz.ref WHERE name = 'job:completed'), 300, 1);
-SELECT earmark_settle((SELECT val::bigint FROM fuzz.ref WHERE name = 'job:completed'));
+SELECT earmark_charge('fz_a', (SELECT val::bigint FROM fuzz.ref WHERE name = 'job:completed'), 300, 1);
+SELECT earmark_settle('fz_a', (SELECT val::bigint FROM fuzz.ref WHERE name = 'job:completed'));
 INSERT INTO fuzz.ref SELECT 'job:cancelled', job_id FROM earmark_reserve('fz_a', 1000, 'cancelled');
-SELECT earmark_settle((SELECT val::bigint FROM fuzz.ref WHERE name = 'job:cancelled'), 0, 'cancelled');
+SELECT earmark_settle('fz_a', (SELECT val::bigint FROM fuzz.ref WHERE name = 'job:cancelled'), 0, 'cancelled');
 INSERT INTO fuzz.ref SELECT 'job:expired_lease', job_id FROM earmark_reserve('fz_a', 700, 'expired', lease => '1 microsecond');
 INSERT INTO fuzz.ref SELECT 'job:f1job', job_id FROM earmark_reserve('fz_a', 100, 'f1job', 'f1', '1 day');
 SELECT earmark_reserve('fz_esc', 100, 'esc-slow');
@@ -1282,7 +1318,7 @@ INSERT INTO fuzz.ref SELECT 'job:slot', job_id FROM earmark_reserve('fz_esc', 10
 -- 2^62 settled and 2^62 held on an unlimited account: a settle of the second at its hold
 -- would pass bigint's end
 INSERT INTO fuzz.ref SELECT 'job:huge_done', job_id FROM earmark_reserve('fz_huge', 4611686018427387904, 'h1', lease => '1 day');
-SELECT earmark_settle((SELECT val::bigint FROM fuzz.ref WHERE name = 'job:huge_done'), 4611686018427387904);
+SELECT earmark_settle('fz_huge', (SELECT val::bigint FROM fuzz.ref WHERE name = 'job:huge_done'), 4611686018427387904);
 INSERT INTO fuzz.ref SELECT 'job:huge_run', job_id FROM earmark_reserve('fz_huge', 4611686018427387904, 'h2', lease => '1 day');
 INSERT INTO fuzz.ref SELECT 'job:anch_run', job_id FROM earmark_reserve('fz_anch', 10, 'a1', lease => '1 day');
 
@@ -1358,6 +1394,8 @@ def main():
         schema, name, anames, atypes, ndef, retset = line.split("|")
         fn = name if schema == "public" or name.startswith("earmark_") else "%s.%s" % (schema, name)
         names = anames.split(",") if anames else []
+        if fn in ACCOUNT_FIRST and names[:1] != ["account"]:
+            fn += "(0.2.0)"
         types = atypes.split(",") if atypes else []
         funcs[fn] = (names, types, int(ndef), retset == "t")
         arg_types[fn] = types

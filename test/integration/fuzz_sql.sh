@@ -330,8 +330,14 @@ fz -c "SELECT rel, md5, n FROM fuzz.checksum()" >"$WORK/after"
 diff "$WORK/before" "$WORK/after" >"$WORK/diff"
 ok $? "every table in schema earmark is unchanged ($(wc -l <"$WORK/after") tables, md5 of their rows)"
 sed 's/^/#   /' "$WORK/diff"
-check=$(fz -c "BEGIN ISOLATION LEVEL REPEATABLE READ" -c "SELECT count(*) FROM earmark_check()" -c "COMMIT" 2>&1)
-is "$check" 0 "earmark_check() returns no row"
+# (but the fixture's hold whose lease passed on purpose: no worker sweeps this
+# database, so after a minute earmark_check() reports it as overdue_hold)
+check=$(fz -c "BEGIN ISOLATION LEVEL REPEATABLE READ" \
+           -c "SELECT count(*) FROM earmark_check() c
+                WHERE NOT (c.invariant = 'overdue_hold' AND c.account = 'fz_a'
+                           AND c.detail LIKE 'job ' || (SELECT val FROM fuzz.ref WHERE name = 'job:expired_lease') || ' is running,%')" \
+           -c "COMMIT" 2>&1)
+is "$check" 0 "earmark_check() returns no row (but overdue_hold for the fixture's dead hold)"
 
 diag "fuzz_sql took $(( $(date +%s) - T0 )) s"
 done_testing

@@ -25,7 +25,7 @@ server_up() {
 }
 
 q -d postgres -c "CREATE EXTENSION IF NOT EXISTS earmark" >/dev/null
-q -d postgres -c "TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE"
+q -d postgres -c "TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget_slot, earmark.budget, earmark.usage_shard, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE"
 q -d postgres -c "SELECT earmark_set_limit('w', 100000)" >/dev/null
 
 pid=$(wait_for 15 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND datname = 'postgres'" 1)
@@ -33,12 +33,12 @@ is "$pid" 1 "one earmark worker runs, connected to earmark.database"
 
 # 1. the worker sweeps an expired hold without anybody calling earmark_sweep
 job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 40000, 'gone', lease => '1 hour')")
-q -d postgres -c "SELECT charged FROM earmark_charge($job, 1234)" >/dev/null
+q -d postgres -c "SELECT charged FROM earmark_charge('w', $job, 1234)" >/dev/null
 pass_lease "$job"
 got=$(wait_for 10 "SELECT status || ' ' || charged || ' ' || released FROM earmark.job WHERE job_id = $job" "expired 1234 38766")
 is "$got" "expired 1234 38766" "the worker settled the dead hold as expired at its recorded use"
 is "$(q -d postgres -c "SELECT used || '/' || held FROM earmark_budget('w')")" "1234/0" "the budget shows the use and no hold"
-is "$(q -d postgres -c "SELECT status FROM earmark_settle($job, 40000)")" "expired" "the late settle is ignored"
+is "$(q -d postgres -c "SELECT status FROM earmark_settle('w', $job, 40000)")" "expired" "the late settle is ignored"
 is "$(q -d postgres -c "SELECT sum(units) FROM earmark.ledger")" "1234" "one ledger row, at the recorded use"
 
 # 2. SIGHUP: a new sweep interval is read on reload
@@ -49,7 +49,7 @@ pass_lease "$job"
 sleep 3
 is "$(q -d postgres -c "SELECT status FROM earmark.job WHERE job_id = $job")" "running" \
    "with sweep_interval = 1h the worker has not swept yet (the charge path still treats it as dead)"
-is "$(q -d postgres -c "SELECT status FROM earmark_charge($job, 1)")" "expired" "an unswept expired hold is dead for charge"
+is "$(q -d postgres -c "SELECT status FROM earmark_charge('w', $job, 1)")" "expired" "an unswept expired hold is dead for charge"
 q -d postgres -c "ALTER SYSTEM SET earmark.sweep_interval = '100ms'" -c "SELECT pg_reload_conf()" >/dev/null
 got=$(wait_for 10 "SELECT status FROM earmark.job WHERE job_id = $job" expired)
 is "$got" expired "after SIGHUP with 100ms the worker sweeps it"
@@ -78,11 +78,11 @@ is "$new" 1 "after SIGTERM the worker is restarted"
 q -d postgres -c "SELECT earmark_set_limit('crash', 100000)" >/dev/null
 for i in $(seq 1 20); do
     j=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('crash', 1000, 'c$i')")
-    q -d postgres -c "SELECT charged FROM earmark_charge($j, $i)" >/dev/null
-    [ $((i % 2)) -eq 0 ] && q -d postgres -c "SELECT charged FROM earmark_settle($j)" >/dev/null
+    q -d postgres -c "SELECT charged FROM earmark_charge('crash', $j, $i)" >/dev/null
+    [ $((i % 2)) -eq 0 ] && q -d postgres -c "SELECT charged FROM earmark_settle('crash', $j)" >/dev/null
 done
 dead=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('crash', 5000, 'dies', lease => '1 hour')")
-q -d postgres -c "SELECT charged FROM earmark_charge($dead, 77)" >/dev/null
+q -d postgres -c "SELECT charged FROM earmark_charge('crash', $dead, 77)" >/dev/null
 before=$(q -d postgres -c "SELECT used || '/' || held FROM earmark_budget('crash')")
 old=$(worker_pid)
 kill -9 "$old"
@@ -131,7 +131,7 @@ q -d postgres -c "SELECT earmark_inbox_receive('w', '$key', 'w.sets_session', '{
 got=$(wait_for 15 "SELECT status FROM earmark.inbox_event WHERE dedupe_key = '$key'" applied)
 is "$got" applied "a handler that sets read-only and serializable for its session was applied"
 job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 10, 'after-handler', lease => '1 hour')")
-q -d postgres -c "SELECT charged FROM earmark_charge($job, 3)" >/dev/null
+q -d postgres -c "SELECT charged FROM earmark_charge('w', $job, 3)" >/dev/null
 pass_lease "$job"
 got=$(wait_for 15 "SELECT status || ' ' || charged FROM earmark.job WHERE job_id = $job" "expired 3")
 is "$got" "expired 3" "after that handler the worker still sweeps"
@@ -151,7 +151,7 @@ new=$(wait_for 20 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'e
 is "$new" 1 "the worker restarted with the database's and role's settings"
 is "$(PGOPTIONS= q -d postgres -c "SHOW default_transaction_read_only")" on "(a session without overrides is read-only by default)"
 job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 10, 'read-only-db', lease => '1 hour')")
-q -d postgres -c "SELECT charged FROM earmark_charge($job, 4)" >/dev/null
+q -d postgres -c "SELECT charged FROM earmark_charge('w', $job, 4)" >/dev/null
 pass_lease "$job"
 got=$(wait_for 15 "SELECT status || ' ' || charged FROM earmark.job WHERE job_id = $job" "expired 4")
 is "$got" "expired 4" "with a read-only, serializable default the worker still sweeps an expired hold"
@@ -178,7 +178,7 @@ is "$(np -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark
 np -c "SELECT earmark_set_limit('np', 100)" >/dev/null
 j=$(np -c "SELECT job_id FROM earmark_reserve('np', 60, 'a', lease => '1 hour')")
 is "$(np -c "SELECT admitted || ' ' || reason FROM earmark_reserve('np', 60, 'b')")" "false the job needs 60 and 40 is left" "reserve works without preload"
-np -c "SELECT charged FROM earmark_charge($j, 25)" >/dev/null
+np -c "SELECT charged FROM earmark_charge('np', $j, 25)" >/dev/null
 np -c "UPDATE earmark.job SET lease_until = clock_timestamp() - interval '1 millisecond' WHERE job_id = $j" >/dev/null
 is "$(np -c "SELECT earmark_sweep()")" 1 "earmark_sweep works by hand without the worker"
 is "$(np -c "SELECT used || '/' || held FROM earmark_budget('np')")" "25/0" "and the budget is right"

@@ -318,9 +318,9 @@ static const char SQL_PLAIN_ADD[] =
 static const char SQL_RESERVE[] =
 	"SELECT job_id, admitted, remaining, reason FROM earmark_reserve($1, $2::bigint, $3)";
 static const char SQL_CHARGE[] =
-	"SELECT charged, capped, room, status FROM earmark_charge($1::bigint, $2::bigint, $3::bigint)";
+	"SELECT charged, capped, room, status FROM earmark_charge($1, $2::bigint, $3::bigint, $4::bigint)";
 static const char SQL_SETTLE[] =
-	"SELECT charged, released, status FROM earmark_settle($1::bigint)";
+	"SELECT charged, released, status FROM earmark_settle($1, $2::bigint)";
 
 /* plain: what is left; false on error */
 static bool
@@ -390,21 +390,22 @@ em_reserve(PGconn *conn, const char *account, long long amount, const char *key,
 	return true;
 }
 
+/* a charge of the job reserved for account (earmark 0.3.0: account first) */
 static bool
-em_charge(PGconn *conn, long long job_id, long long tokens, long long step,
+em_charge(PGconn *conn, const char *account, long long job_id, long long tokens, long long step,
 		  long long *charged, bool *capped, char *status, size_t statuslen,
 		  char *err, size_t errlen)
 {
 	char		j[32],
 				t[32],
 				s[32];
-	const char *p[3] = {j, t, s};
+	const char *p[4] = {account, j, t, s};
 	PGresult   *res;
 
 	snprintf(j, sizeof(j), "%lld", job_id);
 	snprintf(t, sizeof(t), "%lld", tokens);
 	snprintf(s, sizeof(s), "%lld", step);
-	res = run_sql(conn, SQL_CHARGE, 3, p, err, errlen);
+	res = run_sql(conn, SQL_CHARGE, 4, p, err, errlen);
 	if (res == NULL)
 		return false;
 	if (PQntuples(res) != 1)
@@ -421,15 +422,15 @@ em_charge(PGconn *conn, long long job_id, long long tokens, long long step,
 }
 
 static bool
-em_settle(PGconn *conn, long long job_id, char *status, size_t statuslen,
+em_settle(PGconn *conn, const char *account, long long job_id, char *status, size_t statuslen,
 		  char *err, size_t errlen)
 {
 	char		j[32];
-	const char *p[1] = {j};
+	const char *p[2] = {account, j};
 	PGresult   *res;
 
 	snprintf(j, sizeof(j), "%lld", job_id);
-	res = run_sql(conn, SQL_SETTLE, 1, p, err, errlen);
+	res = run_sql(conn, SQL_SETTLE, 2, p, err, errlen);
 	if (res == NULL)
 		return false;
 	if (PQntuples(res) != 1)
@@ -675,7 +676,7 @@ lab_work(LabJob *j)
 			long long	charged;
 			bool		capped;
 
-			if (!em_charge(j->conn, j->job_id, units, step, &charged, &capped,
+			if (!em_charge(j->conn, r->account, j->job_id, units, step, &charged, &capped,
 						   j->status, sizeof(j->status), j->error, sizeof(j->error)))
 				j->failed = true;
 			else
@@ -686,7 +687,8 @@ lab_work(LabJob *j)
 		}
 	}
 	if (r->side == EARMARK && !j->failed &&
-		!em_settle(j->conn, j->job_id, j->status, sizeof(j->status), j->error, sizeof(j->error)))
+		!em_settle(j->conn, r->account, j->job_id, j->status, sizeof(j->status), j->error,
+				   sizeof(j->error)))
 		j->failed = true;
 }
 
@@ -834,7 +836,7 @@ load_job(Worker *w, long long i)
 			return;
 		}
 		sleep_ms(r->opt->work_ms);	/* the job */
-		if (!em_charge(w->conn, res.job_id, r->amount, 1, &charged, &capped,
+		if (!em_charge(w->conn, r->account, res.job_id, r->amount, 1, &charged, &capped,
 					   status, sizeof(status), err, sizeof(err)))
 			goto failed;
 		if (charged != r->amount)
@@ -843,7 +845,7 @@ load_job(Worker *w, long long i)
 					 res.job_id, charged, r->amount, status);
 			goto failed;
 		}
-		if (!em_settle(w->conn, res.job_id, status, sizeof(status), err, sizeof(err)))
+		if (!em_settle(w->conn, r->account, res.job_id, status, sizeof(status), err, sizeof(err)))
 			goto failed;
 		if (strcmp(status, "completed") != 0)
 		{

@@ -3,7 +3,7 @@
 -- defaults, return types and OUT/TABLE columns, volatility, NULL handling,
 -- SECURITY DEFINER with a pinned search_path; and the GUCs' defaults.
 BEGIN;
-SELECT plan(71);
+SELECT plan(77);
 
 -- the schema the extension was created in (its functions live there)
 SELECT n.nspname AS emschema
@@ -33,15 +33,15 @@ INSERT INTO api VALUES
  $$account text, amount bigint, idempotency_key text, feature text DEFAULT 'default'::text, lease interval DEFAULT NULL::interval$$,
  'TABLE(job_id bigint, admitted boolean, remaining bigint, reason text)',
  'volatile', 4),
-('earmark_charge', '{bigint,bigint,bigint}',
- $$job_id bigint, tokens bigint, step bigint DEFAULT NULL::bigint$$,
+('earmark_charge', '{text,bigint,bigint,bigint}',
+ $$account text, job_id bigint, tokens bigint, step bigint DEFAULT NULL::bigint$$,
  'TABLE(charged bigint, capped boolean, room bigint, status text)',
  'volatile', 5),
-('earmark_heartbeat', '{bigint}',
- $$job_id bigint$$,
+('earmark_heartbeat', '{text,bigint}',
+ $$account text, job_id bigint$$,
  'timestamp with time zone', 'volatile', 6),
-('earmark_settle', '{bigint,bigint,text}',
- $$job_id bigint, used bigint DEFAULT NULL::bigint, outcome text DEFAULT 'completed'::text$$,
+('earmark_settle', '{text,bigint,bigint,text}',
+ $$account text, job_id bigint, used bigint DEFAULT NULL::bigint, outcome text DEFAULT 'completed'::text$$,
  'TABLE(charged bigint, released bigint, status text)',
  'volatile', 7),
 ('earmark_sweep', '{integer}',
@@ -88,11 +88,40 @@ SELECT is((SELECT p.proisstrict FROM pg_proc p WHERE p.oid = a.oid), false,
           fname || ' is not STRICT (a NULL argument is meaningful)')
   FROM api_oid a ORDER BY ord;
 
--- 8: one function per name (an overload would make calls with defaults ambiguous)
+-- 8: one function per name (an overload would make calls with defaults
+-- ambiguous), but for the 0.2.0 forms of charge, heartbeat and settle,
+-- which take no account and only fail (42883, below)
+CREATE TEMP TABLE api_v020 (fname text NOT NULL, argtypes text NOT NULL);
+INSERT INTO api_v020 VALUES ('earmark_charge', 'bigint, bigint, bigint'),
+                            ('earmark_heartbeat', 'bigint'),
+                            ('earmark_settle', 'bigint, bigint, text');
 SELECT is((SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-            WHERE p.proname = a.fname),
-          1::bigint, fname || ' has no overloads')
-  FROM api a ORDER BY ord;
+            WHERE p.proname = a.fname AND p.oid IS DISTINCT FROM a.oid
+              AND NOT EXISTS (SELECT 1 FROM api_v020 v
+                               WHERE v.fname = p.proname
+                                 AND v.argtypes = pg_catalog.oidvectortypes(p.proargtypes)::text)),
+          0::bigint, fname || ' has no overloads but its 0.2.0 form')
+  FROM api_oid a ORDER BY ord;
+
+-- 3: the 0.2.0 forms fail with 42883 and say to pass the account first
+SELECT throws_ok($$SELECT earmark_charge(1, 10)$$, '42883',
+                 'earmark_charge takes the account first since earmark 0.3.0',
+                 'the 0.2.0 form of earmark_charge fails with 42883');
+SELECT throws_ok($$SELECT earmark_heartbeat(1)$$, '42883',
+                 'earmark_heartbeat takes the account first since earmark 0.3.0',
+                 'the 0.2.0 form of earmark_heartbeat fails with 42883');
+SELECT throws_ok($$SELECT earmark_settle(1, 10)$$, '42883',
+                 'earmark_settle takes the account first since earmark 0.3.0',
+                 'the 0.2.0 form of earmark_settle fails with 42883');
+
+-- 3: a call with the account first and its defaults left out is not
+-- ambiguous: it reaches the 0.3.0 function (which finds no such job)
+SELECT throws_ok($$SELECT earmark_charge('contract-nobody', 1, 10)$$, 'EM003', NULL,
+                 'earmark_charge(account, job_id, tokens) resolves to the account-first form');
+SELECT throws_ok($$SELECT earmark_heartbeat('contract-nobody', 1)$$, 'EM003', NULL,
+                 'earmark_heartbeat(account, job_id) resolves to the account-first form');
+SELECT throws_ok($$SELECT earmark_settle('contract-nobody', 1)$$, 'EM003', NULL,
+                 'earmark_settle(account, job_id) resolves to the account-first form');
 
 -- 1: all of them belong to the extension
 SELECT bag_eq(

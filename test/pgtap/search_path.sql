@@ -108,19 +108,19 @@ SELECT job_id AS j1_again FROM r \gset A_
 INSERT INTO pg_temp.out (variant, step, r)
 SELECT 'A', 'reserve 500', ROW(job_id, admitted, remaining, reason)::text FROM earmark_reserve('em_tap_sp_A', 500, 'sp-k2');
 INSERT INTO pg_temp.out (variant, step, r)
-SELECT 'A', 'charge 100 step 1', ROW(c.*)::text FROM earmark_charge(:A_j1, 100, 1) c;
+SELECT 'A', 'charge 100 step 1', ROW(c.*)::text FROM earmark_charge('em_tap_sp_A', :A_j1, 100, 1) c;
 INSERT INTO pg_temp.out (variant, step, r)
-SELECT 'A', 'charge 100 step 1 again', ROW(c.*)::text FROM earmark_charge(:A_j1, 100, 1) c;
+SELECT 'A', 'charge 100 step 1 again', ROW(c.*)::text FROM earmark_charge('em_tap_sp_A', :A_j1, 100, 1) c;
 INSERT INTO pg_temp.out (variant, step, r)
-SELECT 'A', 'heartbeat is set', ROW(earmark_heartbeat(:A_j1) IS NOT NULL)::text;
+SELECT 'A', 'heartbeat is set', ROW(earmark_heartbeat('em_tap_sp_A', :A_j1) IS NOT NULL)::text;
 INSERT INTO pg_temp.out (variant, step, r)
-SELECT 'A', 'settle 250', ROW(s.*)::text FROM earmark_settle(:A_j1, 250) s;
+SELECT 'A', 'settle 250', ROW(s.*)::text FROM earmark_settle('em_tap_sp_A', :A_j1, 250) s;
 WITH r AS (SELECT * FROM earmark_reserve('em_tap_sp_A', 700, 'sp-k3', lease => '1 hour')),
      o AS (INSERT INTO pg_temp.out (variant, step, r) SELECT 'A', 'reserve 700 lease to pass', ROW(admitted, remaining, reason)::text FROM r)
 SELECT job_id AS j3 FROM r \gset A_
 SELECT pg_temp.pass_lease(:A_j3) \gset sp_
 INSERT INTO pg_temp.out (variant, step, r)
-SELECT 'A', 'charge after lease', ROW(c.*)::text FROM earmark_charge(:A_j3, 5) c;
+SELECT 'A', 'charge after lease', ROW(c.*)::text FROM earmark_charge('em_tap_sp_A', :A_j3, 5) c;
 INSERT INTO pg_temp.out (variant, step, r)
 SELECT 'A', 'reserve 300 reclaims', ROW(admitted, remaining, reason)::text FROM earmark_reserve('em_tap_sp_A', 300, 'sp-k4');
 WITH r AS (SELECT * FROM earmark_reserve('em_tap_sp_A', 100, 'sp-k5', lease => '1 hour')),
@@ -129,7 +129,7 @@ SELECT job_id AS j5 FROM r \gset A_
 SELECT pg_temp.pass_lease(:A_j5) \gset sp_
 INSERT INTO pg_temp.sweeps SELECT 'A', earmark_sweep();
 INSERT INTO pg_temp.out (variant, step, r)
-SELECT 'A', 'settle after sweep', ROW(s.*)::text FROM earmark_settle(:A_j5, 50) s;
+SELECT 'A', 'settle after sweep', ROW(s.*)::text FROM earmark_settle('em_tap_sp_A', :A_j5, 50) s;
 INSERT INTO pg_temp.out (variant, step, r)
 SELECT 'A', 'budget', ROW(lim, used, held, remaining)::text FROM earmark_budget('em_tap_sp_A');
 RESET search_path;
@@ -182,19 +182,19 @@ SELECT job_id AS j1_again FROM r \gset B_
 INSERT INTO pg_temp.out (variant, step, r)
 SELECT 'B', 'reserve 500', ROW(job_id, admitted, remaining, reason)::text FROM earmark_reserve('em_tap_sp_B', 500, 'sp-k2');
 INSERT INTO pg_temp.out (variant, step, r)
-SELECT 'B', 'charge 100 step 1', ROW(c.*)::text FROM earmark_charge(:B_j1, 100, 1) c;
+SELECT 'B', 'charge 100 step 1', ROW(c.*)::text FROM earmark_charge('em_tap_sp_B', :B_j1, 100, 1) c;
 INSERT INTO pg_temp.out (variant, step, r)
-SELECT 'B', 'charge 100 step 1 again', ROW(c.*)::text FROM earmark_charge(:B_j1, 100, 1) c;
+SELECT 'B', 'charge 100 step 1 again', ROW(c.*)::text FROM earmark_charge('em_tap_sp_B', :B_j1, 100, 1) c;
 INSERT INTO pg_temp.out (variant, step, r)
-SELECT 'B', 'heartbeat is set', ROW(earmark_heartbeat(:B_j1) IS NOT NULL)::text;
+SELECT 'B', 'heartbeat is set', ROW(earmark_heartbeat('em_tap_sp_B', :B_j1) IS NOT NULL)::text;
 INSERT INTO pg_temp.out (variant, step, r)
-SELECT 'B', 'settle 250', ROW(s.*)::text FROM earmark_settle(:B_j1, 250) s;
+SELECT 'B', 'settle 250', ROW(s.*)::text FROM earmark_settle('em_tap_sp_B', :B_j1, 250) s;
 WITH r AS (SELECT * FROM earmark_reserve('em_tap_sp_B', 700, 'sp-k3', lease => '1 hour')),
      o AS (INSERT INTO pg_temp.out (variant, step, r) SELECT 'B', 'reserve 700 lease to pass', ROW(admitted, remaining, reason)::text FROM r)
 SELECT job_id AS j3 FROM r \gset B_
 SELECT pg_temp.pass_lease(:B_j3) \gset sp_
 INSERT INTO pg_temp.out (variant, step, r)
-SELECT 'B', 'charge after lease', ROW(c.*)::text FROM earmark_charge(:B_j3, 5) c;
+SELECT 'B', 'charge after lease', ROW(c.*)::text FROM earmark_charge('em_tap_sp_B', :B_j3, 5) c;
 INSERT INTO pg_temp.out (variant, step, r)
 SELECT 'B', 'reserve 300 reclaims', ROW(admitted, remaining, reason)::text FROM earmark_reserve('em_tap_sp_B', 300, 'sp-k4');
 WITH r AS (SELECT * FROM earmark_reserve('em_tap_sp_B', 100, 'sp-k5', lease => '1 hour')),
@@ -203,7 +203,7 @@ SELECT job_id AS j5 FROM r \gset B_
 SELECT pg_temp.pass_lease(:B_j5) \gset sp_
 INSERT INTO pg_temp.sweeps SELECT 'B', earmark_sweep();
 INSERT INTO pg_temp.out (variant, step, r)
-SELECT 'B', 'settle after sweep', ROW(s.*)::text FROM earmark_settle(:B_j5, 50) s;
+SELECT 'B', 'settle after sweep', ROW(s.*)::text FROM earmark_settle('em_tap_sp_B', :B_j5, 50) s;
 INSERT INTO pg_temp.out (variant, step, r)
 SELECT 'B', 'budget', ROW(lim, used, held, remaining)::text FROM earmark_budget('em_tap_sp_B');
 RESET search_path;

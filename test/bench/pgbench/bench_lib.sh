@@ -53,10 +53,10 @@ SELECT count(ref.set_limit('a' || i, $BENCH_LIMIT)) FROM generate_series(1, $BEN
 -- outside the timed runs
 SELECT count(*) FROM (VALUES ('hot') $escrow_accounts) v(a)
   CROSS JOIN LATERAL earmark_reserve(v.a, 1, 'warm-up') r
-  CROSS JOIN LATERAL earmark_settle(r.job_id, 0) s;
+  CROSS JOIN LATERAL earmark_settle(v.a, r.job_id, 0) s;
 SELECT count(*) FROM generate_series(1, $BENCH_ACCOUNTS) i
   CROSS JOIN LATERAL earmark_reserve('a' || i, 1, 'warm-up') r
-  CROSS JOIN LATERAL earmark_settle(r.job_id, 0) s;
+  CROSS JOIN LATERAL earmark_settle('a' || i, r.job_id, 0) s;
 SQL
     bench_history
     BENCH_ESCROW=$(bench_has_escrow)
@@ -129,7 +129,7 @@ BEGIN
     FOR b IN 0 .. (n - 1) / 1000 LOOP
         FOR i IN b * 1000 + 1 .. least(b * 1000 + 1000, n) LOOP
             SELECT r.job_id INTO j FROM earmark_reserve('a' || (i % $BENCH_ACCOUNTS + 1), 10, 'history-' || i) r;
-            PERFORM earmark_settle(j, 5);
+            PERFORM earmark_settle('a' || (i % $BENCH_ACCOUNTS + 1), j, 5);
             PERFORM ref.settle(ref.reserve('a' || (i % $BENCH_ACCOUNTS + 1), 10, 'history-' || i), 5);
         END LOOP;
         IF b < 10 OR b % 10 = 0 THEN
@@ -154,7 +154,7 @@ bench_reset() {
     bench_check "$1"
     em_psql -d "$BENCH_DB" >/dev/null <<'SQL'
 SET jit = off;
-SELECT count(*) FROM earmark.job j CROSS JOIN LATERAL earmark_settle(j.job_id, 0) s
+SELECT count(*) FROM earmark.job j CROSS JOIN LATERAL earmark_settle(j.account, j.job_id, 0) s
  WHERE j.status IN ('running', 'capped');
 SELECT count(ref.settle(id, 0)) FROM ref.job WHERE status = 'running';
 SQL
