@@ -31,8 +31,7 @@
 #define ERRCODE_EARMARK_PROVIDER				MAKE_SQLSTATE('E','M','2','0','1')
 #define ERRCODE_EARMARK_READ_BACK_DIFFERS		MAKE_SQLSTATE('E','M','2','0','2')
 
-/* the schema version this library works on (earmark.control) */
-#define EARMARK_VERSION			"0.3.0"
+#include "version.h"
 
 /* the longest account, feature or idempotency key accepted, in characters */
 #define EARMARK_MAX_NAME_LEN	255
