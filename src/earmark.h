@@ -32,8 +32,7 @@
 #define ERRCODE_EARMARK_PROVIDER				MAKE_SQLSTATE('E','M','2','0','1')
 #define ERRCODE_EARMARK_READ_BACK_DIFFERS		MAKE_SQLSTATE('E','M','2','0','2')
 
-/* the schema version this library works on (earmark.control) */
-#define EARMARK_VERSION			"0.3.0"
+#include "version.h"
 
 /* first key of the advisory locks earmark takes ("earm") */
 #define EARMARK_ADVISORY_CLASS	0x6561726d

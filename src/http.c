@@ -38,6 +38,7 @@
 
 #include "provider.h"
 #include "sigverify.h"
+#include "version.h"
 
 /* one transfer's malloc'd state */
 typedef struct Transfer
@@ -215,7 +216,7 @@ start_transfer(CURLM *multi, Transfer *t, int timeout_ms)
 	curl_easy_setopt(t->curl, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(t->curl, CURLOPT_TIMEOUT_MS, (long) timeout_ms);
 	curl_easy_setopt(t->curl, CURLOPT_CONNECTTIMEOUT_MS, (long) timeout_ms);
-	curl_easy_setopt(t->curl, CURLOPT_USERAGENT, "earmark/0.1");
+	curl_easy_setopt(t->curl, CURLOPT_USERAGENT, "earmark/" EARMARK_VERSION);
 	curl_easy_setopt(t->curl, CURLOPT_ERRORBUFFER, t->errbuf);
 	curl_easy_setopt(t->curl, CURLOPT_WRITEFUNCTION, write_cb);
 	curl_easy_setopt(t->curl, CURLOPT_WRITEDATA, t);

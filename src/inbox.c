@@ -824,16 +824,17 @@ earmark_inbox_set_handler(PG_FUNCTION_ARGS)
 	Datum		args[3];
 	em_require_coordinator("earmark_inbox_set_handler");
 
+	/* a NULL that means nothing is refused, also when a handler is dropped */
+	if (PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("accepts_unverified must not be NULL")));
 	SPI_connect();
 	args[0] = PointerGetDatum(event_type);
 	if (PG_ARGISNULL(1))
 		em_exec(&drop_handler, args, NULL, 0);
 	else
 	{
-		if (PG_ARGISNULL(2))
-			ereport(ERROR,
-					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("accepts_unverified must not be NULL")));
 		check_handler(PG_GETARG_OID(1), PG_GETARG_BOOL(2));
 		args[1] = PG_GETARG_DATUM(1);
 		args[2] = PG_GETARG_DATUM(2);
