@@ -12,7 +12,9 @@
 #   standard  quick, pgTAP (test/pgtap) and the integration scripts
 #             worker, meter and fuzz_sql (test/integration)
 #   full      (the default; CI runs it) standard with every integration
-#             script, the libFuzzer targets (test/fuzz), the same
+#             script, earmark distributed on a Citus coordinator and two
+#             workers (test/citus/earmark.sh; one "skipped" line when Citus
+#             is not installed), the libFuzzer targets (test/fuzz), the same
 #             pg_regress, isolation, pgTAP and most integration scripts
 #             again with every server process under valgrind memcheck, and
 #             pg_regress and the isolation specs at faked dates ("dates")
@@ -28,7 +30,7 @@
 # failure.
 #
 # EM_LAYERS picks layers instead of the tier's (regress isolation pgtap
-# integration fuzz valgrind dates); EM_INTEGRATION picks integration scripts
+# integration citus fuzz valgrind dates); EM_INTEGRATION picks integration scripts
 # by name (e.g. "meter worker"); EM_VALGRIND_SCRIPTS those of the valgrind
 # run; EM_VALGRIND=0 skips valgrind; EM_DATES the faked dates of "dates";
 # EM_OUT the output directory (every log is kept there).
@@ -41,7 +43,7 @@ case $TIER in
     quick)    TIER_LAYERS="regress isolation" ;;
     standard) TIER_LAYERS="regress isolation pgtap integration"
               EM_INTEGRATION=${EM_INTEGRATION:-worker meter fuzz_sql} ;;
-    full)     TIER_LAYERS="regress isolation pgtap integration fuzz valgrind dates" ;;
+    full)     TIER_LAYERS="regress isolation pgtap integration citus fuzz valgrind dates" ;;
     *)        echo "usage: $0 [quick|standard|full]" >&2; exit 2 ;;
 esac
 EM_LAYERS=${EM_LAYERS:-$TIER_LAYERS}
@@ -240,6 +242,25 @@ if layer integration; then
     done
 fi
 stop_test_cluster plain
+
+# --- citus: a coordinator and two workers of their own (test/citus) ---------
+# Runs when Citus is installed (.ci/run builds it first); otherwise the
+# script prints one "skipped: Citus is not installed" line, and nothing is
+# counted.
+if layer citus; then
+    t_begin "citus"
+    em_log "citus: test/citus/earmark.sh"
+    CT_PORT=${EM_CITUS_PORT:-$(( ${EM_TEST_PORT:-55432} + 300 ))} timeout 1800 \
+        bash test/citus/earmark.sh >"$OUT/citus.log" 2>&1
+    rc=$?
+    cat "$OUT/citus.log"
+    if [ "$rc" -eq 0 ] && grep -qx 'skipped: Citus is not installed' "$OUT/citus.log"; then
+        em_log "citus: skipped (Citus is not installed; README says how to get it)"
+    else
+        count_tap "$OUT/citus.log" "citus test/citus/earmark.sh" "$rc"
+    fi
+    t_end
+fi
 
 # --- libFuzzer over the C parsers and verifiers (no server needed) ------------
 if layer fuzz; then
