@@ -1,4 +1,4 @@
--- Escrow (DESIGN §5): a hot budget's free room split into slots.  The
+-- Escrow (docs/design.md, "Escrow for hot accounts"): a hot budget's free room split into slots.  The
 -- limit stays exact: admissions take room from a slot (fast path) or from
 -- the whole budget under its lock (slow path, which re-cuts the slots); a
 -- refusal names what the whole budget has left; a lowered limit stops the

@@ -1,4 +1,4 @@
--- The gate: the four ways a limit breaks (DESIGN §1) and the rules of
+-- The gate: the four ways a limit breaks (docs/design.md, "The four ways a limit breaks") and the rules of
 -- reserve, charge, heartbeat, settle and sweep.  The worker sweeps another
 -- database, so nothing here is settled unless a statement does it.
 SET client_min_messages = warning;

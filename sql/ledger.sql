@@ -1,4 +1,4 @@
--- The usage ledger and the meter (DESIGN §2 "Usage ledger and meter"):
+-- The usage ledger and the meter (docs/design.md, "The ledger and the meter"):
 -- earmark_record_usage (keyed, append-only, corrections in the cycle they
 -- correct), the cycle's meter mark, earmark_report with the local provider
 -- (earmark.local_meter), the review list of closed cycles, and

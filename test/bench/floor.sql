@@ -17,7 +17,7 @@ CREATE TABLE IF NOT EXISTS floor.acct (
     n       bigint NOT NULL DEFAULT 0
 ) WITH (fillfactor = 50);
 
--- The design floor: the writes DESIGN's gate asks for and nothing else.
+-- The design floor: the writes the design's gate asks for and nothing else.
 -- reserve: a job row (its key unique per account: idempotency) and
 -- held += amount on the account's row; charge: the job's use; settle: the
 -- job's status, used/held on the account's row, and a ledger row keyed by

@@ -5,7 +5,7 @@
 -- budget row per account, locked FOR UPDATE to check and hold in one
 -- transaction; a job row per hold, idempotent on (account, key); charge
 -- capped by the hold and renewing the lease; settle charging what was used
--- and releasing the rest, once.  It keeps invariants 1-4 of DESIGN §4 for
+-- and releasing the rest, once.  It keeps invariants 1-4 of docs/design.md for
 -- its own tables (used + held <= lim, held = the open holds, settled once,
 -- one hold per key).
 --

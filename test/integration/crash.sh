@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fault tests that really crash things (DESIGN §4: the invariants hold
+# Fault tests that really crash things (docs/design.md, "Invariants": the invariants hold
 # "under concurrency and crashes"); each scenario ends with earmark_check()
 # in one REPEATABLE READ snapshot, and prints any row it returns.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test/integration/escrow_stress.sh: escrow under load (DESIGN §4, §5).
+# test/integration/escrow_stress.sh: escrow under load (docs/design.md: the invariants, escrow).
 #
 # Phase 1: one hot account (limit 200000, 16 escrow slots), 50 pgbench
 # clients for 15 s with the rate limit off (the run is about room, not rate), in

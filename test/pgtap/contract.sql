@@ -1,4 +1,4 @@
--- test/pgtap/contract.sql: the SQL contract of DESIGN.md §2 for the API
+-- test/pgtap/contract.sql: the SQL contract of docs/api.md for the API
 -- functions the install script defines: names, argument names, types and
 -- defaults, return types and OUT/TABLE columns, volatility, NULL handling,
 -- SECURITY DEFINER with a pinned search_path; and the GUCs' defaults.

@@ -1,4 +1,4 @@
--- test/pgtap/gate_rules.sql: the gate's rules of DESIGN.md §2 with
+-- test/pgtap/gate_rules.sql: the gate's rules of docs/api.md with
 -- concrete numbers.  Each part uses its own account.  earmark reads the
 -- wall clock, not now(); a lease is made to pass (or to end soon) by
 -- writing its end into the job row relative to the wall clock, never by

@@ -1,4 +1,4 @@
--- test/pgtap/ledger_contract.sql: the SQL contract of DESIGN.md §2 "Usage
+-- test/pgtap/ledger_contract.sql: the SQL contract of docs/api.md "Usage
 -- ledger and meter" as the install script's last section defines it:
 --   1. the four functions (earmark_record_usage, earmark_reconcile,
 --      earmark_report, earmark_refresh_limits): arguments, defaults, return
