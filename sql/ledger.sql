@@ -114,7 +114,7 @@ SELECT earmark_record_usage('metered', -30, 'req-1-fix');
 SELECT lim, used, held, remaining FROM earmark_budget('metered');
 SELECT admitted, remaining FROM earmark_reserve('metered', 30, 'job-2');
 -- a settled job's usage and the recorded usage add up in the same cycle
-SELECT charged, released FROM earmark_settle((SELECT job_id FROM earmark.job WHERE idempotency_key = 'job-1'), 15);
+SELECT charged, released FROM earmark_settle('metered', (SELECT job_id FROM earmark.job WHERE account = 'metered' AND idempotency_key = 'job-1'), 15);
 SELECT lim, used, held, remaining FROM earmark_budget('metered');
 SELECT * FROM pg_temp.cycles('metered');
 
@@ -242,8 +242,8 @@ SELECT * FROM pg_temp.cycles('rep');
 
 -- Counters that disagree with the ledger are rebuilt from it, with a
 -- WARNING; the verdict reads the ledger, not the counters.
-DELETE FROM earmark.usage_shard WHERE budget_id = :rep_budget;
-INSERT INTO earmark.usage_shard (budget_id, shard, units) VALUES (:rep_budget, 9, 75);
+DELETE FROM earmark.usage_shard WHERE account = 'rep' AND budget_id = :rep_budget;
+INSERT INTO earmark.usage_shard (account, budget_id, shard, units) VALUES ('rep', :rep_budget, 9, 75);
 SELECT used FROM earmark_budget('rep');
 SELECT account, feature, closed, ledger_total, counter_total, counters_rebuilt, last_sent,
        provider_total, verdict, cause, repaired_to, read_back
@@ -258,9 +258,9 @@ SELECT count(*) AS rep_evidence FROM earmark.evidence WHERE account = 'rep';
 SELECT earmark_set_account('jobs', pg_temp.mid_anchor());
 SELECT earmark_set_limit('jobs', 1000);
 SELECT job_id AS jobs_job FROM earmark_reserve('jobs', 50, 'jobs-1') \gset
-SELECT charged, released FROM earmark_settle(:jobs_job, 20);
+SELECT charged, released FROM earmark_settle('jobs', :jobs_job, 20);
 SELECT budget_id AS jobs_budget FROM earmark.budget WHERE account = 'jobs' \gset
-UPDATE earmark.budget SET used = used + 1000 WHERE budget_id = :jobs_budget;
+UPDATE earmark.budget SET used = used + 1000 WHERE account = 'jobs' AND budget_id = :jobs_budget;
 SELECT lim, used, held, remaining FROM earmark_budget('jobs');
 SELECT account, ledger_total, counter_total, counters_rebuilt, last_sent, provider_total, verdict,
        cause, repaired_to, read_back
@@ -333,7 +333,7 @@ SELECT * FROM pg_temp.cycles('keys');
 
 -- 9. Counters rebuilt once are rebuilt again when they drift again (the
 --    first rebuild put the cycle's recorded usage into one counter row).
-UPDATE earmark.usage_shard SET units = units - 20 WHERE budget_id = :rep_budget;
+UPDATE earmark.usage_shard SET units = units - 20 WHERE account = 'rep' AND budget_id = :rep_budget;
 SELECT account, ledger_total, counter_total, counters_rebuilt, verdict
 FROM earmark_reconcile('rep');
 SELECT * FROM pg_temp.cycles('rep');

@@ -147,8 +147,8 @@ SELECT results_eq(
     'earmark.rate_limit exists and defaults to 120 admissions a minute');
 SELECT results_eq(
     $$SELECT boot_val, vartype FROM pg_settings WHERE name = 'earmark.database'$$,
-    $$VALUES ('postgres'::text, 'string'::text)$$,
-    'earmark.database exists and defaults to postgres');
+    $$VALUES (''::text, 'string'::text)$$,
+    'earmark.database exists and defaults to empty (a worker in every database with earmark)');
 
 -- 2: the default lease as the gate reads it, and the setting in effect
 SELECT is(current_setting('earmark.lease')::interval, interval '2 minutes',

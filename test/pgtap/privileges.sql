@@ -83,11 +83,11 @@ SELECT throws_ok($$SELECT * FROM earmark_budget('em_tap_priv')$$, '42501', NULL,
                  'plain role cannot EXECUTE earmark_budget');
 SELECT throws_ok($$SELECT * FROM earmark_reserve('em_tap_priv', 1, 'priv-plain')$$, '42501', NULL,
                  'plain role cannot EXECUTE earmark_reserve');
-SELECT throws_ok(format('SELECT * FROM earmark_charge(%s, 1)', (SELECT job_id FROM priv_job WHERE who = 'setup')),
+SELECT throws_ok(format('SELECT * FROM earmark_charge(''em_tap_priv'', %s, 1)', (SELECT job_id FROM priv_job WHERE who = 'setup')),
                  '42501', NULL, 'plain role cannot EXECUTE earmark_charge');
-SELECT throws_ok(format('SELECT earmark_heartbeat(%s)', (SELECT job_id FROM priv_job WHERE who = 'setup')),
+SELECT throws_ok(format('SELECT earmark_heartbeat(''em_tap_priv'', %s)', (SELECT job_id FROM priv_job WHERE who = 'setup')),
                  '42501', NULL, 'plain role cannot EXECUTE earmark_heartbeat');
-SELECT throws_ok(format('SELECT * FROM earmark_settle(%s, 1)', (SELECT job_id FROM priv_job WHERE who = 'setup')),
+SELECT throws_ok(format('SELECT * FROM earmark_settle(''em_tap_priv'', %s, 1)', (SELECT job_id FROM priv_job WHERE who = 'setup')),
                  '42501', NULL, 'plain role cannot EXECUTE earmark_settle');
 SELECT throws_ok($$SELECT earmark_sweep()$$, '42501', NULL,
                  'plain role cannot EXECUTE earmark_sweep');
@@ -106,13 +106,13 @@ SET ROLE em_tap_user;
 SELECT lives_ok($$INSERT INTO priv_job SELECT 'user', job_id FROM earmark_reserve('em_tap_priv', 100, 'priv-user')$$,
                 'earmark_user can EXECUTE earmark_reserve');
 SELECT isnt((SELECT job_id FROM priv_job WHERE who = 'user'), NULL, 'earmark_user''s reserve was admitted');
-SELECT results_eq(format('SELECT charged, capped, status FROM earmark_charge(%s, 30)',
+SELECT results_eq(format('SELECT charged, capped, status FROM earmark_charge(''em_tap_priv'', %s, 30)',
                          (SELECT job_id FROM priv_job WHERE who = 'user')),
                   $$VALUES (30::bigint, false, 'running'::text)$$,
                   'earmark_user can EXECUTE earmark_charge');
-SELECT isnt(earmark_heartbeat((SELECT job_id FROM priv_job WHERE who = 'user')), NULL,
+SELECT isnt(earmark_heartbeat('em_tap_priv', (SELECT job_id FROM priv_job WHERE who = 'user')), NULL,
             'earmark_user can EXECUTE earmark_heartbeat');
-SELECT results_eq(format('SELECT charged, released, status FROM earmark_settle(%s, 40)',
+SELECT results_eq(format('SELECT charged, released, status FROM earmark_settle(''em_tap_priv'', %s, 40)',
                          (SELECT job_id FROM priv_job WHERE who = 'user')),
                   $$VALUES (40::bigint, 60::bigint, 'completed'::text)$$,
                   'earmark_user can EXECUTE earmark_settle');
