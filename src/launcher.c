@@ -8,12 +8,17 @@
  *	  Every earmark.launcher_naptime it lists the databases that accept
  *	  connections (not templates; only earmark.database when that is set)
  *	  and starts a worker for each that has none.  A worker that finds no
- *	  extension in its database says so and exits; its database is tried
- *	  again after NO_EXTENSION_RETRY, or at once when CREATE EXTENSION
- *	  earmark runs there (the install script wakes the launcher).  A worker
- *	  that dies is started again after a backoff that doubles up to
- *	  BACKOFF_MAX.  A database that is dropped loses its worker (see the
- *	  utility hook below), and its slot is freed.
+ *	  extension in its database says so and exits; its slot is freed at
+ *	  once (slots are for databases with earmark: many databases without
+ *	  it must not leave none for one with it), and the launcher keeps, in
+ *	  its own memory, not to try that database again before
+ *	  NO_EXTENSION_RETRY, unless CREATE EXTENSION earmark runs there (the
+ *	  install script wakes the launcher and takes a slot).  A worker that
+ *	  dies is started again after a backoff that doubles up to
+ *	  BACKOFF_MAX; one that has finished a round starts the count again.
+ *	  The launcher sleeps until the next retry is due, at most
+ *	  earmark.launcher_naptime.  A database that is dropped loses its
+ *	  worker (see the utility hook below), and its slot is freed.
  *
  *	  DROP DATABASE, ALTER DATABASE ... RENAME or SET TABLESPACE, and
  *	  CREATE DATABASE from a template all refuse while another session is
@@ -71,7 +76,6 @@ typedef enum DbState
 {
 	DB_FREE = 0,
 	DB_RUNNING,					/* a worker was started */
-	DB_NO_EXTENSION,			/* its worker found no extension */
 	DB_FAILED,					/* its worker died: backoff */
 	DB_PAUSED					/* a DROP or ALTER DATABASE stopped it */
 } DbState;
@@ -83,7 +87,7 @@ typedef struct EmDbSlot
 	pid_t		pid;			/* 0 when no worker runs */
 	bool		no_extension;	/* set by the worker before it exits */
 	bool		wake;			/* CREATE EXTENSION asked for a worker */
-	int			failures;
+	int			failures;		/* deaths since its last good round */
 	TimestampTz retry_at;		/* no start before */
 } EmDbSlot;
 
@@ -103,6 +107,81 @@ static ProcessUtility_hook_type prev_utility_hook = NULL;
 
 /* the launcher's own: each slot's handle */
 static BackgroundWorkerHandle **handles = NULL;
+
+/*
+ * The launcher's own: databases whose worker found no extension, and when
+ * to look again.  Not in shared memory and not a slot: only the launcher
+ * reads it, and a database without earmark must not hold a slot.
+ */
+typedef struct NoExtension
+{
+	Oid			dboid;
+	TimestampTz retry_at;
+} NoExtension;
+
+static NoExtension *no_ext = NULL;
+static int	no_ext_n = 0;
+static int	no_ext_size = 0;
+
+/* when the launcher must look again: the earliest retry of this round */
+static TimestampTz next_due = 0;
+
+static void
+due_at(TimestampTz t)
+{
+	if (next_due == 0 || t < next_due)
+		next_due = t;
+}
+
+/* no worker for dboid before retry_at (0: forget it) */
+static void
+no_extension_until(Oid dboid, TimestampTz retry_at)
+{
+	int			i;
+
+	for (i = 0; i < no_ext_n && no_ext[i].dboid != dboid; i++)
+		;
+	if (retry_at == 0)
+	{
+		if (i < no_ext_n)
+			no_ext[i] = no_ext[--no_ext_n];
+		return;
+	}
+	if (i == no_ext_n)
+	{
+		if (no_ext_n == no_ext_size)
+		{
+			no_ext_size = Max(16, no_ext_size * 2);
+			no_ext = no_ext == NULL ?
+				MemoryContextAlloc(TopMemoryContext, sizeof(NoExtension) * no_ext_size) :
+				repalloc(no_ext, sizeof(NoExtension) * no_ext_size);
+		}
+		no_ext_n++;
+	}
+	no_ext[i].dboid = dboid;
+	no_ext[i].retry_at = retry_at;
+}
+
+/* true while dboid is known to have no extension */
+static bool
+known_without_extension(Oid dboid, TimestampTz now)
+{
+	int			i;
+
+	for (i = 0; i < no_ext_n; i++)
+	{
+		if (no_ext[i].dboid != dboid)
+			continue;
+		if (now < no_ext[i].retry_at)
+		{
+			due_at(no_ext[i].retry_at);
+			return true;
+		}
+		no_extension_until(dboid, 0);
+		return false;
+	}
+	return false;
+}
 
 /* ---------------------------------------------------------------------
  * Shared memory
@@ -190,6 +269,36 @@ start_worker(int i, Oid dboid)
  * ---------------------------------------------------------------------
  */
 
+/*
+ * earmark.database names no database that accepts connections: no worker
+ * runs anywhere, which must not be silent.  Once per value.
+ */
+static void
+warn_if_database_missing(int n)
+{
+	static char *warned = NULL;
+
+	if (earmark_database == NULL || earmark_database[0] == '\0')
+		return;
+	if (n > 0)
+	{
+		if (warned != NULL)
+			pfree(warned);
+		warned = NULL;
+		return;
+	}
+	if (warned != NULL && strcmp(warned, earmark_database) == 0)
+		return;
+	ereport(WARNING,
+			(errmsg("earmark launcher: earmark.database is \"%s\", and no database of that name accepts connections",
+					earmark_database),
+			 errdetail("No earmark worker runs: nothing is swept, reported or applied."),
+			 errhint("Correct earmark.database in postgresql.conf and restart, or leave it empty for a worker in every database with earmark.")));
+	if (warned != NULL)
+		pfree(warned);
+	warned = MemoryContextStrdup(TopMemoryContext, earmark_database);
+}
+
 /* the databases a worker may run in: oids, in *n */
 static Oid *
 list_databases(int *n)
@@ -226,6 +335,7 @@ list_databases(int *n)
 	table_close(rel, AccessShareLock);
 	PopActiveSnapshot();
 	CommitTransactionCommand();
+	warn_if_database_missing(*n);
 	return dbs;
 }
 
@@ -241,11 +351,20 @@ worker_stopped(int i, TimestampTz now)
 	s->pid = 0;
 	if (s->state == DB_PAUSED)
 		;						/* the pause holds */
+	else if (s->no_extension && s->wake)
+	{
+		/* CREATE EXTENSION committed while it looked: at once again */
+		s->state = DB_FAILED;
+		s->failures = 0;
+		s->retry_at = 0;
+	}
 	else if (s->no_extension)
 	{
-		s->state = DB_NO_EXTENSION;
-		s->failures = 0;
-		s->retry_at = now + NO_EXTENSION_RETRY;
+		/* not a slot's business any more: see no_ext */
+		no_extension_until(s->dboid, now + NO_EXTENSION_RETRY);
+		memset(s, 0, sizeof(*s));
+		SpinLockRelease(&launcher->mutex);
+		return;
 	}
 	else
 	{
@@ -301,6 +420,11 @@ start_due(Oid *dbs, int n, TimestampTz now)
 
 		SpinLockAcquire(&launcher->mutex);
 		s = slot_of(dbs[j]);
+		if (s == NULL && known_without_extension(dbs[j], now))
+		{
+			SpinLockRelease(&launcher->mutex);
+			continue;
+		}
 		for (i = 0; s == NULL && i < launcher->nslots; i++)
 		{
 			if (launcher->slots[i].state == DB_FREE)
@@ -320,6 +444,8 @@ start_due(Oid *dbs, int n, TimestampTz now)
 			s->wake = false;
 			s->state = DB_RUNNING;
 		}
+		else if (s != NULL && handles[i] == NULL && s->pid == 0)
+			due_at(s->retry_at);
 		SpinLockRelease(&launcher->mutex);
 
 		if (s == NULL && !warned)
@@ -335,12 +461,24 @@ start_due(Oid *dbs, int n, TimestampTz now)
 			s->state = DB_FAILED;
 			s->retry_at = now + BACKOFF_MAX;
 			SpinLockRelease(&launcher->mutex);
+			due_at(now + BACKOFF_MAX);
 			ereport(WARNING,
 					(errmsg("earmark launcher: no background worker slot for the worker of database %u",
 							dbs[j]),
 					 errhint("Raise max_worker_processes.")));
 		}
 	}
+}
+
+/* until the next retry is due, at most earmark.launcher_naptime */
+static long
+sleep_ms(TimestampTz now)
+{
+	long		ms = earmark_launcher_naptime_ms;
+
+	if (next_due != 0)
+		ms = Min(ms, Max(10, (long) ((next_due - now) / 1000) + 1));
+	return ms;
 }
 
 static void
@@ -383,6 +521,7 @@ earmark_launcher_main(Datum main_arg)
 			ProcessConfigFile(PGC_SIGHUP);
 		}
 		pgstat_report_activity(STATE_RUNNING, "earmark launcher: looking at the databases");
+		next_due = 0;
 		dbs = list_databases(&n);
 		check_slots(dbs, n, now);
 		start_due(dbs, n, now);
@@ -391,7 +530,7 @@ earmark_launcher_main(Datum main_arg)
 		MemoryContextDelete(cxt);
 
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 earmark_launcher_naptime_ms, PG_WAIT_EXTENSION);
+						 sleep_ms(now), PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
 	}
@@ -429,6 +568,26 @@ em_launcher_worker_started(void)
 		s->pid = MyProcPid;
 	SpinLockRelease(&launcher->mutex);
 	before_shmem_exit(worker_exit, (Datum) 0);
+}
+
+/*
+ * The worker finished a round: its database's backoff starts again from
+ * the shortest wait the next time it dies.  Once per worker.
+ */
+void
+em_launcher_worker_ran(void)
+{
+	static bool done = false;
+	EmDbSlot   *s;
+
+	if (launcher == NULL || done)
+		return;
+	SpinLockAcquire(&launcher->mutex);
+	s = slot_of(MyDatabaseId);
+	if (s != NULL && s->pid == MyProcPid)
+		s->failures = 0;
+	SpinLockRelease(&launcher->mutex);
+	done = true;
 }
 
 /* the worker found no extension in its database and exits */
@@ -487,9 +646,21 @@ wake_now(void)
 {
 	EmDbSlot   *s;
 	Latch	   *latch = NULL;
+	int			i;
 
 	SpinLockAcquire(&launcher->mutex);
 	s = slot_of(MyDatabaseId);
+	/* a database without earmark had no slot: it takes one now */
+	for (i = 0; s == NULL && i < launcher->nslots; i++)
+	{
+		if (launcher->slots[i].state == DB_FREE)
+		{
+			s = &launcher->slots[i];
+			s->dboid = MyDatabaseId;
+			s->state = DB_FAILED;	/* not running: due at once */
+			s->retry_at = 0;
+		}
+	}
 	if (s != NULL)
 	{
 		s->wake = true;

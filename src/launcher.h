@@ -21,6 +21,7 @@ extern Size em_launcher_shmem_size(void);
 extern void em_launcher_shmem_init(void);
 extern void em_register_launcher(void);
 extern void em_launcher_worker_started(void);
+extern void em_launcher_worker_ran(void);
 extern void em_launcher_no_extension(void);
 extern void em_launcher_utility(PlannedStmt *pstmt, const char *queryString,
 								bool readOnlyTree, ProcessUtilityContext context,

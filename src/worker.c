@@ -205,7 +205,6 @@ start_pass_transaction(void)
 /* a pass found no earmark in this database (DROP EXTENSION) */
 static bool extension_gone = false;
 
-
 static int
 run_pass(const char *activity, PassFn fn, void *arg, char **error)
 {
@@ -642,7 +641,19 @@ earmark_worker_main(Datum main_arg)
 
 	StartTransactionCommand();
 	dbname = MemoryContextStrdup(TopMemoryContext, get_database_name(MyDatabaseId));
+	extension_gone = !OidIsValid(get_extension_oid("earmark", true));
 	CommitTransactionCommand();
+	if (extension_gone)
+	{
+		/*
+		 * The launcher tries each database now and then: without earmark
+		 * that is no news for the server log.
+		 */
+		ereport(DEBUG1,
+				(errmsg("earmark worker: earmark is not installed in database \"%s\"", dbname)));
+		em_launcher_no_extension();
+		proc_exit(0);
+	}
 	ereport(LOG, (errmsg("earmark worker started in database \"%s\"", dbname)));
 	last_jwks_check = GetCurrentTimestamp();
 
@@ -670,6 +681,8 @@ earmark_worker_main(Datum main_arg)
 		MemoryContextSwitchTo(round_cxt);
 		run_round();
 		MemoryContextSwitchTo(TopMemoryContext);
+		if (!extension_gone)
+			em_launcher_worker_ran();
 		if (extension_gone)
 		{
 			/* the launcher starts one again when CREATE EXTENSION runs */

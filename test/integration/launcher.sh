@@ -8,7 +8,11 @@
 # - DROP DATABASE and ALTER DATABASE ... RENAME are not blocked by it;
 # - a worker that is terminated is started again; after kill -9 (the
 #   postmaster restarts every process) the launcher brings them all back;
-# - earmark.database set: only that database gets a worker.
+# - earmark.database set: only that database gets a worker; set to a
+#   database that does not exist: a WARNING;
+# - two slots (earmark.max_databases) and more databases without earmark:
+#   both databases with earmark get a worker; a terminated worker is back
+#   at its retry even with an hour's launcher_naptime.
 source "$(dirname "$0")/tap.sh"
 
 LC=$(mktemp -d /tmp/earmark-launcher.XXXXXX)
@@ -102,5 +106,35 @@ echo "earmark.database = 'four'" >>"$LC/data/postgresql.conf"
 runuser -u postgres -- "$EM_PGBIN/pg_ctl" -D "$LC/data" -m fast -w stop >/dev/null
 start_lc
 is "$(wait_workers "four")" "four" "with earmark.database = 'four' only four has a worker"
+
+# Slots are for databases with earmark: two slots, four databases without
+# it (postgres, three, n1, n2) and two with it, and both get a worker.  A
+# launcher_naptime of an hour: only the launcher's own retry times (and
+# its workers' exits) wake it.
+L -d postgres -c "CREATE DATABASE n1" -c "CREATE DATABASE n2" >/dev/null
+sed -i "/^earmark.database = 'four'/d" "$LC/data/postgresql.conf"
+{
+    echo "earmark.max_databases = 2"
+    echo "earmark.launcher_naptime = '1h'"
+} >>"$LC/data/postgresql.conf"
+runuser -u postgres -- "$EM_PGBIN/pg_ctl" -D "$LC/data" -m fast -w stop >/dev/null
+start_lc
+is "$(wait_workers "four,one")" "four,one" \
+   "two slots, four databases without earmark: both databases with earmark get a worker"
+old=$(L -d postgres -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND datname = 'one'")
+L -d postgres -c "SELECT pg_terminate_backend($old)" >/dev/null
+got=$(PGHOST=$LC PGPORT=$LPORT wait_for 60 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND datname = 'one' AND pid <> $old" 1)
+is "$got" 1 "a terminated worker is back at its retry, not at the next launcher_naptime (an hour)"
+is "$(grep -c 'earmark is not installed in database' "$LC/log")" 0 \
+   "a database without earmark is no news for the server log"
+
+# earmark.database naming no database: said in the log, not silent
+echo "earmark.database = 'no_such_db'" >>"$LC/data/postgresql.conf"
+runuser -u postgres -- "$EM_PGBIN/pg_ctl" -D "$LC/data" -m fast -w stop >/dev/null
+start_lc
+for i in $(seq 1 300); do grep -q 'earmark.database is "no_such_db"' "$LC/log" && break; sleep 0.2; done
+is "$(grep -c 'WARNING:  earmark launcher: earmark.database is "no_such_db", and no database of that name accepts connections' "$LC/log")" 1 \
+   "earmark.database naming no database: one WARNING"
+is "$(wait_workers "")" "" "... and no worker"
 
 done_testing
