@@ -27,6 +27,7 @@
 #include "access/table.h"
 #include "catalog/indexing.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
 #include "catalog/pg_extension.h"
 #include "catalog/pg_namespace.h"
@@ -147,9 +148,25 @@ em_node_group(void)
 Datum
 earmark_next_id(PG_FUNCTION_ARGS)
 {
-	Oid			seq = PG_GETARG_OID(0);
-	int64		v = nextval_internal(seq, true);
-	int64		group = em_node_group();
+	Oid			seq;
+	int64		v;
+	int64		group;
+
+	/* not STRICT: a constant NULL would be folded without a privilege check */
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("earmark.next_id: the sequence must not be NULL")));
+	seq = PG_GETARG_OID(0);
+	/* earmark's own sequences only: it is no general nextval */
+	if (get_rel_relkind(seq) != RELKIND_SEQUENCE ||
+		get_rel_namespace(seq) != get_namespace_oid("earmark", true))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("earmark.next_id takes one of earmark's id sequences"),
+				 errdetail("It is the default of the id columns of earmark's tables.")));
+	v = nextval_internal(seq, true);
+	group = em_node_group();
 
 	/* a sequence that already counts in this node's range is left so */
 	if (group != 0 && (v >> EM_NODE_ID_SHIFT) != group)

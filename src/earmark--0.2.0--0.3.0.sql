@@ -44,7 +44,7 @@ UPDATE earmark.budget SET slot_gen = slot_gen + 1 WHERE slot_gen > 0;
 -- dropped from the tables that now need the account: nothing reads them.
 -- ---------------------------------------------------------------------------
 CREATE FUNCTION earmark.next_id(seq regclass) RETURNS bigint
-AS 'MODULE_PATHNAME', 'earmark_next_id' LANGUAGE C VOLATILE STRICT;
+AS 'MODULE_PATHNAME', 'earmark_next_id' LANGUAGE C VOLATILE CALLED ON NULL INPUT;
 REVOKE ALL ON FUNCTION earmark.next_id(regclass) FROM PUBLIC;
 
 DROP TRIGGER budget_truncate_slots ON earmark.budget;

@@ -86,7 +86,7 @@ CREATE TABLE earmark.account_limit (
 -- sequences are owned by their columns (TRUNCATE ... RESTART IDENTITY
 -- restarts them).
 CREATE FUNCTION earmark.next_id(seq regclass) RETURNS bigint
-AS 'MODULE_PATHNAME', 'earmark_next_id' LANGUAGE C VOLATILE STRICT;
+AS 'MODULE_PATHNAME', 'earmark_next_id' LANGUAGE C VOLATILE CALLED ON NULL INPUT;
 REVOKE ALL ON FUNCTION earmark.next_id(regclass) FROM PUBLIC;
 
 CREATE SEQUENCE earmark.budget_id_seq;

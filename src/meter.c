@@ -71,6 +71,11 @@ static EmStatement delete_mark = {
 	2, {INT8OID, TEXTOID}
 };
 
+static EmStatement mark_exists = {
+	"SELECT 1 FROM earmark.meter_mark WHERE budget_id = $1 AND account = $2",
+	2, {INT8OID, TEXTOID}
+};
+
 static EmStatement requeue_mark = {
 	"UPDATE earmark.meter_mark SET marked_at = $3 WHERE budget_id = $1 AND account = $2",
 	3, {INT8OID, TEXTOID, TIMESTAMPTZOID}
@@ -325,12 +330,28 @@ Datum
 earmark_report_cycle(PG_FUNCTION_ARGS)
 {
 	EmMeterOp	op;
+	int			i;
+	Datum		key[2];
 
 	em_require_schema();
+	/* cycle_account, error and feature may be NULL; nothing else */
+	for (i = 0; i < PG_NARGS(); i++)
+	{
+		if (PG_ARGISNULL(i) && i != 2 && i != 6 && i != 11)
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("earmark.report_cycle: argument %d must not be NULL", i + 1),
+					 errdetail("earmark.report_cycle is the worker's own step; an application does not call it.")));
+	}
 	memset(&op, 0, sizeof(op));
-	op.mark_account = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	op.mark_account = text_to_cstring(em_arg_name(fcinfo, 0, "account"));
 	op.budget_id = PG_GETARG_INT64(1);
-	op.account = PG_ARGISNULL(2) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(2));
+	op.account = PG_ARGISNULL(2) ? NULL :
+		text_to_cstring(em_arg_name(fcinfo, 2, "cycle_account"));
+	if (op.account != NULL && strcmp(op.account, op.mark_account) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("earmark.report_cycle: cycle_account must be the account or NULL")));
 	op.total = PG_GETARG_INT64(3);
 	op.ok = PG_GETARG_BOOL(4);
 	op.http_status = PG_GETARG_INT32(5);
@@ -339,12 +360,17 @@ earmark_report_cycle(PG_FUNCTION_ARGS)
 	op.closed = PG_GETARG_BOOL(8);
 	op.too_large = PG_GETARG_BOOL(9);
 	op.read_total = PG_GETARG_INT64(10);
-	op.feature = PG_ARGISNULL(11) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(11));
+	op.feature = PG_ARGISNULL(11) ? NULL : text_to_cstring(em_arg_name(fcinfo, 11, "feature"));
 	op.cycle_start = PG_GETARG_TIMESTAMPTZ(12);
 	op.cycle_end = PG_GETARG_TIMESTAMPTZ(13);
 	em_require_account_local(cstring_to_text(op.mark_account));
 	SPI_connect();
-	finish_cycle(&op, GetCurrentTimestamp());
+	/* a cycle that is not marked (any more) has nothing to finish */
+	key[0] = Int64GetDatum(op.budget_id);
+	key[1] = CStringGetTextDatum(op.mark_account);
+	em_exec(&mark_exists, key, NULL, 1);
+	if (SPI_processed == 1)
+		finish_cycle(&op, GetCurrentTimestamp());
 	SPI_finish();
 	PG_RETURN_VOID();
 }
