@@ -434,9 +434,9 @@ class Client(threading.Thread):
 
 SQL = {
     'reserve': 'SELECT job_id, admitted, remaining, reason FROM earmark_reserve(%s, %s, %s, %s, %s::interval)',
-    'charge': 'SELECT charged, capped, room, status FROM earmark_charge(%s, %s, %s)',
-    'heartbeat': 'SELECT extract(epoch FROM earmark_heartbeat(%s))::float8',
-    'settle': 'SELECT charged, released, status FROM earmark_settle(%s, %s, %s)',
+    'charge': 'SELECT charged, capped, room, status FROM earmark_charge(%s, %s, %s, %s)',
+    'heartbeat': 'SELECT extract(epoch FROM earmark_heartbeat(%s, %s))::float8',
+    'settle': 'SELECT charged, released, status FROM earmark_settle(%s, %s, %s, %s)',
     'record_usage': 'SELECT earmark_record_usage(%s, %s, %s, %s)',
     'set_limit': 'SELECT earmark_set_limit(%s, %s, %s)',
     'set_escrow': 'SELECT earmark_set_escrow(%s, %s)',
@@ -451,15 +451,15 @@ def c_reserve(cl, tx, acct, feat, amount, key, lease):
 
 
 def c_charge(cl, tx, j, tokens, step):
-    return cl.call(tx, 'charge', j.acct, j.feat, SQL['charge'], (j.job_id, tokens, step))
+    return cl.call(tx, 'charge', j.acct, j.feat, SQL['charge'], (j.acct, j.job_id, tokens, step))
 
 
 def c_heartbeat(cl, tx, j):
-    return cl.call(tx, 'heartbeat', j.acct, j.feat, SQL['heartbeat'], (j.job_id,))
+    return cl.call(tx, 'heartbeat', j.acct, j.feat, SQL['heartbeat'], (j.acct, j.job_id))
 
 
 def c_settle(cl, tx, j, used, outcome):
-    return cl.call(tx, 'settle', j.acct, j.feat, SQL['settle'], (j.job_id, used, outcome))
+    return cl.call(tx, 'settle', j.acct, j.feat, SQL['settle'], (j.acct, j.job_id, used, outcome))
 
 
 def c_usage(cl, tx, acct, feat, units, key, sp=False):
@@ -1455,22 +1455,22 @@ def read_db(cur, names):
         SELECT j.job_id, j.budget_id, j.account, j.feature, j.idempotency_key, j.amount, j.used, j.status, j.slot,
                extract(epoch FROM j.lease_until)::float8, extract(epoch FROM j.settled_at)::float8,
                j.charged, j.released, extract(epoch FROM b.cycle_start)::float8
-          FROM earmark.job j JOIN earmark.budget b USING (budget_id) WHERE j.account = ANY(%s)""", (names,))
+          FROM earmark.job j JOIN earmark.budget b USING (account, budget_id) WHERE j.account = ANY(%s)""", (names,))
     jobs = {}
     for r in cur.fetchall():
         jobs[r[0]] = dict(budget=r[1], account=r[2], feature=r[3], key=r[4], amount=r[5], used=r[6], status=r[7],
                           slot=r[8], lease_until=r[9], settled_at=r[10], charged=r[11], released=r[12], cycle=r[13])
     cur.execute("""
         SELECT b.budget_id, b.account, b.feature, extract(epoch FROM b.cycle_start)::float8, b.used, b.held,
-               coalesce((SELECT sum(s.used) FROM earmark.budget_slot s WHERE s.budget_id = b.budget_id), 0)::bigint,
-               coalesce((SELECT sum(s.held) FROM earmark.budget_slot s WHERE s.budget_id = b.budget_id), 0)::bigint,
-               coalesce((SELECT sum(u.units) FROM earmark.usage_shard u WHERE u.budget_id = b.budget_id), 0)::bigint
+               coalesce((SELECT sum(s.used) FROM earmark.budget_slot s WHERE s.account = b.account AND s.budget_id = b.budget_id), 0)::bigint,
+               coalesce((SELECT sum(s.held) FROM earmark.budget_slot s WHERE s.account = b.account AND s.budget_id = b.budget_id), 0)::bigint,
+               coalesce((SELECT sum(u.units) FROM earmark.usage_shard u WHERE u.account = b.account AND u.budget_id = b.budget_id), 0)::bigint
           FROM earmark.budget b WHERE b.account = ANY(%s)""", (names,))
     budgets = {r[0]: dict(account=r[1], feature=r[2], cycle=r[3], used=r[4] + r[6] + r[8], held=r[5] + r[7])
                for r in cur.fetchall()}
     cur.execute("""
         SELECT l.budget_id, l.units, l.job_id, l.entry_key, b.account, b.feature
-          FROM earmark.ledger l JOIN earmark.budget b USING (budget_id) WHERE b.account = ANY(%s)""", (names,))
+          FROM earmark.ledger l JOIN earmark.budget b USING (account, budget_id) WHERE b.account = ANY(%s)""", (names,))
     ledger = cur.fetchall()
     cur.execute("""
         SELECT a.n, f.f, extract(epoch FROM eb.cycle_start)::float8, eb.lim, eb.used, eb.held
