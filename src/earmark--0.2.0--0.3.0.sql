@@ -405,6 +405,9 @@ DECLARE
         'earmark_settle(text, bigint, bigint, text)',
         'earmark_budget(text, text, timestamptz)',
         'earmark_record_usage(text, bigint, text, text, timestamptz)',
+        'earmark_record_usage_many(text, bigint[], text[], text[], timestamptz[])',
+        'earmark_reserve_many(text, bigint[], text[], text[], interval)',
+        'earmark_settle_many(text, bigint[], bigint[], text[])',
         'earmark_set_limit(text, bigint, text)',
         'earmark_set_account(text, timestamptz, text, text)',
         'earmark_set_escrow(text, int)',
@@ -648,3 +651,47 @@ CREATE FUNCTION earmark.wake_launcher() RETURNS void
 AS 'MODULE_PATHNAME', 'earmark_wake_launcher' LANGUAGE C VOLATILE;
 REVOKE ALL ON FUNCTION earmark.wake_launcher() FROM PUBLIC;
 SELECT earmark.wake_launcher();
+
+------------------------------------------------------------------------------
+-- Batches (src/batch.c), issue 13: many events of one account in one call.
+-- (earmark_distribute above lists them.)
+------------------------------------------------------------------------------
+
+-- One account per call, so that on Citus a call runs on that account's
+-- node alone (earmark_distribute distributes them by account).  Parallel
+-- arrays, a row per element with its 1-based position (ord); the same
+-- rules, idempotency and errors as the single calls one after another in
+-- one transaction (docs/api.md "Batches").
+CREATE FUNCTION earmark_record_usage_many(account text, units bigint[], idempotency_keys text[],
+                                          features text[] DEFAULT NULL,
+                                          occurred_at timestamptz[] DEFAULT NULL)
+RETURNS TABLE (ord int, idempotency_key text, recorded boolean)
+AS 'MODULE_PATHNAME', 'earmark_record_usage_many'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 100
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION earmark_reserve_many(account text, amounts bigint[], idempotency_keys text[],
+                                     features text[] DEFAULT NULL, lease interval DEFAULT NULL)
+RETURNS TABLE (ord int, idempotency_key text, job_id bigint, admitted boolean, remaining bigint,
+               reason text)
+AS 'MODULE_PATHNAME', 'earmark_reserve_many'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 100
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION earmark_settle_many(account text, job_ids bigint[], used bigint[] DEFAULT NULL,
+                                    outcomes text[] DEFAULT NULL)
+RETURNS TABLE (ord int, job_id bigint, charged bigint, released bigint, status text)
+AS 'MODULE_PATHNAME', 'earmark_settle_many'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 100
+SET search_path = pg_catalog, pg_temp;
+
+REVOKE ALL ON FUNCTION
+    earmark_record_usage_many(text, bigint[], text[], text[], timestamptz[]),
+    earmark_reserve_many(text, bigint[], text[], text[], interval),
+    earmark_settle_many(text, bigint[], bigint[], text[])
+FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    earmark_record_usage_many(text, bigint[], text[], text[], timestamptz[]),
+    earmark_reserve_many(text, bigint[], text[], text[], interval),
+    earmark_settle_many(text, bigint[], bigint[], text[])
+TO earmark_user;

@@ -1353,3 +1353,68 @@ earmark_sweep(PG_FUNCTION_ARGS)
 	SPI_finish();
 	PG_RETURN_INT32(n);
 }
+
+/* ---------------------------------------------------------------------
+ * One reserve and one settle for batch.c (earmark_reserve_many,
+ * earmark_settle_many): the single calls' work between SPI_connect and
+ * SPI_finish, on arguments batch.c has checked as the single calls do.
+ * ---------------------------------------------------------------------
+ */
+void
+em_reserve_one(text *account, int64 amount, text *key, text *feature,
+			   Interval *lease, TimestampTz now, EmReserveAnswer *out)
+{
+	Reserve		r;
+	Admission	result;
+
+	memset(&r, 0, sizeof(r));
+	memset(&result, 0, sizeof(result));
+	r.h.account = account;
+	r.h.amount = amount;
+	r.h.key = key;
+	r.h.feature = feature;
+	r.h.now = now;
+	r.h.lease = lease;
+	r.h.lease_until = add_interval(now, lease);
+	r.result = &result;
+	do_reserve(&r);
+	if (r.rate_counted && !(result.admitted && result.reason == NULL))
+		em_rate_give_back(account);
+	if (result.want_limits)
+		em_want_limits(account);
+	out->admitted = result.admitted;
+	out->job_id = result.job_id;
+	out->unlimited = result.unlimited;
+	out->remaining = result.remaining;
+	out->has_reason = result.reason != NULL;
+	strlcpy(out->reason, result.reason ? result.reason : "", sizeof(out->reason));
+}
+
+void
+em_settle_one(text *account, int64 job_id, bool has_used, int64 used,
+			  const char *outcome, TimestampTz now, EmSettleAnswer *out)
+{
+	Job			j;
+	Settle		s = {0, 0, NULL};
+
+	read_job(account, job_id, &j);
+	s.status = j.status;
+	if (is_open(j.status))
+	{
+		if (j.lease_until < now)
+		{
+			s.status = "expired";
+			s.charged = Min(j.used, j.amount);
+		}
+		else
+		{
+			s.status = status_const(outcome);
+			s.charged = Min(has_used ? used : j.used, j.amount);
+		}
+		s.released = j.amount - s.charged;
+		write_settlement(account, job_id, &j, &s, now);
+	}
+	out->charged = s.charged;
+	out->released = s.released;
+	out->status = s.status;
+}

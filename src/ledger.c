@@ -355,3 +355,37 @@ earmark_record_usage(PG_FUNCTION_ARGS)
 	SPI_finish();
 	PG_RETURN_BOOL(written);
 }
+
+/* ---------------------------------------------------------------------
+ * The single call's steps, for earmark_record_usage_many (batch.c)
+ * ---------------------------------------------------------------------
+ */
+void
+em_usage_check(int64 units, TimestampTz occurred_at, TimestampTz now)
+{
+	check_usage(units, occurred_at, now);
+}
+
+void
+em_usage_lock_anchor(text *account, bool *has_anchor, TimestampTz *anchor)
+{
+	lock_anchor(account, has_anchor, anchor);
+}
+
+bool
+em_usage_repeat(text *account, text *key, int64 units, text *feature)
+{
+	return repeat_of_key(account, key, units, feature);
+}
+
+int64
+em_usage_budget(text *account, text *feature, TimestampTz start, TimestampTz end)
+{
+	return usage_budget(account, feature, start, end);
+}
+
+void
+em_usage_check_correction(text *account, int64 budget_id, int64 units, TimestampTz start)
+{
+	check_correction(account, budget_id, units, start);
+}

@@ -173,3 +173,10 @@ em_return_row(FunctionCallInfo fcinfo, Datum *values, bool *nulls)
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 }
+
+/* the same check for a name that is not an argument (an array's element) */
+text *
+em_check_name(text *t, const char *what)
+{
+	return check_name(t, what);
+}

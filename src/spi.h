@@ -43,6 +43,7 @@ extern void em_require_read_committed(const char *what);
 /* argument checks: they raise the documented SQLSTATE or return the value */
 extern text *em_arg_name(FunctionCallInfo fcinfo, int argno, const char *what);
 extern int64 em_arg_int64(FunctionCallInfo fcinfo, int argno, const char *what);
+extern text *em_check_name(text *t, const char *what);
 
 /* hand back one row of a RETURNS TABLE function */
 extern void em_return_row(FunctionCallInfo fcinfo, Datum *values, bool *nulls);

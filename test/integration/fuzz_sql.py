@@ -1008,6 +1008,12 @@ KINDS = {
     "earmark_inbox_drop_secret": {"source": "source", "secret": "secret"},
     "earmark_record_usage": {"account": "account", "units": "units", "idempotency_key": "key",
                              "feature": "feature", "occurred_at": "ts_occurred"},
+    "earmark_record_usage_many": {"account": "account", "units": "arr:units", "idempotency_keys": "arr:key",
+                                  "features": "arr_nullable:feature", "occurred_at": "arr_nullable:ts_occurred"},
+    "earmark_reserve_many": {"account": "account", "amounts": "arr:amount", "idempotency_keys": "arr:key",
+                             "features": "arr_nullable:feature", "lease": "lease"},
+    "earmark_settle_many": {"account": "account", "job_ids": "arr:job", "used": "arr_nullable:used",
+                            "outcomes": "arr_nullable:outcome"},
     "earmark_report": {"max_cycles": "count_nullable"},
     "earmark_refresh_limits": {"account": "account"},
     "earmark_reconcile": {"account": "account_nullable", "feature": "feature_nullable"},
@@ -1070,6 +1076,8 @@ class Gen:
     def value(self, kind, bad):
         """A value of this kind: a plausible one (bad=False) or a wrong one."""
         c, r = self.c, self.r
+        if kind.startswith("arr"):
+            return self.array(kind, bad)
         if kind in ("account", "feature", "key", "source", "event_type", "plan", "provider_nullable",
                     "account_nullable", "feature_nullable"):
             base = {"provider_nullable": "provider", "account_nullable": "account",
@@ -1166,6 +1174,25 @@ class Gen:
             v = c.pick(["true", "false", "NULL"])
             return Val(v, "null" if bad and v == NULL else None)
         return c.bad_text()
+
+    # the batch functions' arrays (api.md Batches): 1 to 3 elements of the
+    # single call's kind; a bad array has its last element bad.  A NULL
+    # array is refused unless optional ("arr_nullable:")
+    ARRAY_TYPES = {"units": "bigint", "amount": "bigint", "used": "bigint", "job": "bigint",
+                   "key": "text", "feature": "text", "outcome": "text", "ts_occurred": "timestamptz"}
+
+    def array(self, kind, bad):
+        r = self.r
+        nullable = kind.startswith("arr_nullable:")
+        elem = kind.split(":", 1)[1]
+        if not bad and nullable and r.random() < 0.3:
+            return Val(NULL)
+        if bad and r.random() < 0.1:
+            return Val(NULL, "null-ok" if nullable else "null")
+        n = r.randint(1, 3)
+        vals = [self.value(elem, bad and i == n - 1) for i in range(n)]
+        return Val("ARRAY[%s]::%s[]" % (", ".join(v.sql for v in vals), self.ARRAY_TYPES[elem]),
+                   vals[-1].cls)
 
     def event_row(self, bad):
         c, r = self.c, self.r
@@ -1412,7 +1439,7 @@ def main():
         names, types, ndef, retset = funcs[fn]
         for i, n in enumerate(names):
             kind = gen.kind_of(fn, n, types[i])
-            nullable = kind in NULLABLE_KINDS
+            nullable = kind in NULLABLE_KINDS or kind.startswith("arr_nullable:")
             is_name = kind in NAME_KINDS
             for v in [Val(NULL, "null-ok" if nullable else "null"),
                       Val("''", "empty" if is_name else "empty-text"),

@@ -1,0 +1,720 @@
+/*-------------------------------------------------------------------------
+ *
+ * batch.c
+ *	  The batch forms of the gate and the ledger: earmark_record_usage_many,
+ *	  earmark_reserve_many and earmark_settle_many.  Each takes one account
+ *	  and parallel arrays, and returns a row per element (ord, 1-based).
+ *
+ *	  The rule: a batch does exactly what the same single calls would do
+ *	  one after another in one transaction, in array order.  Each element is
+ *	  checked as its single call checks its arguments, with the same
+ *	  SQLSTATE, and an error in any element fails the whole call (the error
+ *	  names the element in its CONTEXT): like an error in one of those single
+ *	  calls, it leaves nothing of the call.  There are no per-element
+ *	  subtransactions.
+ *
+ *	  reserve and settle run the single calls' steps (gate.c) once per
+ *	  element in one SPI connection: the gain is one statement, one round
+ *	  trip and one commit for the lot.  Their locks are the single calls'
+ *	  (gate.c), held until the transaction ends, so a batch of reserves holds
+ *	  the budget row from its first admission on.
+ *
+ *	  record_usage takes the account's advisory lock (shared) once, looks
+ *	  every key up in one statement, and writes the new events' ledger rows,
+ *	  counters and marks in one statement per run of events (ledger.c's
+ *	  record_row, for many rows: the cycle's mark lock in share mode, then one
+ *	  counter row per cycle).  What has to see the events before it goes
+ *	  through the single call's steps after the events before it are
+ *	  written: a correction (its check against the cycle's total), and a key
+ *	  repeated within the batch (its repeat check).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "common/pg_prng.h"
+#include "funcapi.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/timestamp.h"
+
+#include "account.h"
+#include "budget.h"
+#include "cluster.h"
+#include "earmark.h"
+#include "gate.h"
+#include "ledger.h"
+#include "spi.h"
+
+PG_FUNCTION_INFO_V1(earmark_record_usage_many);
+PG_FUNCTION_INFO_V1(earmark_reserve_many);
+PG_FUNCTION_INFO_V1(earmark_settle_many);
+
+/* events written by one statement at most: a cycle's sum stays far from bigint's end */
+#define FLUSH_EVENTS	1000
+
+/* ---------------------------------------------------------------------
+ * Arrays and the element an error is about
+ * ---------------------------------------------------------------------
+ */
+typedef struct EmArray
+{
+	int			n;				/* -1: the argument is NULL */
+	Datum	   *values;
+	bool	   *nulls;
+} EmArray;
+
+/* the element being checked or run, for an error's CONTEXT line */
+typedef struct BatchContext
+{
+	const char *fname;
+	int			ord;			/* 0: none */
+} BatchContext;
+
+static void
+batch_error_context(void *arg)
+{
+	BatchContext *c = (BatchContext *) arg;
+
+	if (c->ord > 0)
+		errcontext("%s, element %d", c->fname, c->ord);
+}
+
+/*
+ * SPI keeps every statement's result until SPI_finish: a long batch lets
+ * them go every so often.  (The statements' plans are kept across it.)
+ */
+static void
+spi_reconnect(void)
+{
+	SPI_finish();
+	SPI_connect();
+}
+
+#define RECONNECT_EVERY	64
+
+/* an array argument, one-dimensional; NULL gives n = -1 unless required */
+static EmArray
+arg_array(FunctionCallInfo fcinfo, int argno, const char *what, Oid elemtype,
+		  bool required)
+{
+	EmArray		a = {-1, NULL, NULL};
+	ArrayType  *arr;
+	int16		len;
+	bool		byval;
+	char		align;
+
+	if (PG_ARGISNULL(argno))
+	{
+		if (required)
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("%s must not be NULL", what)));
+		return a;
+	}
+	arr = PG_GETARG_ARRAYTYPE_P(argno);
+	if (ARR_NDIM(arr) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be a one-dimensional array", what)));
+	get_typlenbyvalalign(elemtype, &len, &byval, &align);
+	deconstruct_array(arr, elemtype, len, byval, align, &a.values, &a.nulls, &a.n);
+	return a;
+}
+
+/* an optional array, when given, has the first array's length */
+static void
+same_length(EmArray *first, const char *first_name, EmArray *other, const char *name)
+{
+	if (other->n < 0 || other->n == first->n)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("%s and %s must have the same length", first_name, name),
+			 errdetail("%s has %d elements, %s has %d.", first_name, first->n, name, other->n),
+			 errhint("Pass one element per event in each array, or NULL for an optional one.")));
+}
+
+/* element i, which must not be NULL (the single call's message) */
+static Datum
+element(EmArray *a, int i, const char *what)
+{
+	if (a->nulls[i])
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be NULL", what)));
+	return a->values[i];
+}
+
+/* a feature: the element, or 'default' when the array is NULL */
+static text *
+element_feature(EmArray *features, int i, text *dflt)
+{
+	if (features->n < 0)
+		return dflt;
+	return em_check_name(DatumGetTextPP(element(features, i, "feature")), "feature");
+}
+
+/* ---------------------------------------------------------------------
+ * earmark_record_usage_many(account, units[], idempotency_keys[],
+ *	  features[], occurred_at[]) RETURNS TABLE (ord, idempotency_key, recorded)
+ * ---------------------------------------------------------------------
+ */
+typedef struct UsageEvent
+{
+	text	   *key;
+	text	   *feature;
+	int64		units;
+	TimestampTz occurred_at;
+	int64		budget_id;
+	TimestampTz cycle_start;
+	bool		seen;			/* the key is in the ledger, or earlier in the batch */
+	bool		recorded;
+} UsageEvent;
+
+/* a cycle's budget row, found once per call */
+typedef struct UsageBudget
+{
+	text	   *feature;
+	TimestampTz start;
+	int64		budget_id;
+} UsageBudget;
+
+typedef struct UsageBatch
+{
+	text	   *account;
+	UsageEvent *ev;
+	int			n;
+	int		   *pending;		/* new events not written yet, in array order */
+	int			npending;
+	UsageBudget *budgets;
+	int			nbudgets;
+	TimestampTz now;
+	BatchContext *ctx;
+} UsageBatch;
+
+/* the keys of the batch that the ledger already has */
+static EmStatement keys_known = {
+	"SELECT entry_key FROM earmark.ledger WHERE account = $1 AND entry_key = ANY ($2)",
+	2, {TEXTOID, TEXTARRAYOID}
+};
+
+/*
+ * The new events' ledger rows, one counter row per cycle and the cycles'
+ * marks, in one statement: record_row of ledger.c for many rows.  It
+ * returns the position (in the arrays) of each row it wrote; a key another
+ * transaction wrote meanwhile is waited for and skipped.
+ */
+static EmStatement record_rows = {
+	"WITH e AS (SELECT * FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::bigint[]), "
+	"                                    pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::timestamptz[])) "
+	"           WITH ORDINALITY AS e (budget_id, units, entry_key, occurred_at, n)),"
+	" l AS (INSERT INTO earmark.ledger (account, budget_id, units, entry_key, occurred_at, recorded_at)"
+	"       SELECT $1, e.budget_id, e.units, e.entry_key, e.occurred_at, $7 FROM e ORDER BY e.n"
+	"       ON CONFLICT (account, entry_key) WHERE entry_key IS NOT NULL DO NOTHING"
+	"       RETURNING budget_id, units, entry_key),"
+	" c AS (INSERT INTO earmark.usage_shard AS u (account, budget_id, shard, units)"
+	"       SELECT $1, l.budget_id, $6, pg_catalog.sum(l.units)::bigint FROM l GROUP BY l.budget_id"
+	"       ON CONFLICT (account, budget_id, shard) DO UPDATE SET units = u.units + excluded.units"
+	"       RETURNING budget_id),"
+	" m AS (INSERT INTO earmark.meter_mark (account, budget_id)"
+	"       SELECT $1, c.budget_id FROM c ON CONFLICT DO NOTHING) "
+	"SELECT e.n FROM e JOIN l ON l.entry_key = e.entry_key",
+	7, {TEXTOID, INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, INT4OID,
+	TIMESTAMPTZOID}
+};
+
+static int
+text_cmp(text *a, text *b)
+{
+	int			la = VARSIZE_ANY_EXHDR(a);
+	int			lb = VARSIZE_ANY_EXHDR(b);
+	int			c = memcmp(VARDATA_ANY(a), VARDATA_ANY(b), Min(la, lb));
+
+	return c != 0 ? c : (la > lb) - (la < lb);
+}
+
+static UsageEvent *sort_events;
+
+static int
+cmp_event_keys(const void *a, const void *b)
+{
+	int			ia = *(const int *) a;
+	int			ib = *(const int *) b;
+	int			c = text_cmp(sort_events[ia].key, sort_events[ib].key);
+
+	return c != 0 ? c : (ia > ib) - (ia < ib);
+}
+
+/*
+ * Which keys were seen before: in the ledger already (one statement for
+ * the batch), or earlier in the batch (sorted by key).  Those go through
+ * the single call's repeat check; the others are new.
+ */
+static void
+mark_seen_keys(UsageBatch *ub)
+{
+	int		   *order = palloc(sizeof(int) * ub->n);
+	Datum	   *keys = palloc(sizeof(Datum) * ub->n);
+	Datum		args[2];
+	uint64		r;
+	int			i;
+
+	for (i = 0; i < ub->n; i++)
+	{
+		order[i] = i;
+		keys[i] = PointerGetDatum(ub->ev[i].key);
+	}
+	sort_events = ub->ev;
+	qsort(order, ub->n, sizeof(int), cmp_event_keys);
+	for (i = 1; i < ub->n; i++)
+	{
+		if (text_cmp(ub->ev[order[i - 1]].key, ub->ev[order[i]].key) == 0)
+			ub->ev[order[i]].seen = true;
+	}
+
+	args[0] = PointerGetDatum(ub->account);
+	args[1] = PointerGetDatum(construct_array(keys, ub->n, TEXTOID, -1, false, TYPALIGN_INT));
+	em_exec(&keys_known, args, NULL, 0);
+	for (r = 0; r < SPI_processed; r++)
+	{
+		bool		isnull;
+		text	   *k = DatumGetTextPP(em_get((int) r, 1, &isnull));
+		int			lo = 0;
+		int			hi = ub->n;
+
+		/* the first event of the key in sorted order; all of them are seen */
+		while (lo < hi)
+		{
+			int			mid = (lo + hi) / 2;
+
+			if (text_cmp(ub->ev[order[mid]].key, k) < 0)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		for (; lo < ub->n && text_cmp(ub->ev[order[lo]].key, k) == 0; lo++)
+			ub->ev[order[lo]].seen = true;
+	}
+}
+
+/* the budget row of an event's cycle, looked up once per call */
+static int64
+event_budget(UsageBatch *ub, UsageEvent *e, bool has_anchor, TimestampTz anchor)
+{
+	TimestampTz start;
+	TimestampTz end;
+	int			i;
+
+	em_cycle_bounds(anchor, has_anchor, e->occurred_at, &start, &end);
+	e->cycle_start = start;
+	for (i = 0; i < ub->nbudgets; i++)
+	{
+		if (ub->budgets[i].start == start && text_cmp(ub->budgets[i].feature, e->feature) == 0)
+			return ub->budgets[i].budget_id;
+	}
+	ub->budgets[ub->nbudgets].feature = e->feature;
+	ub->budgets[ub->nbudgets].start = start;
+	ub->budgets[ub->nbudgets].budget_id = em_usage_budget(ub->account, e->feature, start, end);
+	return ub->budgets[ub->nbudgets++].budget_id;
+}
+
+/*
+ * Write the pending events: their cycles' mark locks (shared, as a single
+ * call takes it), then one statement.  An event whose key another
+ * transaction wrote meanwhile is a repeat of it (or EM001), as in a single
+ * call.
+ */
+static void
+flush_pending(UsageBatch *ub)
+{
+	int			n = ub->npending;
+	Datum	   *budget_ids;
+	Datum	   *units;
+	Datum	   *keys;
+	Datum	   *times;
+	Datum		args[7];
+	uint64		r;
+	int			i;
+
+	if (n == 0)
+		return;
+	ub->ctx->ord = 0;			/* the statement is about all of them */
+	budget_ids = palloc(sizeof(Datum) * n);
+	units = palloc(sizeof(Datum) * n);
+	keys = palloc(sizeof(Datum) * n);
+	times = palloc(sizeof(Datum) * n);
+	for (i = 0; i < n; i++)
+	{
+		UsageEvent *e = &ub->ev[ub->pending[i]];
+
+		budget_ids[i] = Int64GetDatum(e->budget_id);
+		units[i] = Int64GetDatum(e->units);
+		keys[i] = PointerGetDatum(e->key);
+		times[i] = TimestampTzGetDatum(e->occurred_at);
+	}
+	for (i = 0; i < ub->nbudgets; i++)
+		em_mark_lock(ub->budgets[i].budget_id);
+	args[0] = PointerGetDatum(ub->account);
+	args[1] = PointerGetDatum(construct_array(budget_ids, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	args[2] = PointerGetDatum(construct_array(units, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	args[3] = PointerGetDatum(construct_array(keys, n, TEXTOID, -1, false, TYPALIGN_INT));
+	args[4] = PointerGetDatum(construct_array(times, n, TIMESTAMPTZOID, 8, FLOAT8PASSBYVAL,
+											  TYPALIGN_DOUBLE));
+	args[5] = Int32GetDatum((int32) pg_prng_uint64_range(&pg_global_prng_state, 0,
+														 EARMARK_USAGE_SHARDS - 1));
+	args[6] = TimestampTzGetDatum(ub->now);
+	em_exec(&record_rows, args, NULL, 0);
+	for (r = 0; r < SPI_processed; r++)
+		ub->ev[ub->pending[em_get_int64((int) r, 1, 0) - 1]].recorded = true;
+
+	/* keys a concurrent transaction wrote first: the same usage, or EM001 */
+	for (i = 0; i < n; i++)
+	{
+		UsageEvent *e = &ub->ev[ub->pending[i]];
+
+		if (e->recorded)
+			continue;
+		ub->ctx->ord = ub->pending[i] + 1;
+		if (!em_usage_repeat(ub->account, e->key, e->units, e->feature))
+			elog(ERROR, "earmark: ledger row of key \"%s\" vanished", text_to_cstring(e->key));
+	}
+	ub->npending = 0;
+}
+
+/* run the events in array order */
+static void
+record_events(UsageBatch *ub)
+{
+	bool		has_anchor;
+	TimestampTz anchor;
+	int			i;
+
+	em_usage_lock_anchor(ub->account, &has_anchor, &anchor);
+	mark_seen_keys(ub);
+	for (i = 0; i < ub->n; i++)
+	{
+		UsageEvent *e = &ub->ev[i];
+
+		if (e->seen)
+		{
+			/* the key's first event must be in the ledger for the check */
+			flush_pending(ub);
+			ub->ctx->ord = i + 1;
+			if (!em_usage_repeat(ub->account, e->key, e->units, e->feature))
+				elog(ERROR, "earmark: ledger row of key \"%s\" vanished", text_to_cstring(e->key));
+			continue;
+		}
+		ub->ctx->ord = i + 1;
+		e->budget_id = event_budget(ub, e, has_anchor, anchor);
+		if (e->units < 0)
+		{
+			/* a correction is checked against the events before it */
+			flush_pending(ub);
+			ub->ctx->ord = i + 1;
+			em_usage_check_correction(ub->account, e->budget_id, e->units, e->cycle_start);
+		}
+		ub->pending[ub->npending++] = i;
+		if (ub->npending >= FLUSH_EVENTS)
+			flush_pending(ub);
+		if (i % FLUSH_EVENTS == FLUSH_EVENTS - 1)
+			spi_reconnect();
+	}
+	flush_pending(ub);
+	ub->ctx->ord = 0;
+}
+
+Datum
+earmark_record_usage_many(PG_FUNCTION_ARGS)
+{
+	BatchContext ctx = {"earmark_record_usage_many", 0};
+	ErrorContextCallback errcb;
+	UsageBatch	ub;
+	EmArray		units;
+	EmArray		keys;
+	EmArray		features;
+	EmArray		times;
+	text	   *dflt = cstring_to_text("default");
+	TimestampTz dflt_time = GetCurrentTransactionStartTimestamp();
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	int			i;
+
+	em_require_schema();
+	memset(&ub, 0, sizeof(ub));
+	ub.account = em_arg_name(fcinfo, 0, "account");
+	units = arg_array(fcinfo, 1, "units", INT8OID, true);
+	keys = arg_array(fcinfo, 2, "idempotency_keys", TEXTOID, true);
+	features = arg_array(fcinfo, 3, "features", TEXTOID, false);
+	times = arg_array(fcinfo, 4, "occurred_at", TIMESTAMPTZOID, false);
+	same_length(&units, "units", &keys, "idempotency_keys");
+	same_length(&units, "units", &features, "features");
+	same_length(&units, "units", &times, "occurred_at");
+	ub.now = GetCurrentTimestamp();
+	ub.n = units.n;
+	ub.ev = palloc0(sizeof(UsageEvent) * Max(ub.n, 1));
+	ub.pending = palloc(sizeof(int) * Max(ub.n, 1));
+	ub.budgets = palloc(sizeof(UsageBudget) * Max(ub.n, 1));
+	ub.ctx = &ctx;
+
+	errcb.callback = batch_error_context;
+	errcb.arg = &ctx;
+	errcb.previous = error_context_stack;
+	error_context_stack = &errcb;
+	for (i = 0; i < ub.n; i++)
+	{
+		UsageEvent *e = &ub.ev[i];
+
+		/* the single call's checks, in its order */
+		ctx.ord = i + 1;
+		e->units = DatumGetInt64(element(&units, i, "units"));
+		e->key = em_check_name(DatumGetTextPP(element(&keys, i, "idempotency_key")),
+							   "idempotency_key");
+		e->feature = element_feature(&features, i, dflt);
+		e->occurred_at = times.n < 0 ? dflt_time :
+			DatumGetTimestampTz(element(&times, i, "occurred_at"));
+		em_usage_check(e->units, e->occurred_at, ub.now);
+	}
+	ctx.ord = 0;
+	em_require_account_local(ub.account);
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	if (ub.n > 0)
+	{
+		SPI_connect();
+		record_events(&ub);
+		SPI_finish();
+	}
+	error_context_stack = errcb.previous;
+
+	for (i = 0; i < ub.n; i++)
+	{
+		Datum		values[3];
+		bool		nulls[3] = {false, false, false};
+
+		values[0] = Int32GetDatum(i + 1);
+		values[1] = PointerGetDatum(ub.ev[i].key);
+		values[2] = BoolGetDatum(ub.ev[i].recorded);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}
+
+/* ---------------------------------------------------------------------
+ * earmark_reserve_many(account, amounts[], idempotency_keys[], features[],
+ *	  lease) RETURNS TABLE (ord, idempotency_key, job_id, admitted,
+ *	  remaining, reason)
+ * ---------------------------------------------------------------------
+ */
+
+/* the lease for every job of the call: earmark_reserve's rule */
+static Interval *
+batch_lease(FunctionCallInfo fcinfo, int argno, TimestampTz now)
+{
+	Interval   *lease;
+
+	if (PG_ARGISNULL(argno))
+	{
+		lease = palloc0(sizeof(Interval));
+		lease->time = (int64) earmark_lease_s * USECS_PER_SEC;
+		return lease;
+	}
+	lease = PG_GETARG_INTERVAL_P(argno);
+	if (DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+												TimestampTzGetDatum(now),
+												IntervalPGetDatum(lease))) <= now)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be longer than zero")));
+	return lease;
+}
+
+Datum
+earmark_reserve_many(PG_FUNCTION_ARGS)
+{
+	BatchContext ctx = {"earmark_reserve_many", 0};
+	ErrorContextCallback errcb;
+	text	   *account;
+	EmArray		amounts;
+	EmArray		keys;
+	EmArray		features;
+	Interval   *lease;
+	text	   *dflt = cstring_to_text("default");
+	int64	   *amount;
+	text	  **key;
+	text	  **feature;
+	EmReserveAnswer *answers;
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	int			i;
+
+	em_require_schema();
+	account = em_arg_name(fcinfo, 0, "account");
+	amounts = arg_array(fcinfo, 1, "amounts", INT8OID, true);
+	keys = arg_array(fcinfo, 2, "idempotency_keys", TEXTOID, true);
+	features = arg_array(fcinfo, 3, "features", TEXTOID, false);
+	same_length(&amounts, "amounts", &keys, "idempotency_keys");
+	same_length(&amounts, "amounts", &features, "features");
+	lease = batch_lease(fcinfo, 4, GetCurrentTimestamp());
+	amount = palloc(sizeof(int64) * Max(amounts.n, 1));
+	key = palloc(sizeof(text *) * Max(amounts.n, 1));
+	feature = palloc(sizeof(text *) * Max(amounts.n, 1));
+	answers = palloc0(sizeof(EmReserveAnswer) * Max(amounts.n, 1));
+
+	errcb.callback = batch_error_context;
+	errcb.arg = &ctx;
+	errcb.previous = error_context_stack;
+	error_context_stack = &errcb;
+	for (i = 0; i < amounts.n; i++)
+	{
+		ctx.ord = i + 1;
+		amount[i] = DatumGetInt64(element(&amounts, i, "amount"));
+		key[i] = em_check_name(DatumGetTextPP(element(&keys, i, "idempotency_key")),
+							   "idempotency_key");
+		feature[i] = element_feature(&features, i, dflt);
+		if (amount[i] <= 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("amount must be greater than zero"),
+					 errdetail("The value given was " INT64_FORMAT ".", amount[i])));
+	}
+	ctx.ord = 0;
+	em_require_account_local(account);
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	if (amounts.n > 0)
+	{
+		SPI_connect();
+		for (i = 0; i < amounts.n; i++)
+		{
+			ctx.ord = i + 1;
+			if (i > 0 && i % RECONNECT_EVERY == 0)
+				spi_reconnect();
+			em_reserve_one(account, amount[i], key[i], feature[i], lease,
+						   GetCurrentTimestamp(), &answers[i]);
+		}
+		SPI_finish();
+	}
+	error_context_stack = errcb.previous;
+
+	for (i = 0; i < amounts.n; i++)
+	{
+		Datum		values[6];
+		bool		nulls[6] = {false, false, false, false, false, false};
+
+		values[0] = Int32GetDatum(i + 1);
+		values[1] = PointerGetDatum(key[i]);
+		values[2] = Int64GetDatum(answers[i].job_id);
+		nulls[2] = !answers[i].admitted;
+		values[3] = BoolGetDatum(answers[i].admitted);
+		values[4] = Int64GetDatum(answers[i].remaining);
+		nulls[4] = answers[i].unlimited;
+		values[5] = answers[i].has_reason ? CStringGetTextDatum(answers[i].reason) : (Datum) 0;
+		nulls[5] = !answers[i].has_reason;
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}
+
+/* ---------------------------------------------------------------------
+ * earmark_settle_many(account, job_ids[], used[], outcomes[])
+ *	  RETURNS TABLE (ord, job_id, charged, released, status)
+ * ---------------------------------------------------------------------
+ */
+
+/* an outcome: earmark_settle's rule */
+static const char *
+element_outcome(EmArray *outcomes, int i)
+{
+	char	   *o;
+
+	if (outcomes->n < 0)
+		return "completed";
+	o = TextDatumGetCString(element(outcomes, i, "outcome"));
+	if (strcmp(o, "completed") != 0 && strcmp(o, "failed") != 0 && strcmp(o, "cancelled") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("unknown outcome \"%s\"", o),
+				 errhint("Use 'completed', 'failed' or 'cancelled'.")));
+	return o;
+}
+
+Datum
+earmark_settle_many(PG_FUNCTION_ARGS)
+{
+	BatchContext ctx = {"earmark_settle_many", 0};
+	ErrorContextCallback errcb;
+	text	   *account;
+	EmArray		jobs;
+	EmArray		used;
+	EmArray		outcomes;
+	int64	   *job_id;
+	const char **outcome;
+	EmSettleAnswer *answers;
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	int			i;
+
+	em_require_schema();
+	account = em_arg_name(fcinfo, 0, "account");
+	jobs = arg_array(fcinfo, 1, "job_ids", INT8OID, true);
+	used = arg_array(fcinfo, 2, "used", INT8OID, false);
+	outcomes = arg_array(fcinfo, 3, "outcomes", TEXTOID, false);
+	same_length(&jobs, "job_ids", &used, "used");
+	same_length(&jobs, "job_ids", &outcomes, "outcomes");
+	job_id = palloc(sizeof(int64) * Max(jobs.n, 1));
+	outcome = palloc(sizeof(char *) * Max(jobs.n, 1));
+	answers = palloc0(sizeof(EmSettleAnswer) * Max(jobs.n, 1));
+
+	errcb.callback = batch_error_context;
+	errcb.arg = &ctx;
+	errcb.previous = error_context_stack;
+	error_context_stack = &errcb;
+	for (i = 0; i < jobs.n; i++)
+	{
+		ctx.ord = i + 1;
+		job_id[i] = DatumGetInt64(element(&jobs, i, "job_id"));
+		outcome[i] = element_outcome(&outcomes, i);
+		if (used.n >= 0 && !used.nulls[i] && DatumGetInt64(used.values[i]) < 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("used must not be negative"),
+					 errdetail("The value given was " INT64_FORMAT ".",
+							   DatumGetInt64(used.values[i]))));
+	}
+	ctx.ord = 0;
+	em_require_account_local(account);
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	if (jobs.n > 0)
+	{
+		SPI_connect();
+		for (i = 0; i < jobs.n; i++)
+		{
+			bool		has_used = used.n >= 0 && !used.nulls[i];
+
+			ctx.ord = i + 1;
+			if (i > 0 && i % RECONNECT_EVERY == 0)
+				spi_reconnect();
+			em_settle_one(account, job_id[i], has_used,
+						  has_used ? DatumGetInt64(used.values[i]) : 0, outcome[i],
+						  GetCurrentTimestamp(), &answers[i]);
+		}
+		SPI_finish();
+	}
+	error_context_stack = errcb.previous;
+
+	for (i = 0; i < jobs.n; i++)
+	{
+		Datum		values[5];
+		bool		nulls[5] = {false, false, false, false, false};
+
+		values[0] = Int32GetDatum(i + 1);
+		values[1] = Int64GetDatum(job_id[i]);
+		values[2] = Int64GetDatum(answers[i].charged);
+		values[3] = Int64GetDatum(answers[i].released);
+		values[4] = CStringGetTextDatum(answers[i].status);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}
