@@ -538,6 +538,8 @@ is "$(ct_val 0 "SELECT count(*) || ' ' || count(*) FILTER (WHERE n = 1 AND w = 1
    "reporter: each cycle's total sent exactly once (one meter_send row, one local_meter write)"
 got=$(ct_sql 0 -A -t -q -c "SELECT verdict FROM earmark_reconcile('$W1')" 2>&1 | sort -u | paste -sd,)
 is "$got" "match" "reconcile: earmark_reconcile('$W1') called on its own returns match"
+got=$(ct_sql 0 -A -t -q -c "BEGIN" -c "SELECT verdict FROM earmark_reconcile('$W2')" -c "COMMIT" 2>&1 | grep -vE '^(BEGIN|COMMIT)$' | sort -u | paste -sd,)
+is "$got" "match" "reconcile: earmark_reconcile('$W2') inside a transaction block returns match"
 got=$(ct_try 0 "SELECT earmark_report()")
 ok "$(matches "$got" '^0A000: earmark_report')" "reporter: earmark_report refuses on a distributed install, as earmark_sweep does: ${got:0:90}"
 
