@@ -39,6 +39,7 @@
 #include "miscadmin.h"
 #include "storage/lmgr.h"
 #include "storage/lock.h"
+#include "utils/array.h"
 
 #include "budget.h"
 #include "earmark.h"
@@ -218,33 +219,76 @@ em_budget_admit(EmHold *h, EmBudget *b)
  */
 
 /*
- * Expire a locked budget's dead holds, at the use they recorded: the job
- * rows, their ledger rows and the meter mark in one statement.  A hold
- * taken from an escrow slot is expired into the budget row like any other
- * (only the sums count: escrow.c).
+ * Expire a locked budget's dead holds, at the use they recorded: lock the
+ * dead job rows (SKIP LOCKED: an expiry never waits for a job), expire
+ * them, write a ledger row for each that used something, and mark the
+ * cycle.  One single-table statement after another, each naming the
+ * account, so that on Citus each runs on the account's shard alone.  A
+ * hold taken from an escrow slot is expired into the budget row like any
+ * other (only the sums count: escrow.c).
  */
-static EmStatement expire_jobs = {
-	"WITH j AS ("
-	"  UPDATE earmark.job AS t"
-	"     SET status = 'expired', settled_at = $3, charged = t.used, released = t.amount - t.used"
-	"   WHERE t.account = $1 AND t.job_id IN ("
-	"         SELECT s.job_id FROM earmark.job s"
-	"          WHERE s.account = $1 AND s.budget_id = $2 AND s.status IN ('running', 'capped')"
-	"            AND s.lease_until < $3"
-	"          LIMIT $4 FOR UPDATE SKIP LOCKED)"
-	"  RETURNING t.job_id, t.amount, t.used),"
-	" l AS (INSERT INTO earmark.ledger (account, budget_id, units, job_id, occurred_at)"
-	"       SELECT $1, $2, j.used, j.job_id, $3 FROM j WHERE j.used > 0 RETURNING 1),"
-	" m AS (INSERT INTO earmark.meter_mark (account, budget_id)"
-	"       SELECT $1, $2 WHERE EXISTS (SELECT 1 FROM l) ON CONFLICT DO NOTHING) "
-	"SELECT pg_catalog.count(*), coalesce(pg_catalog.sum(j.amount), 0)::bigint,"
-	"       coalesce(pg_catalog.sum(j.used), 0)::bigint FROM j",
+static EmStatement lock_dead_jobs = {
+	"SELECT job_id FROM earmark.job "
+	" WHERE account = $1 AND budget_id = $2 AND status IN ('running', 'capped') "
+	"   AND lease_until < $3 "
+	" LIMIT $4 FOR UPDATE SKIP LOCKED",
 	4, {TEXTOID, INT8OID, TIMESTAMPTZOID, INT4OID}
 };
-enum
-{
-	EX_COUNT = 1, EX_RELEASED, EX_CHARGED
+
+/* the rows are locked: no re-check is needed, and none could fail */
+static EmStatement expire_locked_jobs = {
+	"UPDATE earmark.job SET status = 'expired', settled_at = $3, charged = used, "
+	"       released = amount - used "
+	" WHERE account = $1 AND job_id = ANY ($2) "
+	"RETURNING job_id, amount, used",
+	3, {TEXTOID, INT8ARRAYOID, TIMESTAMPTZOID}
 };
+
+static EmStatement expiry_ledger = {
+	"INSERT INTO earmark.ledger (account, budget_id, units, job_id, occurred_at) "
+	"VALUES ($1, $2, $3, $4, $5)",
+	5, {TEXTOID, INT8OID, INT8OID, INT8OID, TIMESTAMPTZOID}
+};
+
+static EmStatement insert_mark = {
+	"INSERT INTO earmark.meter_mark (account, budget_id) VALUES ($1, $2) "
+	"ON CONFLICT DO NOTHING",
+	2, {TEXTOID, INT8OID}
+};
+
+/*
+ * Mark the cycle for the reporter (it may be marked already).  The
+ * caller holds the cycle's mark lock.
+ */
+void
+em_mark_cycle(text *account, int64 budget_id)
+{
+	Datum		args[2];
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	em_exec(&insert_mark, args, NULL, 0);
+}
+
+/* the ids of up to max dead holds of the budget, locked; palloc'd */
+static int
+lock_dead(text *account, int64 budget_id, TimestampTz now, int max, Datum **ids)
+{
+	Datum		args[4];
+	int			n;
+	int			i;
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	args[2] = TimestampTzGetDatum(now);
+	args[3] = Int32GetDatum(max);
+	em_exec(&lock_dead_jobs, args, NULL, 0);
+	n = (int) SPI_processed;
+	*ids = palloc(sizeof(Datum) * Max(n, 1));
+	for (i = 0; i < n; i++)
+		(*ids)[i] = Int64GetDatum(em_get_int64(i, 1, 0));
+	return n;
+}
 
 /*
  * Expire up to max dead holds of a budget whose row the caller holds
@@ -258,7 +302,14 @@ int64
 em_budget_expire(text *account, int64 budget_id, TimestampTz now, int max,
 				 bool wait, int64 *released, int64 *charged)
 {
-	Datum		args[4];
+	Datum		args[5];
+	Datum	   *ids;
+	int			n;
+	int			i;
+	int64		expired;
+	int64	   *job_ids;
+	int64	   *used;
+	bool		wrote = false;
 
 	*released = 0;
 	*charged = 0;
@@ -266,14 +317,41 @@ em_budget_expire(text *account, int64 budget_id, TimestampTz now, int max,
 		return 0;
 	if (wait)
 		em_mark_lock(budget_id);
+	n = lock_dead(account, budget_id, now, max, &ids);
+	if (n == 0)
+		return 0;
+
+	args[0] = PointerGetDatum(account);
+	args[1] = PointerGetDatum(construct_array(ids, n, INT8OID, sizeof(int64),
+											  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	args[2] = TimestampTzGetDatum(now);
+	em_exec(&expire_locked_jobs, args, NULL, 0);
+	expired = (int64) SPI_processed;
+	job_ids = palloc(sizeof(int64) * Max(expired, 1));
+	used = palloc(sizeof(int64) * Max(expired, 1));
+	for (i = 0; i < expired; i++)
+	{
+		job_ids[i] = em_get_int64(i, 1, 0);
+		*released += em_get_int64(i, 2, 0);
+		used[i] = em_get_int64(i, 3, 0);
+		*charged += used[i];
+	}
+
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
-	args[2] = TimestampTzGetDatum(now);
-	args[3] = Int32GetDatum(max);
-	em_exec(&expire_jobs, args, NULL, 1);
-	*released = em_get_int64(0, EX_RELEASED, 0);
-	*charged = em_get_int64(0, EX_CHARGED, 0);
-	return em_get_int64(0, EX_COUNT, 0);
+	args[4] = TimestampTzGetDatum(now);
+	for (i = 0; i < expired; i++)
+	{
+		if (used[i] <= 0)
+			continue;
+		args[2] = Int64GetDatum(used[i]);
+		args[3] = Int64GetDatum(job_ids[i]);
+		em_exec(&expiry_ledger, args, NULL, 0);
+		wrote = true;
+	}
+	if (wrote)
+		em_mark_cycle(account, budget_id);
+	return expired;
 }
 
 /* ---------------------------------------------------------------------

@@ -249,7 +249,7 @@ em_require_account_local(text *account)
 				 errmsg("earmark call for account \"%s\" ran on a node that does not hold the account",
 						text_to_cstring(account)),
 				 errdetail("On a distributed install an earmark call runs on the account's node only when it is called on its own."),
-				 errhint("Call it as SELECT * FROM earmark_...(account, ...), not inside an expression, a join or another function.")));
+				 errhint("Call it in a statement of its own, SELECT * FROM earmark_...(account, ...) (in PL/pgSQL: PERFORM * FROM earmark_...(...)), not inside an expression, a WHERE, a join or a CTE.")));
 }
 
 /*

@@ -695,3 +695,274 @@ GRANT EXECUTE ON FUNCTION
     earmark_reserve_many(text, bigint[], text[], text[], interval),
     earmark_settle_many(text, bigint[], bigint[], text[])
 TO earmark_user;
+
+-- ---------------------------------------------------------------------------
+-- Citus: earmark_distribute() also refuses rows a call stored in a worker's
+-- own copy of a coordinator table, empties those copies (the install
+-- script's rows there), and moves each node's id sequences past the ids
+-- its group issued (after a restore).
+-- ---------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION earmark_distribute()
+RETURNS TABLE (object text, action text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    per_account text[] := ARRAY['earmark.account', 'earmark.account_limit', 'earmark.budget',
+        'earmark.budget_slot', 'earmark.job', 'earmark.ledger', 'earmark.usage_shard',
+        'earmark.meter_mark', 'earmark.meter_send', 'earmark.meter_review', 'earmark.evidence',
+        'earmark.local_meter'];
+    reference text[] := ARRAY['earmark.plan_limit', 'earmark.webhook_secret'];
+    -- the coordinator's own tables; reporter_state last (its one row is
+    -- each node's state, not data)
+    coord_only text[] := ARRAY['earmark.inbox_event', 'earmark.inbox_receipt', 'earmark.jwks',
+        'earmark.inbox_handler', 'earmark.reporter_state'];
+    functions text[] := ARRAY[
+        'earmark_reserve(text, bigint, text, text, interval)',
+        'earmark_charge(text, bigint, bigint, bigint)',
+        'earmark_heartbeat(text, bigint)',
+        'earmark_settle(text, bigint, bigint, text)',
+        'earmark_budget(text, text, timestamptz)',
+        'earmark_record_usage(text, bigint, text, text, timestamptz)',
+        'earmark_record_usage_many(text, bigint[], text[], text[], timestamptz[])',
+        'earmark_reserve_many(text, bigint[], text[], text[], interval)',
+        'earmark_settle_many(text, bigint[], bigint[], text[])',
+        'earmark_set_limit(text, bigint, text)',
+        'earmark_set_account(text, timestamptz, text, text)',
+        'earmark_set_escrow(text, int)',
+        'earmark_reconcile(text, text)',
+        'earmark_refresh_limits(text)',
+        'earmark.sweep_account(text, int)',
+        'earmark.report_cycle(text, bigint, text, bigint, boolean, integer, text, double precision, boolean, boolean, bigint, text, timestamptz, timestamptz)'];
+    t text;
+    f text;
+    n_dist int;
+    colocation int;
+    bad text;
+    n_rows bigint;
+    ids text;
+    w record;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
+        RAISE EXCEPTION 'earmark_distribute needs Citus'
+            USING ERRCODE = '55000',
+                  HINT = 'Create the extension citus in this database first; earmark runs on one node without it.';
+    END IF;
+    IF NOT (SELECT citus_is_coordinator()) THEN
+        RAISE EXCEPTION 'earmark_distribute runs on the Citus coordinator'
+            USING ERRCODE = '55000', HINT = 'Connect to the coordinator and run it there.';
+    END IF;
+    SELECT string_agg(nodename || ':' || nodeport, ', ') INTO bad
+      FROM pg_dist_node WHERE noderole = 'primary' AND NOT (hasmetadata AND metadatasynced)
+       AND groupid <> 0;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'the metadata of Citus nodes % is not synced', bad
+            USING ERRCODE = '55000', HINT = 'Wait for citus_add_node to finish, or run start_metadata_sync_to_node.';
+    END IF;
+    SELECT string_agg(nodename || ':' || nodeport || ' has ' || coalesce(result, '?'), ', ') INTO bad
+      FROM run_command_on_workers($c$SELECT extversion FROM pg_extension WHERE extname = 'earmark'$c$)
+     WHERE NOT success OR result IS DISTINCT FROM (SELECT extversion FROM pg_extension WHERE extname = 'earmark');
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'earmark is not the same version on every node: %', bad
+            USING ERRCODE = '55000',
+                  HINT = 'Install the same earmark library on every node and run ALTER EXTENSION earmark UPDATE on the coordinator.';
+    END IF;
+
+    -- whole or nothing: a half-distributed install is refused
+    SELECT count(*) INTO n_dist FROM pg_dist_partition
+     WHERE logicalrelid::text = ANY (per_account || reference);
+    IF n_dist > 0 AND n_dist < cardinality(per_account) + cardinality(reference) THEN
+        RAISE EXCEPTION 'earmark is half-distributed: % of its % tables are distributed',
+                        n_dist, cardinality(per_account) + cardinality(reference)
+            USING ERRCODE = '55000',
+                  HINT = 'SELECT logicalrelid FROM pg_dist_partition shows which; undistribute them (undistribute_table) and run earmark_distribute() again.';
+    END IF;
+    -- a worker's own copy of a coordinator table is never read: rows a call
+    -- stored there (an inbox event, a key set) would be lost, refuse.  The
+    -- install script's handler row and the worker's own reporter state are
+    -- not data (emptied at the end).
+    SELECT string_agg(r.nodename || ':' || r.nodeport || ' ' || u.rel || ' (' || coalesce(r.result, '?') || ' rows)', ', ')
+      INTO bad
+      FROM unnest(coord_only[1:4]) AS u (rel),
+           LATERAL run_command_on_workers(format('SELECT count(*) FROM ONLY %s %s', u.rel,
+               CASE WHEN u.rel = 'earmark.inbox_handler'
+                    THEN $w$WHERE (event_type, handler, accepts_unverified) IS DISTINCT FROM
+                                  ('customer.plan_changed', 'earmark.apply_plan_change(earmark.inbox_event)'::regprocedure, false)$w$
+                    ELSE '' END)) r
+     WHERE NOT r.success OR r.result <> '0';
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'earmark tables on worker nodes hold rows of their own: %', bad
+            USING ERRCODE = '55000',
+                  HINT = 'Those rows were written by calls that ran on a worker, where the coordinator''s tables are not read; move them to the coordinator or delete them, then run it again.';
+    END IF;
+
+    IF n_dist = 0 THEN
+        -- rows a call wrote into a worker's own copy before distribution
+        -- would be hidden by the distributed table: refuse instead
+        SELECT string_agg(r.nodename || ':' || r.nodeport || ' ' || u.rel || ' (' || r.result || ' rows)', ', ')
+          INTO bad
+          FROM unnest(per_account || reference) AS u (rel),
+               LATERAL run_command_on_workers(format('SELECT count(*) FROM ONLY %s', u.rel)) r
+         WHERE NOT r.success OR r.result <> '0';
+        IF bad IS NOT NULL THEN
+            RAISE EXCEPTION 'earmark tables on worker nodes hold rows of their own: %', bad
+                USING ERRCODE = '55000',
+                      HINT = 'Those rows were written by calls that ran on a worker before earmark was distributed; move them to the coordinator or delete them, then run it again.';
+        END IF;
+        FOREACH t IN ARRAY per_account LOOP
+            IF t = 'earmark.account' THEN
+                PERFORM create_distributed_table(t, 'account');
+            ELSE
+                PERFORM create_distributed_table(t, 'account', colocate_with => 'earmark.account');
+            END IF;
+            object := t; action := 'distributed by account'; RETURN NEXT;
+        END LOOP;
+        FOREACH t IN ARRAY reference LOOP
+            PERFORM create_reference_table(t);
+            object := t; action := 'reference table'; RETURN NEXT;
+        END LOOP;
+        FOREACH t IN ARRAY per_account || reference LOOP
+            PERFORM truncate_local_data_after_distributing_table(t);
+        END LOOP;
+    END IF;
+
+    SELECT colocationid INTO colocation FROM pg_dist_partition
+     WHERE logicalrelid = 'earmark.account'::regclass;
+    SELECT string_agg(logicalrelid::text, ', ') INTO bad FROM pg_dist_partition
+     WHERE logicalrelid::text = ANY (per_account)
+       AND (partmethod <> 'h' OR colocationid <> colocation
+            OR column_to_column_name(logicalrelid, partkey) <> 'account');
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'earmark tables % are distributed otherwise than by account with earmark.account', bad
+            USING ERRCODE = '55000', HINT = 'Undistribute them and run earmark_distribute() again.';
+    END IF;
+
+    FOREACH f IN ARRAY functions LOOP
+        -- the API functions are in the schema the extension was created in
+        IF f NOT LIKE 'earmark.%' THEN
+            f := format('%I.%s', (SELECT n.nspname FROM pg_extension e
+                                    JOIN pg_namespace n ON n.oid = e.extnamespace
+                                   WHERE e.extname = 'earmark'), f);
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_dist_object o
+                        WHERE o.classid = 'pg_proc'::regclass AND o.objid = f::regprocedure
+                          AND o.distribution_argument_index = 0 AND o.colocationid = colocation
+                          AND o.force_delegation) THEN
+            PERFORM create_distributed_function(f::regprocedure, distribution_arg_name => 'account',
+                                                colocate_with => 'earmark.account',
+                                                force_delegation => true);
+            object := f; action := 'distributed by account, delegated'; RETURN NEXT;
+        END IF;
+    END LOOP;
+
+    -- ids are the node's group over the node's own sequence (next_id):
+    -- each node's sequences move past the largest id its group issued,
+    -- which after a restore are in the tables but not in the sequences
+    SELECT string_agg(format('(%s, %L, %s)', g, seq, m), ', ') INTO ids FROM (
+        SELECT job_id >> 48 AS g, 'earmark.job_id_seq' AS seq, max(job_id & 281474976710655) AS m
+          FROM earmark.job GROUP BY 1
+        UNION ALL
+        SELECT budget_id >> 48, 'earmark.budget_id_seq', max(budget_id & 281474976710655)
+          FROM earmark.budget GROUP BY 1
+        UNION ALL
+        SELECT entry_id >> 48, 'earmark.entry_id_seq', max(entry_id & 281474976710655)
+          FROM earmark.ledger GROUP BY 1
+        UNION ALL
+        SELECT send_id >> 48, 'earmark.send_id_seq', max(send_id & 281474976710655)
+          FROM earmark.meter_send GROUP BY 1
+        UNION ALL
+        SELECT evidence_id >> 48, 'earmark.evidence_id_seq', max(evidence_id & 281474976710655)
+          FROM earmark.evidence GROUP BY 1) s;
+    IF ids IS NOT NULL THEN
+        ids := format($q$SELECT count(pg_catalog.setval(v.seq::regclass, v.m))
+                           FROM (VALUES %s) v (g, seq, m)
+                          WHERE v.g = (SELECT groupid FROM pg_catalog.pg_dist_local_group)
+                            AND v.m > coalesce(pg_catalog.pg_sequence_last_value(v.seq::regclass), 0)$q$, ids);
+        EXECUTE ids INTO n_rows;
+        IF n_rows > 0 THEN
+            object := 'the coordinator'; action := format('%s id sequences moved past its ids', n_rows);
+            RETURN NEXT;
+        END IF;
+        FOR w IN SELECT * FROM run_command_on_workers(ids) LOOP
+            IF NOT w.success THEN
+                RAISE EXCEPTION 'could not set the id sequences of %:%: %', w.nodename, w.nodeport, w.result
+                    USING ERRCODE = '55000';
+            END IF;
+            IF w.result <> '0' THEN
+                object := w.nodename || ':' || w.nodeport;
+                action := format('%s id sequences moved past its ids', w.result);
+                RETURN NEXT;
+            END IF;
+        END LOOP;
+    END IF;
+
+    -- last: the workers' own copies of the coordinator's tables hold the
+    -- install script's rows (reporter_state, inbox_handler), emptied there
+    -- (a TRUNCATE there is not Citus's to propagate)
+    SELECT sum(r.result::bigint) INTO n_rows
+      FROM unnest(coord_only) AS u (rel),
+           LATERAL run_command_on_workers(format('SELECT count(*) FROM ONLY %s', u.rel)) r
+     WHERE r.success;
+    IF n_rows > 0 THEN
+        FOR w IN SELECT * FROM run_command_on_workers(format(
+                     $q$DO $d$ BEGIN SET LOCAL citus.enable_ddl_propagation = off; TRUNCATE ONLY %s; END $d$ $q$,
+                     array_to_string(coord_only, ', '))) LOOP
+            IF NOT w.success THEN
+                RAISE EXCEPTION 'could not empty the coordinator''s tables on %:%: %', w.nodename, w.nodeport, w.result
+                    USING ERRCODE = '55000';
+            END IF;
+        END LOOP;
+        object := array_to_string(coord_only, ', '); action := 'emptied on the workers'; RETURN NEXT;
+    END IF;
+END
+$$;
+
+-- ---------------------------------------------------------------------------
+-- Citus: earmark_set_plan_limit refuses on a worker node of a distributed
+-- install (plans are set on the coordinator).
+-- ---------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION earmark_set_plan_limit(plan text, lim bigint, feature text DEFAULT 'default')
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    off_coordinator boolean;
+BEGIN
+    -- the same argument rules as the C functions' names and limits
+    IF plan IS NULL OR feature IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', CASE WHEN plan IS NULL THEN 'plan' ELSE 'feature' END
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF plan = '' OR feature = '' THEN
+        RAISE EXCEPTION '% must not be empty', CASE WHEN plan = '' THEN 'plan' ELSE 'feature' END
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF length(plan) > 255 OR length(feature) > 255 THEN
+        RAISE EXCEPTION '% is too long', CASE WHEN length(plan) > 255 THEN 'plan' ELSE 'feature' END
+            USING ERRCODE = 'string_data_right_truncation',
+                  DETAIL = 'The most is 255 characters.';
+    END IF;
+    IF lim < 0 THEN
+        RAISE EXCEPTION 'lim must not be negative' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'NULL means unlimited.';
+    END IF;
+    -- on a distributed install plans are the coordinator's to set, as the
+    -- inbox and the webhook secrets are (docs/scale-out.md)
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        EXECUTE $q$SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
+                                    WHERE logicalrelid = 'earmark.account'::regclass)
+                          AND (SELECT groupid <> 0 FROM pg_catalog.pg_dist_local_group)$q$
+           INTO off_coordinator;
+        IF off_coordinator THEN
+            RAISE EXCEPTION 'earmark_set_plan_limit runs on the Citus coordinator'
+                USING ERRCODE = 'feature_not_supported',
+                      DETAIL = 'On a distributed install the plans, the inbox, the key set cache and the reporter''s state are set on the coordinator.',
+                      HINT = 'Connect to the coordinator and call it there.';
+        END IF;
+    END IF;
+    INSERT INTO earmark.plan_limit AS p (plan, feature, lim)
+    VALUES (earmark_set_plan_limit.plan, earmark_set_plan_limit.feature, earmark_set_plan_limit.lim)
+    ON CONFLICT ON CONSTRAINT plan_limit_pkey DO UPDATE SET lim = excluded.lim;
+END
+$$;

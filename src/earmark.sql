@@ -578,6 +578,8 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    off_coordinator boolean;
 BEGIN
     -- the same argument rules as the C functions' names and limits
     IF plan IS NULL OR feature IS NULL THEN
@@ -596,6 +598,20 @@ BEGIN
     IF lim < 0 THEN
         RAISE EXCEPTION 'lim must not be negative' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'NULL means unlimited.';
+    END IF;
+    -- on a distributed install plans are the coordinator's to set, as the
+    -- inbox and the webhook secrets are (docs/scale-out.md)
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        EXECUTE $q$SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
+                                    WHERE logicalrelid = 'earmark.account'::regclass)
+                          AND (SELECT groupid <> 0 FROM pg_catalog.pg_dist_local_group)$q$
+           INTO off_coordinator;
+        IF off_coordinator THEN
+            RAISE EXCEPTION 'earmark_set_plan_limit runs on the Citus coordinator'
+                USING ERRCODE = 'feature_not_supported',
+                      DETAIL = 'On a distributed install the plans, the inbox, the key set cache and the reporter''s state are set on the coordinator.',
+                      HINT = 'Connect to the coordinator and call it there.';
+        END IF;
     END IF;
     INSERT INTO earmark.plan_limit AS p (plan, feature, lim)
     VALUES (earmark_set_plan_limit.plan, earmark_set_plan_limit.feature, earmark_set_plan_limit.lim)
@@ -947,11 +963,17 @@ GRANT EXECUTE ON FUNCTION earmark_report(int), earmark_reconcile(text, text) TO 
 -- that applies the inbox and reports runs there).  Every function that
 -- takes an account is distributed by it, with force_delegation, so that a
 -- call runs on the account's node inside the caller's transaction.
--- Idempotent: a second run finds everything in place and changes nothing.
+-- The workers' own copies of the coordinator's tables are emptied (the
+-- install script's rows there are not the install's), and each node's id
+-- sequences are moved past the ids its group already issued (after a
+-- restore they start again at 1).
+-- Idempotent: a second run finds everything in place and changes nothing;
+-- run it again after citus_add_node and after a restore.
 -- Refuses, changing nothing, without Citus, off the coordinator, with
--- nodes whose metadata is not synced or whose earmark differs, and on a
+-- nodes whose metadata is not synced or whose earmark differs, on a
 -- half-distributed install (some tables distributed, or distributed
--- otherwise than this function does).
+-- otherwise than this function does), and when a worker's own copy of an
+-- earmark table holds rows a call wrote there.
 CREATE FUNCTION earmark_distribute()
 RETURNS TABLE (object text, action text)
 LANGUAGE plpgsql
@@ -963,6 +985,10 @@ DECLARE
         'earmark.meter_mark', 'earmark.meter_send', 'earmark.meter_review', 'earmark.evidence',
         'earmark.local_meter'];
     reference text[] := ARRAY['earmark.plan_limit', 'earmark.webhook_secret'];
+    -- the coordinator's own tables; reporter_state last (its one row is
+    -- each node's state, not data)
+    coord_only text[] := ARRAY['earmark.inbox_event', 'earmark.inbox_receipt', 'earmark.jwks',
+        'earmark.inbox_handler', 'earmark.reporter_state'];
     functions text[] := ARRAY[
         'earmark_reserve(text, bigint, text, text, interval)',
         'earmark_charge(text, bigint, bigint, bigint)',
@@ -985,6 +1011,9 @@ DECLARE
     n_dist int;
     colocation int;
     bad text;
+    n_rows bigint;
+    ids text;
+    w record;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
         RAISE EXCEPTION 'earmark_distribute needs Citus'
@@ -1020,6 +1049,25 @@ BEGIN
             USING ERRCODE = '55000',
                   HINT = 'SELECT logicalrelid FROM pg_dist_partition shows which; undistribute them (undistribute_table) and run earmark_distribute() again.';
     END IF;
+    -- a worker's own copy of a coordinator table is never read: rows a call
+    -- stored there (an inbox event, a key set) would be lost, refuse.  The
+    -- install script's handler row and the worker's own reporter state are
+    -- not data (emptied at the end).
+    SELECT string_agg(r.nodename || ':' || r.nodeport || ' ' || u.rel || ' (' || coalesce(r.result, '?') || ' rows)', ', ')
+      INTO bad
+      FROM unnest(coord_only[1:4]) AS u (rel),
+           LATERAL run_command_on_workers(format('SELECT count(*) FROM ONLY %s %s', u.rel,
+               CASE WHEN u.rel = 'earmark.inbox_handler'
+                    THEN $w$WHERE (event_type, handler, accepts_unverified) IS DISTINCT FROM
+                                  ('customer.plan_changed', 'earmark.apply_plan_change(earmark.inbox_event)'::regprocedure, false)$w$
+                    ELSE '' END)) r
+     WHERE NOT r.success OR r.result <> '0';
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'earmark tables on worker nodes hold rows of their own: %', bad
+            USING ERRCODE = '55000',
+                  HINT = 'Those rows were written by calls that ran on a worker, where the coordinator''s tables are not read; move them to the coordinator or delete them, then run it again.';
+    END IF;
+
     IF n_dist = 0 THEN
         -- rows a call wrote into a worker's own copy before distribution
         -- would be hidden by the distributed table: refuse instead
@@ -1078,6 +1126,66 @@ BEGIN
             object := f; action := 'distributed by account, delegated'; RETURN NEXT;
         END IF;
     END LOOP;
+
+    -- ids are the node's group over the node's own sequence (next_id):
+    -- each node's sequences move past the largest id its group issued,
+    -- which after a restore are in the tables but not in the sequences
+    SELECT string_agg(format('(%s, %L, %s)', g, seq, m), ', ') INTO ids FROM (
+        SELECT job_id >> 48 AS g, 'earmark.job_id_seq' AS seq, max(job_id & 281474976710655) AS m
+          FROM earmark.job GROUP BY 1
+        UNION ALL
+        SELECT budget_id >> 48, 'earmark.budget_id_seq', max(budget_id & 281474976710655)
+          FROM earmark.budget GROUP BY 1
+        UNION ALL
+        SELECT entry_id >> 48, 'earmark.entry_id_seq', max(entry_id & 281474976710655)
+          FROM earmark.ledger GROUP BY 1
+        UNION ALL
+        SELECT send_id >> 48, 'earmark.send_id_seq', max(send_id & 281474976710655)
+          FROM earmark.meter_send GROUP BY 1
+        UNION ALL
+        SELECT evidence_id >> 48, 'earmark.evidence_id_seq', max(evidence_id & 281474976710655)
+          FROM earmark.evidence GROUP BY 1) s;
+    IF ids IS NOT NULL THEN
+        ids := format($q$SELECT count(pg_catalog.setval(v.seq::regclass, v.m))
+                           FROM (VALUES %s) v (g, seq, m)
+                          WHERE v.g = (SELECT groupid FROM pg_catalog.pg_dist_local_group)
+                            AND v.m > coalesce(pg_catalog.pg_sequence_last_value(v.seq::regclass), 0)$q$, ids);
+        EXECUTE ids INTO n_rows;
+        IF n_rows > 0 THEN
+            object := 'the coordinator'; action := format('%s id sequences moved past its ids', n_rows);
+            RETURN NEXT;
+        END IF;
+        FOR w IN SELECT * FROM run_command_on_workers(ids) LOOP
+            IF NOT w.success THEN
+                RAISE EXCEPTION 'could not set the id sequences of %:%: %', w.nodename, w.nodeport, w.result
+                    USING ERRCODE = '55000';
+            END IF;
+            IF w.result <> '0' THEN
+                object := w.nodename || ':' || w.nodeport;
+                action := format('%s id sequences moved past its ids', w.result);
+                RETURN NEXT;
+            END IF;
+        END LOOP;
+    END IF;
+
+    -- last: the workers' own copies of the coordinator's tables hold the
+    -- install script's rows (reporter_state, inbox_handler), emptied there
+    -- (a TRUNCATE there is not Citus's to propagate)
+    SELECT sum(r.result::bigint) INTO n_rows
+      FROM unnest(coord_only) AS u (rel),
+           LATERAL run_command_on_workers(format('SELECT count(*) FROM ONLY %s', u.rel)) r
+     WHERE r.success;
+    IF n_rows > 0 THEN
+        FOR w IN SELECT * FROM run_command_on_workers(format(
+                     $q$DO $d$ BEGIN SET LOCAL citus.enable_ddl_propagation = off; TRUNCATE ONLY %s; END $d$ $q$,
+                     array_to_string(coord_only, ', '))) LOOP
+            IF NOT w.success THEN
+                RAISE EXCEPTION 'could not empty the coordinator''s tables on %:%: %', w.nodename, w.nodeport, w.result
+                    USING ERRCODE = '55000';
+            END IF;
+        END LOOP;
+        object := array_to_string(coord_only, ', '); action := 'emptied on the workers'; RETURN NEXT;
+    END IF;
 END
 $$;
 REVOKE ALL ON FUNCTION earmark_distribute() FROM PUBLIC;

@@ -985,59 +985,69 @@ earmark_heartbeat(PG_FUNCTION_ARGS)
  */
 
 /*
- * A settlement: the budget, the job, its ledger row and the cycle's meter
- * mark in one statement ($7 the hold, $8 the budget).  The ledger row and
- * the mark are written only after the budget row's update, which they
- * reference: a CTE nobody reads runs last, and a mark inserted before the
- * budget lock was granted would be held, uncommitted, while waiting for
- * it (a deadlock with any holder of the budget row that settles too).
+ * A settlement: the budget (or a slot), the job, its ledger row and the
+ * cycle's meter mark, one single-table statement after another, each
+ * naming the account, so that on Citus each runs on the account's shard
+ * alone (a statement of several writes is planned in steps whose
+ * intermediate results go to every node).  The job row is already locked
+ * (read_job).  The budget is written first: the ledger row and the mark
+ * come only after its update, whose lock they depend on; a mark inserted
+ * before the budget lock was granted would be held, uncommitted, while
+ * waiting for it (a deadlock with any holder of the budget row that
+ * settles too).  The ledger row is written only when the budget (or
+ * slot) row was, and the mark only when the ledger row was.
  *
- * settle_slot_job is the same for a hold taken from an escrow slot: it
- * settles into whichever slot of the budget is free and of the generation
- * the hold was taken in ($10) (held to used, the rest to room; the first
- * free one from a random start, $9, as escrow.c's fast path searches), so
- * that it never queues behind the admissions using the slot it came from;
- * when no such slot is free it settles into the budget row, as an expiry
- * does.  Either way no slot's allocation (room + held + used) changes,
- * which is what the limit's books rest on (escrow.c); a row's own held may
- * go below zero, only the sums count.  The generation matters: slots are
- * cut again in a new generation when the limit, or the usage recorded
- * against it, changes, and the new cut counts the old holds as taken; a
- * hold of the old generation released into a slot of the new one would
- * add room the new cut never gave, while the budget may be over its new
- * limit (in the budget row, the release only lowers held, and a rebalance
- * hands it out again only if the limit has room).
+ * A hold taken from an escrow slot settles into whichever slot of the
+ * budget is free and of the generation the hold was taken in (held to
+ * used, the rest to room; the first free one from a random start, as
+ * escrow.c's fast path searches), so that it never queues behind the
+ * admissions using the slot it came from; when no such slot is free it
+ * settles into the budget row, as an expiry does.  Either way no slot's
+ * allocation (room + held + used) changes, which is what the limit's
+ * books rest on (escrow.c); a row's own held may go below zero, only the
+ * sums count.  The generation matters: slots are cut again in a new
+ * generation when the limit, or the usage recorded against it, changes,
+ * and the new cut counts the old holds as taken; a hold of the old
+ * generation released into a slot of the new one would add room the new
+ * cut never gave, while the budget may be over its new limit (in the
+ * budget row, the release only lowers held, and a rebalance hands it out
+ * again only if the limit has room).
  */
-#define SETTLE_JOB_AND_LEDGER(wrote_budget) \
-	" j AS (UPDATE earmark.job SET status = $3, settled_at = $4, charged = $5, " \
-	"       released = $6 WHERE account = $1 AND job_id = $2)," \
-	" l AS (INSERT INTO earmark.ledger (account, budget_id, units, job_id, occurred_at)" \
-	"       SELECT $1, $8, $5, $2, $4 WHERE $5 > 0 AND " wrote_budget " RETURNING 1)" \
-	"INSERT INTO earmark.meter_mark (account, budget_id) SELECT $1, $8 WHERE EXISTS (SELECT 1 FROM l) " \
-	"ON CONFLICT DO NOTHING"
-
-static EmStatement settle_job = {
-	"WITH b AS (UPDATE earmark.budget SET held = held - $7, used = used + $5 "
-	"           WHERE account = $1 AND budget_id = $8 RETURNING 1),"
-	SETTLE_JOB_AND_LEDGER("EXISTS (SELECT 1 FROM b)"),
-	8, {TEXTOID, INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID, INT8OID, INT8OID}
+static EmStatement settle_budget = {
+	"UPDATE earmark.budget SET held = held - $3, used = used + $4 "
+	"WHERE account = $1 AND budget_id = $2",
+	4, {TEXTOID, INT8OID, INT8OID, INT8OID}
 };
 
-#define SETTLE_SLOT_PROBE(from_to) \
-	"(SELECT slot FROM earmark.budget_slot WHERE account = $1 AND budget_id = $8 " \
-	"   AND " from_to " AND gen = $10 ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED)"
+/* a free slot of the hold's generation ($4), from $3 up, or below $3 */
+static EmStatement settle_slot_from = {
+	"SELECT slot FROM earmark.budget_slot WHERE account = $1 AND budget_id = $2 "
+	"   AND slot >= $3 AND gen = $4 ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED",
+	4, {TEXTOID, INT8OID, INT4OID, INT8OID}
+};
 
-static EmStatement settle_slot_job = {
-	"WITH f AS (SELECT coalesce(" SETTLE_SLOT_PROBE("slot >= $9") ", "
-	SETTLE_SLOT_PROBE("slot < $9") ") AS slot),"
-	" bs AS (UPDATE earmark.budget_slot t SET held = t.held - $7, used = t.used + $5, "
-	"        room = t.room + ($7 - $5) "
-	"        WHERE t.account = $1 AND t.budget_id = $8 AND t.slot = (SELECT f.slot FROM f) RETURNING 1),"
-	" bb AS (UPDATE earmark.budget SET held = held - $7, used = used + $5 "
-	"        WHERE account = $1 AND budget_id = $8 AND (SELECT f.slot FROM f) IS NULL RETURNING 1),"
-	SETTLE_JOB_AND_LEDGER("(EXISTS (SELECT 1 FROM bs) OR EXISTS (SELECT 1 FROM bb))"),
-	10, {TEXTOID, INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID, INT8OID, INT8OID,
-	INT4OID, INT8OID}
+static EmStatement settle_slot_below = {
+	"SELECT slot FROM earmark.budget_slot WHERE account = $1 AND budget_id = $2 "
+	"   AND slot < $3 AND gen = $4 ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED",
+	4, {TEXTOID, INT8OID, INT4OID, INT8OID}
+};
+
+static EmStatement settle_slot = {
+	"UPDATE earmark.budget_slot SET held = held - $4, used = used + $5, room = room + ($4 - $5) "
+	"WHERE account = $1 AND budget_id = $2 AND slot = $3",
+	5, {TEXTOID, INT8OID, INT4OID, INT8OID, INT8OID}
+};
+
+static EmStatement settle_job_row = {
+	"UPDATE earmark.job SET status = $3, settled_at = $4, charged = $5, released = $6 "
+	"WHERE account = $1 AND job_id = $2",
+	6, {TEXTOID, INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID}
+};
+
+static EmStatement settle_ledger = {
+	"INSERT INTO earmark.ledger (account, budget_id, units, job_id, occurred_at) "
+	"VALUES ($1, $2, $3, $4, $5)",
+	5, {TEXTOID, INT8OID, INT8OID, INT8OID, TIMESTAMPTZOID}
 };
 
 static EmStatement budget_slot_count = {
@@ -1052,13 +1062,64 @@ typedef struct Settle
 	const char *status;
 } Settle;
 
-/* the settlement's statement, for a job read and locked as *j */
+/*
+ * Lock a free slot of the hold's generation for its release, searching
+ * from a random start as escrow.c's fast path does; -1 when none is free.
+ */
+static int32
+settle_find_slot(text *account, Job *j)
+{
+	Datum		args[4];
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(j->budget_id);
+	em_exec(&budget_slot_count, args, NULL, 1);
+	args[2] = Int32GetDatum(em_random_slot(SPI_processed == 1 ?
+										   (int) em_get_int64(0, 1, 0) : 0));
+	args[3] = Int64GetDatum(j->gen);
+	em_exec(&settle_slot_from, args, NULL, 1);
+	if (SPI_processed == 0)
+		em_exec(&settle_slot_below, args, NULL, 1);
+	return SPI_processed == 1 ? (int32) em_get_int64(0, 1, -1) : -1;
+}
+
+/* the hold's release into a free slot, else into the budget row; whether a row was written */
+static bool
+settle_release(text *account, Job *j, Settle *s)
+{
+	Datum		args[5];
+	int32		slot = -1;
+
+	if (j->has_slot && j->has_gen)
+		slot = settle_find_slot(account, j);
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(j->budget_id);
+	if (slot >= 0)
+	{
+		args[2] = Int32GetDatum(slot);
+		args[3] = Int64GetDatum(j->amount);
+		args[4] = Int64GetDatum(s->charged);
+		em_exec(&settle_slot, args, NULL, 0);
+	}
+	else
+	{
+		args[2] = Int64GetDatum(j->amount);
+		args[3] = Int64GetDatum(s->charged);
+		em_exec(&settle_budget, args, NULL, 0);
+	}
+	return SPI_processed > 0;
+}
+
+/* the settlement's statements, for a job read and locked as *j */
 static void
 write_settlement(text *account, int64 job_id, Job *j, Settle *s, TimestampTz now)
 {
-	Datum		args[10];
-	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
-	bool		from_slot = j->has_slot && j->has_gen;
+	Datum		args[6];
+	bool		wrote_budget;
+
+	if (s->charged > 0)
+		em_mark_lock(j->budget_id); /* see budget.c */
+	wrote_budget = settle_release(account, j, s);
 
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(job_id);
@@ -1066,23 +1127,16 @@ write_settlement(text *account, int64 job_id, Job *j, Settle *s, TimestampTz now
 	args[3] = TimestampTzGetDatum(now);
 	args[4] = Int64GetDatum(s->charged);
 	args[5] = Int64GetDatum(s->released);
-	args[6] = Int64GetDatum(j->amount);
-	args[7] = Int64GetDatum(j->budget_id);
-	if (from_slot)
-	{
-		Datum		budget[2];
+	em_exec(&settle_job_row, args, NULL, 0);
+	if (s->charged <= 0 || !wrote_budget)
+		return;
 
-		/* where the search for a free slot starts (escrow.c) */
-		budget[0] = PointerGetDatum(account);
-		budget[1] = Int64GetDatum(j->budget_id);
-		em_exec(&budget_slot_count, budget, NULL, 1);
-		args[8] = Int32GetDatum(em_random_slot(SPI_processed == 1 ?
-											   (int) em_get_int64(0, 1, 0) : 0));
-		args[9] = Int64GetDatum(j->gen);
-	}
-	if (s->charged > 0)
-		em_mark_lock(j->budget_id); /* see budget.c */
-	em_exec(from_slot ? &settle_slot_job : &settle_job, args, nulls, 0);
+	args[1] = Int64GetDatum(j->budget_id);
+	args[2] = Int64GetDatum(s->charged);
+	args[3] = Int64GetDatum(job_id);
+	args[4] = TimestampTzGetDatum(now);
+	em_exec(&settle_ledger, args, NULL, 0);
+	em_mark_cycle(account, j->budget_id);
 }
 
 Datum

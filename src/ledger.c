@@ -96,25 +96,24 @@ static EmStatement cycle_total = {
 };
 
 /*
- * The row, its counter and the cycle's mark in one statement; nothing when
- * the key is already taken (a concurrent writer of the same key is waited
- * for by the unique index, then conflicts).
+ * The row, its counter and the cycle's mark: one single-table statement
+ * after another, each naming the account, so that on Citus each runs on
+ * the account's shard alone.  Nothing after the row when its key is
+ * already taken (a concurrent writer of the same key is waited for by the
+ * unique index, then conflicts).
  */
 static EmStatement record_row = {
-	"WITH l AS ("
-	"  INSERT INTO earmark.ledger (account, budget_id, units, entry_key, occurred_at, recorded_at)"
-	"  VALUES ($3, $1, $2, $4, $5, $7)"
-	"  ON CONFLICT (account, entry_key) WHERE entry_key IS NOT NULL DO NOTHING"
-	"  RETURNING 1),"
-	" c AS (INSERT INTO earmark.usage_shard AS u (account, budget_id, shard, units)"
-	"       SELECT $3, $1, $6, $2 WHERE EXISTS (SELECT 1 FROM l)"
-	"       ON CONFLICT (account, budget_id, shard) DO UPDATE SET units = u.units + excluded.units"
-	"       RETURNING 1),"
-	" m AS (INSERT INTO earmark.meter_mark (account, budget_id)"
-	"       SELECT $3, $1 WHERE EXISTS (SELECT 1 FROM c)"
-	"       ON CONFLICT DO NOTHING) "
-	"SELECT pg_catalog.count(*) FROM l",
-	7, {INT8OID, INT8OID, TEXTOID, TEXTOID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID}
+	"INSERT INTO earmark.ledger (account, budget_id, units, entry_key, occurred_at, recorded_at) "
+	"VALUES ($1, $2, $3, $4, $5, $6) "
+	"ON CONFLICT (account, entry_key) WHERE entry_key IS NOT NULL DO NOTHING",
+	6, {TEXTOID, INT8OID, INT8OID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+};
+
+static EmStatement count_in_shard = {
+	"INSERT INTO earmark.usage_shard AS u (account, budget_id, shard, units) "
+	"VALUES ($1, $2, $3, $4) "
+	"ON CONFLICT (account, budget_id, shard) DO UPDATE SET units = u.units + excluded.units",
+	4, {TEXTOID, INT8OID, INT4OID, INT8OID}
 };
 
 int64
@@ -289,19 +288,24 @@ static bool
 write_usage(text *account, int64 budget_id, int64 units, text *key,
 			TimestampTz occurred_at, TimestampTz now)
 {
-	Datum		args[7];
+	Datum		args[6];
 
 	em_mark_lock(budget_id);
-	args[0] = Int64GetDatum(budget_id);
-	args[1] = Int64GetDatum(units);
-	args[2] = PointerGetDatum(account);
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	args[2] = Int64GetDatum(units);
 	args[3] = PointerGetDatum(key);
 	args[4] = TimestampTzGetDatum(occurred_at);
-	args[5] = Int32GetDatum((int32) pg_prng_uint64_range(&pg_global_prng_state, 0,
+	args[5] = TimestampTzGetDatum(now);
+	em_exec(&record_row, args, NULL, 0);
+	if (SPI_processed == 0)
+		return false;
+	args[2] = Int32GetDatum((int32) pg_prng_uint64_range(&pg_global_prng_state, 0,
 														 EARMARK_USAGE_SHARDS - 1));
-	args[6] = TimestampTzGetDatum(now);
-	em_exec(&record_row, args, NULL, 1);
-	return em_get_int64(0, 1, 0) > 0;
+	args[3] = Int64GetDatum(units);
+	em_exec(&count_in_shard, args, NULL, 0);
+	em_mark_cycle(account, budget_id);
+	return true;
 }
 
 /*

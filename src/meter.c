@@ -60,6 +60,38 @@ static EmStatement claim_marks = {
 	1, {INT4OID}
 };
 
+/*
+ * On a distributed install Citus plans no correlated subquery over the
+ * whole cluster: the marks are claimed with joins on the account alone,
+ * and each cycle's total and last send are read with a statement of its
+ * own that names the account (one shard).
+ */
+static EmStatement claim_marks_distributed = {
+	"SELECT m.budget_id, b.account, b.feature, b.cycle_start, b.cycle_end, "
+	"       a.provider_customer, a.provider_agreement, m.account "
+	"FROM earmark.meter_mark m "
+	"LEFT JOIN earmark.budget b ON b.account = m.account AND b.budget_id = m.budget_id "
+	"LEFT JOIN earmark.account a ON a.account = m.account "
+	"ORDER BY m.marked_at, m.account, m.budget_id LIMIT $1",
+	1, {INT4OID}
+};
+
+static EmStatement cycle_total_numeric = {
+	"SELECT CASE WHEN t.tot <= 9223372036854775807 THEN t.tot::bigint END FROM ("
+	"  SELECT b.used + coalesce((SELECT pg_catalog.sum(s.used) FROM earmark.budget_slot s "
+	"                             WHERE s.account = $1 AND s.budget_id = $2), 0) "
+	"                + coalesce((SELECT pg_catalog.sum(u.units) FROM earmark.usage_shard u "
+	"                             WHERE u.account = $1 AND u.budget_id = $2), 0) AS tot "
+	"    FROM earmark.budget b WHERE b.account = $1 AND b.budget_id = $2) t",
+	2, {TEXTOID, INT8OID}
+};
+
+static EmStatement last_sent_total = {
+	"SELECT total FROM earmark.meter_send WHERE account = $1 AND budget_id = $2 AND ok "
+	"ORDER BY send_id DESC LIMIT 1",
+	2, {TEXTOID, INT8OID}
+};
+
 static EmStatement log_send = {
 	"INSERT INTO earmark.meter_send (budget_id, total, origin, ok, http_status, error, duration_ms, account) "
 	"VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
@@ -98,6 +130,86 @@ static EmStatement note_pass = {
 	4, {INT4OID, INT4OID, TEXTOID, TIMESTAMPTZOID}
 };
 
+/* a claimed cycle's row of the claim query (column numbers of claim_marks) */
+static void
+read_claimed(EmMeterOp *op, int i, TimestampTz now, MemoryContext cxt)
+{
+	MemoryContext old;
+	bool		isnull;
+	Datum		d;
+
+	op->budget_id = em_get_int64(i, 1, 0);
+	old = MemoryContextSwitchTo(cxt);
+	op->mark_account = TextDatumGetCString(em_get(i, 10, &isnull));
+	MemoryContextSwitchTo(old);
+	(void) em_get(i, 2, &isnull);
+	if (isnull)
+	{
+		/* the cycle is gone (its account was deleted) */
+		op->account = NULL;
+		return;
+	}
+	old = MemoryContextSwitchTo(cxt);
+	op->account = TextDatumGetCString(em_get(i, 2, &isnull));
+	op->feature = TextDatumGetCString(em_get(i, 3, &isnull));
+	op->cycle_start = DatumGetTimestampTz(em_get(i, 4, &isnull));
+	op->cycle_end = DatumGetTimestampTz(em_get(i, 5, &isnull));
+	op->closed = op->cycle_end <= now;
+	d = em_get(i, 6, &isnull);
+	op->customer = isnull ? NULL : TextDatumGetCString(d);
+	d = em_get(i, 7, &isnull);
+	op->agreement = isnull ? NULL : TextDatumGetCString(d);
+	(void) em_get(i, 8, &isnull);
+	op->total = em_get_int64(i, 8, 0);
+	op->too_large = isnull;
+	d = em_get(i, 9, &isnull);
+	op->read_total = isnull ? -1 : DatumGetInt64(d);	/* last sent, for the review */
+	MemoryContextSwitchTo(old);
+}
+
+/* the same from claim_marks_distributed, then the cycle's own reads */
+static void
+read_claimed_distributed(EmMeterOp *op, int i, TimestampTz now, MemoryContext cxt)
+{
+	MemoryContext old = MemoryContextSwitchTo(cxt);
+	bool		isnull;
+	Datum		d;
+
+	op->budget_id = em_get_int64(i, 1, 0);
+	op->mark_account = TextDatumGetCString(em_get(i, 8, &isnull));
+	d = em_get(i, 2, &isnull);
+	op->account = isnull ? NULL : TextDatumGetCString(d);
+	if (op->account != NULL)
+	{
+		op->feature = TextDatumGetCString(em_get(i, 3, &isnull));
+		op->cycle_start = DatumGetTimestampTz(em_get(i, 4, &isnull));
+		op->cycle_end = DatumGetTimestampTz(em_get(i, 5, &isnull));
+		op->closed = op->cycle_end <= now;
+		d = em_get(i, 6, &isnull);
+		op->customer = isnull ? NULL : TextDatumGetCString(d);
+		d = em_get(i, 7, &isnull);
+		op->agreement = isnull ? NULL : TextDatumGetCString(d);
+	}
+	MemoryContextSwitchTo(old);
+}
+
+static void
+read_cycle_numbers(EmMeterOp *op)
+{
+	Datum		args[2];
+	bool		isnull = true;
+
+	args[0] = CStringGetTextDatum(op->account);
+	args[1] = Int64GetDatum(op->budget_id);
+	em_exec(&cycle_total_numeric, args, NULL, 1);
+	if (SPI_processed == 1)
+		(void) em_get(0, 1, &isnull);
+	op->total = isnull ? 0 : em_get_int64(0, 1, 0);
+	op->too_large = isnull;
+	em_exec(&last_sent_total, args, NULL, 1);
+	op->read_total = SPI_processed == 1 ? em_get_int64(0, 1, -1) : -1;
+}
+
 /*
  * Step 1: the marked cycles, in memory of the caller's context.  Returns
  * -1 while the provider's 429 reset has not passed.
@@ -108,6 +220,7 @@ em_report_claim(int max_cycles, TimestampTz now, EmMeterOp **ops_out,
 {
 	Datum		arg;
 	bool		isnull;
+	bool		distributed = em_distributed();
 	EmMeterOp  *ops;
 	int			n;
 	int			i;
@@ -119,42 +232,21 @@ em_report_claim(int max_cycles, TimestampTz now, EmMeterOp **ops_out,
 		return -1;
 
 	arg = Int32GetDatum(max_cycles);
-	em_exec(&claim_marks, &arg, NULL, 0);
+	em_exec(distributed ? &claim_marks_distributed : &claim_marks, &arg, NULL, 0);
 	n = (int) SPI_processed;
 	ops = MemoryContextAllocZero(cxt, sizeof(EmMeterOp) * Max(n, 1));
 	for (i = 0; i < n; i++)
 	{
-		EmMeterOp  *op = &ops[i];
-		MemoryContext old;
-
-		op->budget_id = em_get_int64(i, 1, 0);
-		old = MemoryContextSwitchTo(cxt);
-		op->mark_account = TextDatumGetCString(em_get(i, 10, &isnull));
-		MemoryContextSwitchTo(old);
-		(void) em_get(i, 2, &isnull);
-		if (isnull)
-		{
-			/* the cycle is gone (its account was deleted) */
-			op->account = NULL;
-			continue;
-		}
-		old = MemoryContextSwitchTo(cxt);
-		op->account = TextDatumGetCString(em_get(i, 2, &isnull));
-		op->feature = TextDatumGetCString(em_get(i, 3, &isnull));
-		op->cycle_start = DatumGetTimestampTz(em_get(i, 4, &isnull));
-		op->cycle_end = DatumGetTimestampTz(em_get(i, 5, &isnull));
-		op->closed = op->cycle_end <= now;
-		d = em_get(i, 6, &isnull);
-		op->customer = isnull ? NULL : TextDatumGetCString(d);
-		d = em_get(i, 7, &isnull);
-		op->agreement = isnull ? NULL : TextDatumGetCString(d);
-		(void) em_get(i, 8, &isnull);
-		op->total = em_get_int64(i, 8, 0);
-		op->too_large = isnull;
-		d = em_get(i, 9, &isnull);
-		op->read_total = isnull ? -1 : DatumGetInt64(d);	/* last sent, for the review */
-		MemoryContextSwitchTo(old);
+		if (distributed)
+			read_claimed_distributed(&ops[i], i, now, cxt);
+		else
+			read_claimed(&ops[i], i, now, cxt);
 	}
+	/* (the claim's result is read whole before these replace it) */
+	if (distributed)
+		for (i = 0; i < n; i++)
+			if (ops[i].account != NULL)
+				read_cycle_numbers(&ops[i]);
 	*ops_out = ops;
 	return n;
 }

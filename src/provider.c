@@ -742,11 +742,15 @@ http_auth(EmHttpRequest *req, char **error)
  * The local provider
  * ---------------------------------------------------------------------
  */
+/*
+ * The write's time is a parameter (the transaction's start, as now()):
+ * Citus takes no STABLE function in ON CONFLICT ... DO UPDATE SET.
+ */
 static EmStatement local_write = {
-	"INSERT INTO earmark.local_meter AS m (account, feature, cycle_start, total) "
-	"VALUES ($1, $2, $3, $4) ON CONFLICT (account, feature, cycle_start) "
-	"DO UPDATE SET total = excluded.total, writes = m.writes + 1, updated_at = pg_catalog.now()",
-	4, {TEXTOID, TEXTOID, TIMESTAMPTZOID, INT8OID}
+	"INSERT INTO earmark.local_meter AS m (account, feature, cycle_start, total, updated_at) "
+	"VALUES ($1, $2, $3, $4, $5) ON CONFLICT (account, feature, cycle_start) "
+	"DO UPDATE SET total = excluded.total, writes = m.writes + 1, updated_at = excluded.updated_at",
+	5, {TEXTOID, TEXTOID, TIMESTAMPTZOID, INT8OID, TIMESTAMPTZOID}
 };
 
 static EmStatement local_read = {
@@ -869,9 +873,10 @@ em_meter_write(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg)
 	{
 		for (i = 0; i < n; i++)
 		{
-			Datum		args[4];
+			Datum		args[5];
 
 			local_args(&ops[i], args);
+			args[4] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
 			em_exec(&local_write, args, NULL, 0);
 			ops[i].ok = true;
 		}

@@ -88,6 +88,24 @@ static EmStatement page_of_cycles = {
 };
 
 /*
+ * The same for one account, with no correlated subquery: inside a call
+ * Citus runs on the account's node, in the caller's transaction, it plans
+ * none (each relation is filtered by the account, joined on it).
+ */
+static EmStatement page_of_account_cycles = {
+	"SELECT b.budget_id, b.account, b.feature, b.cycle_start, b.cycle_end, "
+	"       a.provider_customer, a.provider_agreement "
+	"FROM earmark.budget b JOIN earmark.account a ON a.account = b.account "
+	"WHERE b.account = $1 AND a.account = $1 AND ($2::text IS NULL OR b.feature = $2) "
+	"  AND b.budget_id > $3 "
+	"  AND b.budget_id IN (SELECT l.budget_id FROM earmark.ledger l WHERE l.account = $1 "
+	"                      UNION ALL "
+	"                      SELECT x.budget_id FROM earmark.meter_send x WHERE x.account = $1) "
+	"ORDER BY b.budget_id LIMIT $4",
+	4, {TEXTOID, TEXTOID, INT8OID, INT4OID}
+};
+
+/*
  * The cycle's numbers: ledger total (and its keyed part), counters, the
  * last total sent, and the last send's outcome.
  */
@@ -555,7 +573,7 @@ next_page(Run *run, text *account, text *feature, int64 after)
 	nulls[1] = feature ? ' ' : 'n';
 	args[2] = Int64GetDatum(after);
 	args[3] = Int32GetDatum(RECONCILE_PAGE);
-	em_exec(&page_of_cycles, args, nulls, 0);
+	em_exec(account ? &page_of_account_cycles : &page_of_cycles, args, nulls, 0);
 	n = (int) SPI_processed;
 	if (n == 0)
 		return 0;

@@ -25,10 +25,12 @@
 #      against a single node (diag lines, never asserted)
 #
 # They run in the order 1, 4, 2, 3, 6, 7, 8, 5 (the books are checked last),
-# each printing its start time.  Checks in 6 (another worker's accounts
-# while a worker is down), in 7, and the workers' seed rows in 5 fail on
-# 0.3.0 as it is; see docs/scale-out.md, "Not done yet".  About 4 to 5
-# minutes on 2 cores.
+# each printing its start time.  Section 1 also checks that
+# earmark_distribute() refuses while a worker's own copy of a coordinator
+# table holds a row a call wrote there; section 5 that a second
+# earmark_distribute() moves the workers' id sequences past their ids
+# after they were set back (as after a restore).  About 4 to 5 minutes on
+# 2 cores.
 #
 # Needs earmark built and installed in EM_PREFIX (scripts/test.sh does it)
 # and /usr/bin/python3 with psycopg2 (the driver, test/citus/driver.py).
@@ -182,7 +184,9 @@ COORD_ONLY="earmark.inbox_event earmark.inbox_receipt earmark.inbox_handler earm
 FUNCTIONS="earmark_reserve(text,bigint,text,text,interval) earmark_charge(text,bigint,bigint,bigint)
 earmark_heartbeat(text,bigint) earmark_settle(text,bigint,bigint,text) earmark_budget(text,text,timestamptz)
 earmark_record_usage(text,bigint,text,text,timestamptz) earmark_set_limit(text,bigint,text)
-earmark_set_account(text,timestamptz,text,text) earmark_set_escrow(text,int) earmark.sweep_account(text,int)"
+earmark_set_account(text,timestamptz,text,text) earmark_set_escrow(text,int) earmark.sweep_account(text,int)
+earmark_reconcile(text,text) earmark_refresh_limits(text)
+earmark.report_cycle(text,bigint,text,bigint,boolean,integer,text,float8,boolean,boolean,bigint,text,timestamptz,timestamptz)"
 # sql_list WORDS [CAST]: 'a', 'b', ... for an IN list
 sql_list() { local x out=; for x in $1; do out+="${out:+, }'$x'${2:+::$2}"; done; echo "$out"; }
 
@@ -236,12 +240,22 @@ is "$(echo "$out" | grep -E '^(partition|functions):' | paste -sd' ')" "partitio
    "  ... and changes nothing (only the table distributed by hand is, no function is)"
 is "$(dist_state)" none "  ... and after the rollback nothing is distributed"
 
+# a row a call stored in a worker's own copy of a coordinator table (the
+# inbox) would never be read: refused
+ct_val 1 "INSERT INTO earmark.inbox_event (source, dedupe_key, event_type, payload, occurred_at)
+          VALUES ('billing', 'stored-on-worker', 'test.on_worker', '{}', now())" >/dev/null
+got=$(ct_try 0 "SELECT * FROM earmark_distribute()")
+ok "$(matches "$got" "^55000: earmark tables on worker nodes hold rows of their own: .*:$(ct_port 1) earmark.inbox_event \\(1 rows\\)$")" \
+   "with an event in worker 1's own inbox_event earmark_distribute refuses: ${got:0:120}"
+is "$(dist_state)" none "  ... and nothing was distributed"
+ct_val 1 "DELETE FROM earmark.inbox_event" >/dev/null
+
 ct_sql 0 -A -t -q -c "SELECT * FROM earmark_distribute()" >"$WORK/distribute.out" 2>"$WORK/distribute.err"
 ok $? "earmark_distribute() on the coordinator"
 [ -s "$WORK/distribute.err" ] && sed 's/^/#   /' "$WORK/distribute.err"
 is "$(cut -d'|' -f2 "$WORK/distribute.out" | sort | uniq -c | awk '{$1=$1; print}' | paste -sd';')" \
-   "12 distributed by account;10 distributed by account, delegated;2 reference table" \
-   "  ... reports 12 tables distributed by account, 2 reference tables, 10 functions delegated"
+   "12 distributed by account;13 distributed by account, delegated;1 emptied on the workers;2 reference table" \
+   "  ... reports 12 tables distributed by account, 2 reference tables, 13 functions delegated, the coordinator's tables emptied on the workers"
 is "$(ct_val 0 "SELECT count(*) FROM pg_dist_partition p
                  WHERE p.logicalrelid::text IN ($(sql_list "$PER_ACCOUNT")) AND p.partmethod = 'h'
                    AND column_to_column_name(p.logicalrelid, p.partkey) = 'account'
@@ -258,15 +272,15 @@ is "$(ct_val 0 "SELECT count(*) FROM pg_dist_object o
                    AND o.objid IN ($(sql_list "$FUNCTIONS" regprocedure))
                    AND o.distribution_argument_index = 0 AND o.force_delegation
                    AND o.colocationid = (SELECT colocationid FROM pg_dist_partition
-                                          WHERE logicalrelid = 'earmark.account'::regclass)")" 10 \
-   "pg_dist_object: the 10 account functions distributed by account, colocated, with force_delegation"
+                                          WHERE logicalrelid = 'earmark.account'::regclass)")" 13 \
+   "pg_dist_object: the 13 account functions distributed by account, colocated, with force_delegation"
 is "$(for n in 0 1 2; do
         ct_val $n "SELECT count(*) FROM pg_class WHERE oid::regclass::text IN ($(sql_list "$PER_ACCOUNT $REFERENCE"))
                     AND pg_relation_size(oid) > 0"; done | paste -sd' ')" "0 0 0" \
    "no node keeps hidden rows in its own copy of a distributed or reference table (pg_relation_size 0)"
 
 before=$(dist_state)
-is "$(awk -F';' '{ print NF }' <<<"$before")" 24 "pg_dist_partition and pg_dist_object hold 24 earmark rows (14 tables, 10 functions)"
+is "$(awk -F';' '{ print NF }' <<<"$before")" 27 "pg_dist_partition and pg_dist_object hold 27 earmark rows (14 tables, 13 functions)"
 is "$(ct_val 0 "SELECT count(*) FROM earmark_distribute()")" 0 "a second earmark_distribute() reports nothing to do"
 is "$(dist_state)" "$before" "  ... and changes nothing in pg_dist_partition / pg_dist_object"
 got=$(ct_try 1 "SELECT * FROM earmark_distribute()")
@@ -524,6 +538,8 @@ is "$(ct_val 0 "SELECT count(*) || ' ' || count(*) FILTER (WHERE n = 1 AND w = 1
    "reporter: each cycle's total sent exactly once (one meter_send row, one local_meter write)"
 got=$(ct_sql 0 -A -t -q -c "SELECT verdict FROM earmark_reconcile('$W1')" 2>&1 | sort -u | paste -sd,)
 is "$got" "match" "reconcile: earmark_reconcile('$W1') called on its own returns match"
+got=$(ct_sql 0 -A -t -q -c "BEGIN" -c "SELECT verdict FROM earmark_reconcile('$W2')" -c "COMMIT" 2>&1 | grep -vE '^(BEGIN|COMMIT)$' | sort -u | paste -sd,)
+is "$got" "match" "reconcile: earmark_reconcile('$W2') inside a transaction block returns match"
 got=$(ct_try 0 "SELECT earmark_report()")
 ok "$(matches "$got" '^0A000: earmark_report')" "reporter: earmark_report refuses on a distributed install, as earmark_sweep does: ${got:0:90}"
 
@@ -541,6 +557,9 @@ got=$(ct_try 1 "SELECT * FROM earmark_inbox_receive('billing', 'plan-on-worker',
                 '{\"data\": {\"plan\": {\"key\": \"pro\"}}}', now(), '$W2')")
 ok "$(matches "$got" '^[0-9A-Z]{5}: ')" "inbox: earmark_inbox_receive on a worker refuses (the inbox is on the coordinator): ${got:-it stored the event}"
 is "$(ct_val 1 "SELECT count(*) FROM ONLY earmark.inbox_event")" 0 "inbox: no event in worker 1's own inbox_event"
+got=$(ct_try 2 "SELECT earmark_set_plan_limit('pro', 1)")
+is "$got" "0A000: earmark_set_plan_limit runs on the Citus coordinator" "plans: earmark_set_plan_limit on a worker refuses: 0A000"
+is "$(ct_val 0 "SELECT lim FROM earmark.plan_limit WHERE plan = 'pro'")" 50000 "  ... and the plan keeps its limit"
 # (what a worker stored is removed, so that section 5 looks at the rest)
 ct_val 1 "DELETE FROM ONLY earmark.inbox_event" >/dev/null
 
@@ -631,6 +650,21 @@ is "$(ct_val 0 "WITH j AS MATERIALIZED (SELECT account, job_id >> 48 AS g FROM e
                 SELECT count(*) FILTER (WHERE j.g <> p.groupid) || ' of ' || count(*)
                   FROM j JOIN pg_dist_placement p ON p.shardid = get_shard_id_for_distribution_column('earmark.account', j.account)")" \
    "0 of $(ct_val 0 "SELECT count(*) FROM earmark.job")" "every job id carries the group of the worker that holds its account"
+# after a restore the workers' id sequences start again at 1 (set back
+# here): a second earmark_distribute() moves each past its group's ids
+for n in 1 2; do
+    ct_val $n "SELECT setval('earmark.job_id_seq', 1, false), setval('earmark.budget_id_seq', 1, false),
+                      setval('earmark.entry_id_seq', 1, false)" >/dev/null
+done
+ct_sql 0 -A -t -q -c "SELECT * FROM earmark_distribute()" >"$WORK/redistribute.out" 2>&1
+is "$(grep -E ":($(ct_port 1)|$(ct_port 2))\|3 id sequences moved past its ids$" "$WORK/redistribute.out" | wc -l)" 2 \
+   "with the workers' id sequences set back, earmark_distribute() moves three on each worker"
+[ "$(grep -c 'moved past' "$WORK/redistribute.out")" = 2 ] || sed 's/^/#   /' "$WORK/redistribute.out"
+r=$(ct_val 0 "SELECT job_id || ' ' || admitted FROM earmark_reserve('$W1', 1, 'after-restore')" 2>&1)
+ok "$(matches "$r" '^[0-9]+ true$')" "  ... and a reserve on worker 1's account gets a new job id: ${r:0:100}"
+[[ $r =~ ^[0-9]+ ]] && ct_val 0 "SELECT status FROM earmark_settle('$W1', ${r%% *}, 0, 'cancelled')" >/dev/null
+is "$(ct_val 0 "SELECT count(*) FROM earmark_distribute()")" 0 "  ... and a third run has nothing to do"
+
 chk=$(ct_sql 0 -A -t -q -c "BEGIN ISOLATION LEVEL REPEATABLE READ" -c "SELECT invariant || ' ' || coalesce(account, '') || ' ' || detail FROM earmark_check()" -c "COMMIT" 2>&1 | grep -vE '^(BEGIN|COMMIT)$')
 is "$chk" "" "earmark_check() on the coordinator is clean at the end"
 [ -n "$chk" ] && echo "$chk" | head -20 | sed 's/^/#   /'
