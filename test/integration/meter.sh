@@ -117,7 +117,7 @@ is "$(q -c "SELECT count(*) FROM earmark.meter_mark")" 0 "a cycle the provider t
 
 # a repeated report: the same total again leaves the meter where it was
 before=$(writes agr_m)
-q -c "INSERT INTO earmark.meter_mark (budget_id) SELECT budget_id FROM earmark.budget WHERE account = 'm_acct'" >/dev/null
+q -c "INSERT INTO earmark.meter_mark (account, budget_id) SELECT account, budget_id FROM earmark.budget WHERE account = 'm_acct'" >/dev/null
 wait_for 15 "SELECT count(*) FROM earmark.meter_mark" 0 >/dev/null
 is "$(writes agr_m)" "$((before + 1))" "a repeated report was written again"
 is "$(meter agr_m)" 42 "... and left the meter unchanged (absolute writes)"
