@@ -213,21 +213,22 @@ FROM earmark_reconcile('rep');
 SELECT verdict FROM earmark_reconcile('rep');
 SELECT count(*) AS rep_evidence FROM earmark.evidence WHERE account = 'rep';
 
--- The meter moved without a report (by hand, as a superuser): over_billed,
+-- The meter moved without a report (by hand, as a superuser): over-billed,
 -- repaired with an absolute write of the ledger total, confirmed by the
--- read back.
+-- read back: the verdict is repaired, the drift is in its cause.
 UPDATE earmark.local_meter SET total = total + 100 WHERE account = 'rep';
 SELECT account, feature, closed, ledger_total, counter_total, counters_rebuilt, last_sent,
        provider_total, verdict, cause, repaired_to, read_back
 FROM earmark_reconcile('rep');
 SELECT * FROM pg_temp.cycles('rep');
 SELECT total, origin, ok FROM earmark.send_log WHERE account = 'rep' ORDER BY send_id;
--- a second run adds no evidence row (it returns the stored one)
+-- a second run adds no evidence row (it returns the stored one: repaired,
+-- not a drift)
 SELECT verdict, repaired_to FROM earmark_reconcile('rep');
 SELECT count(*) AS rep_evidence FROM earmark.evidence WHERE account = 'rep';
 
 -- The meter is behind: usage recorded after the last report.
--- under_billed, repaired.
+-- Under-billed, repaired.
 SELECT earmark_record_usage('rep', 8, 'r-6');
 SELECT account, feature, closed, ledger_total, counter_total, counters_rebuilt, last_sent,
        provider_total, verdict, cause, repaired_to, read_back

@@ -966,3 +966,14 @@ BEGIN
     ON CONFLICT ON CONSTRAINT plan_limit_pkey DO UPDATE SET lim = excluded.lim;
 END
 $$;
+
+------------------------------------------------------------------------------
+-- Reconciliation: a proven repair's evidence row has the verdict 'repaired'
+-- (the drift it fixed is in its cause), so that later runs, which return
+-- that row while the meter equals the ledger, do not read as a drift.
+-- Rows written by 0.2.0 keep their verdicts.
+------------------------------------------------------------------------------
+ALTER TABLE earmark.evidence DROP CONSTRAINT evidence_verdict_check;
+ALTER TABLE earmark.evidence ADD CONSTRAINT evidence_verdict_check
+    CHECK (verdict IN ('match', 'unreadable', 'closed_cycle_drift',
+                       'over_billed', 'under_billed', 'repaired'));

@@ -303,7 +303,7 @@ CREATE TABLE earmark.evidence (
     last_sent        bigint,
     provider_total   bigint,                     -- NULL: unreadable
     verdict          text NOT NULL CHECK (verdict IN ('match', 'unreadable', 'closed_cycle_drift',
-                                                      'over_billed', 'under_billed')),
+                                                      'over_billed', 'under_billed', 'repaired')),
     cause            text,
     repaired_to      bigint,
     read_back        bigint,

@@ -293,7 +293,12 @@ cause_of(Check *c)
 	cause = drift_cause(c);
 	if (c->op.closed)
 		return psprintf("The cycle has closed: it is not written, a person decides. %s", cause);
-	if (c->repair_tried && !c->repaired)
+	if (c->repaired)
+		return psprintf("%s: the meter read " INT64_FORMAT ", the ledger " INT64_FORMAT ". %s "
+						"The repair wrote " INT64_FORMAT " and read it back: the meter equals the ledger.",
+						c->op.read_total > c->ledger ? "Over-billed" : "Under-billed",
+						c->op.read_total, c->ledger, cause, c->ledger);
+	if (c->repair_tried)
 		cause = psprintf("%s %s", cause, repair_outcome(c));
 	return cause;
 }
@@ -354,6 +359,14 @@ check_cycle(Run *run, Check *c)
 	decide(c);
 	if (strcmp(c->verdict, "over_billed") == 0 || strcmp(c->verdict, "under_billed") == 0)
 		repair(run, c);
+	/*
+	 * A proven repair is its own verdict, so that a cycle that was fixed
+	 * does not read as a drift on every later run (they return this row
+	 * while the meter still equals the ledger).  One that did not prove
+	 * itself keeps over_billed / under_billed: it still needs a person.
+	 */
+	if (c->repaired)
+		c->verdict = "repaired";
 	/* only a cycle whose step went through has a phase 2 */
 	c->checked = true;
 }

@@ -2,9 +2,10 @@
 # The reconciler against a real HTTP provider on loopback
 # (test/fake_provider.py, Kinde's API), then scheduled with the real pg_cron:
 # - the Notch case: the meter 426 behind the ledger (usage after the last
-#   report) is under_billed, repaired with an absolute write, confirmed by a
+#   report) is under-billed, repaired with an absolute write, confirmed by a
 #   read back, the evidence stored, and a second run adds no row;
-# - a meter moved without a report is over_billed and repaired;
+# - a meter moved without a report is over-billed and repaired (verdict
+#   repaired, the drift in its cause; later runs return that row);
 # - a provider that cannot be read is "unreadable" and nothing is written;
 # - a meter that does not take the repair (a trigger on the local meter
 #   keeps it off by one) is that cycle's evidence, not a success, and the
@@ -76,9 +77,10 @@ q -c "ALTER SYSTEM SET earmark.report_interval = '1h'" -c "SELECT pg_reload_conf
 sleep 1.5
 q -c "SELECT earmark_record_usage('rec_a', 426, 'run-2')" >/dev/null
 row=$(q -F ' ' -c "SELECT verdict, ledger_total, last_sent, provider_total, repaired_to, read_back FROM earmark_reconcile('rec_a')")
-is "$row" "under_billed 8457 8031 8031 8457 8457" "426 behind: under_billed, repaired to 8,457 and read back"
+is "$row" "repaired 8457 8031 8031 8457 8457" "426 behind (under-billed): repaired to 8,457 and read back"
 is "$(q -c "SELECT cause FROM earmark.evidence WHERE account = 'rec_a' ORDER BY evidence_id DESC LIMIT 1")" \
-   "The ledger changed after the last report. A late usage or a correction arrived." "the cause names the late usage"
+   "Under-billed: the meter read 8031, the ledger 8457. The ledger changed after the last report. A late usage or a correction arrived. The repair wrote 8457 and read it back: the meter equals the ledger." \
+   "the cause names the drift, the late usage and the proven repair"
 is "$(meter agr_ra)" 8457 "the meter holds the ledger total"
 is "$(q -c "SELECT origin || ' ' || total || ' ' || ok FROM earmark.send_log WHERE account = 'rec_a' ORDER BY send_id DESC LIMIT 1")" \
    "repair 8457 true" "the repair is in the send log"
@@ -90,9 +92,10 @@ is "$(q -c "SELECT last_checked_at > checked_at FROM earmark.evidence WHERE acco
 # --- the meter moved without a report --------------------------------------
 control '{"set_meter": {"agreement": "agr_ra", "feature": "default", "value": 9000}}'
 row=$(q -F ' ' -c "SELECT verdict, ledger_total, provider_total, read_back FROM earmark_reconcile('rec_a')")
-is "$row" "over_billed 8457 9000 8457" "a meter moved behind our back: over_billed, repaired"
+is "$row" "repaired 8457 9000 8457" "a meter moved behind our back (over-billed): repaired"
 is "$(q -c "SELECT cause FROM earmark.evidence WHERE account = 'rec_a' ORDER BY evidence_id DESC LIMIT 1")" \
-   "The meter moved without a report. A report was counted twice, or something else wrote to the meter." "the cause names the unexplained move"
+   "Over-billed: the meter read 9000, the ledger 8457. The meter moved without a report. A report was counted twice, or something else wrote to the meter. The repair wrote 8457 and read it back: the meter equals the ledger." \
+   "the cause names the unexplained move"
 is "$(evidence rec_a)" 2 "a second evidence row"
 
 # --- unreadable --------------------------------------------------------------
@@ -105,10 +108,10 @@ control '{"down": false}'
 
 # --- pages: many accounts -----------------------------------------------------
 q -c "SELECT earmark_set_account('rec_p' || i, NULL, 'cus_p' || i, 'agr_p' || i), earmark_set_limit('rec_p' || i, NULL), earmark_record_usage('rec_p' || i, i, 'u') FROM generate_series(1, 120) i" >/dev/null
-is "$(q -c "SELECT count(*) || ' ' || count(*) FILTER (WHERE verdict = 'under_billed' AND read_back = ledger_total) FROM earmark_reconcile() WHERE account LIKE 'rec_p%'")" \
+is "$(q -c "SELECT count(*) || ' ' || count(*) FILTER (WHERE verdict = 'repaired' AND read_back = ledger_total AND cause LIKE 'Under-billed: %') FROM earmark_reconcile() WHERE account LIKE 'rec_p%'")" \
    "120 120" "120 never-reported accounts checked over three pages, each repaired and read back"
-is "$(q -c "SELECT count(*) FROM earmark_reconcile() WHERE account LIKE 'rec_p%' AND verdict = 'under_billed'")" 120 \
-   "a second run returns the same evidence"
+is "$(q -c "SELECT count(*) FROM earmark_reconcile() WHERE account LIKE 'rec_p%' AND verdict = 'repaired'")" 120 \
+   "a second run returns the same evidence: repaired, not a drift"
 is "$(q -c "SELECT count(*) FROM earmark.evidence WHERE account LIKE 'rec_p%'")" 120 "... and adds no row"
 
 # --- each cycle is its own unit: a repair that fails undoes nothing else ----
@@ -119,14 +122,14 @@ q -c "SELECT earmark_set_account('rec_u', NULL, 'cus_ru', 'agr_ru')" -c "SELECT 
 control '{"fail": {"status": 503, "count": 1, "path": "/api/v1/billing/meter_usage", "method": "POST"}}'
 rows=$(q -F ' ' -c "SELECT feature, verdict, coalesce(repaired_to::text, 'none'), coalesce(read_back::text, 'none'), cause LIKE '%The repair failed: %' FROM earmark_reconcile('rec_u') ORDER BY feature")
 is "$rows" "default under_billed none none t
-images under_billed 9 9 f" "a failed repair is the evidence of its cycle; the next cycle is still repaired"
+images repaired 9 9 f" "a failed repair is the evidence of its cycle; the next cycle is still repaired"
 q -c "SELECT feature || ': ' || cause FROM earmark.evidence WHERE account = 'rec_u' ORDER BY evidence_id" | sed 's/^/# /'
 is "$(q -c "SELECT string_agg(feature || ' ' || verdict, ', ' ORDER BY feature) FROM earmark.evidence WHERE account = 'rec_u'")" \
-   "default under_billed, images under_billed" "both cycles' evidence was kept"
+   "default under_billed, images repaired" "both cycles' evidence was kept"
 is "$(meter agr_ru)/$(curl -s "$BASE/_state" | python3 -c "import json,sys; print(json.load(sys.stdin)['kinde_meters'].get('agr_ru|images', -1))")" \
    "-1/9" "the provider holds the repaired total, and nothing for the failed one"
 row=$(q -F ' ' -c "SELECT verdict, repaired_to, read_back FROM earmark_reconcile('rec_u', 'default')")
-is "$row" "under_billed 7 7" "once the provider answers, the next run repairs it"
+is "$row" "repaired 7 7" "once the provider answers, the next run repairs it"
 
 # --- no lock is held during a later cycle's provider call ---------------------
 # rec_l's default cycle has counters that differ from the ledger (rebuilt,
@@ -151,7 +154,7 @@ is "$(sqlstate "SELECT 1 FROM earmark.budget WHERE budget_id = $bid FOR UPDATE N
 control '{"release": true}'
 wait "$rec_pid"
 is "$(cat "$WORK/rec_l.out")" "default match t none
-images under_billed f 3" "then the run rebuilt the default cycle's counters and repaired the images cycle"
+images repaired f 3" "then the run rebuilt the default cycle's counters and repaired the images cycle"
 sed 's/^/# /' "$WORK/rec_l.err"
 is "$(q -c "SELECT used FROM earmark_budget('rec_l')")" 5 "the rebuilt counters equal the ledger"
 
@@ -166,11 +169,11 @@ q -c "CREATE FUNCTION public.off_by_one() RETURNS trigger LANGUAGE plpgsql AS \$
   -c "SELECT earmark_record_usage('rec_b', 10, 'b1')" -c "SELECT earmark_record_usage('rec_b', 4, 'b2', 'images')" >/dev/null
 rows=$(q -F ' ' -c "SELECT feature, verdict, repaired_to, read_back, cause LIKE '%The repair did not read back: wrote 10, read back 9.%' FROM earmark_reconcile('rec_b') ORDER BY feature")
 is "$rows" "default under_billed 10 9 t
-images under_billed 4 4 f" "a read back that differs from the repair is its cycle's evidence, and the run goes on"
+images repaired 4 4 f" "a read back that differs from the repair is its cycle's evidence, and the run goes on"
 is "$(q -c "SELECT count(*) FROM earmark.evidence WHERE account = 'rec_b' AND read_back IS DISTINCT FROM repaired_to")" 1 \
    "... the evidence does not claim that repair"
 q -c "DROP TRIGGER off_by_one ON earmark.local_meter" -c "DROP FUNCTION public.off_by_one()" >/dev/null
-is "$(q -c "SELECT verdict || ' ' || read_back FROM earmark_reconcile('rec_b', 'default')")" "under_billed 10" "without the fault the same cycle is repaired"
+is "$(q -c "SELECT verdict || ' ' || read_back FROM earmark_reconcile('rec_b', 'default')")" "repaired 10" "without the fault the same cycle is repaired"
 
 # --- pg_cron: a scheduled reconcile leaves evidence --------------------------
 # (scripts/test.sh preloads pg_cron; without it this step fails)
@@ -182,7 +185,7 @@ if q -c "SHOW shared_preload_libraries" | grep -q pg_cron; then
     got=$(wait_for 80 "SELECT count(*) FROM earmark.evidence WHERE account = 'rec_b'" "$((before + 1))")
     is "$got" "$((before + 1))" "pg_cron ran the scheduled reconcile, which stored new evidence"
     is "$(q -c "SELECT verdict || ' ' || read_back FROM earmark.evidence WHERE account = 'rec_b' AND feature = 'default' ORDER BY evidence_id DESC LIMIT 1")" \
-       "under_billed 10" "... repairing the drift it found"
+       "repaired 10" "... repairing the drift it found"
     got=$(wait_for 10 "SELECT status FROM cron.job_run_details d JOIN cron.job j USING (jobid) WHERE j.jobname = 'earmark-reconcile-test' ORDER BY runid DESC LIMIT 1" succeeded)
     is "$got" succeeded "pg_cron recorded the run as succeeded"
 else

@@ -154,16 +154,16 @@ SELECT set_eq(
        WHERE c.conrelid = 'earmark.evidence'::regclass AND c.contype = 'c'
          AND c.conkey @> ARRAY[(SELECT attnum FROM pg_attribute
                                  WHERE attrelid = 'earmark.evidence'::regclass AND attname = 'verdict')]$$,
-    $$VALUES ('match'), ('unreadable'), ('closed_cycle_drift'), ('over_billed'), ('under_billed')$$,
-    'the CHECK on earmark.evidence.verdict names exactly the five verdicts');
+    $$VALUES ('match'), ('unreadable'), ('closed_cycle_drift'), ('over_billed'), ('under_billed'), ('repaired')$$,
+    'the CHECK on earmark.evidence.verdict names exactly the six verdicts');
 
 -- 2: and the CHECK takes each of them and refuses another word
 SELECT lives_ok(
     $$INSERT INTO earmark.evidence (budget_id, account, feature, cycle_start, cycle_end, closed,
                                     ledger_total, counter_total, counters_rebuilt, verdict)
       SELECT -1, 'em_tap_lc_check', 'default', now(), now() + interval '1 month', false, 0, 0, false, v
-        FROM unnest(ARRAY['match', 'unreadable', 'closed_cycle_drift', 'over_billed', 'under_billed']) v$$,
-    'earmark.evidence accepts each of the five verdicts');
+        FROM unnest(ARRAY['match', 'unreadable', 'closed_cycle_drift', 'over_billed', 'under_billed', 'repaired']) v$$,
+    'earmark.evidence accepts each of the six verdicts');
 SELECT throws_ok(
     $$INSERT INTO earmark.evidence (budget_id, account, feature, cycle_start, cycle_end, closed,
                                     ledger_total, counter_total, counters_rebuilt, verdict)
