@@ -353,6 +353,16 @@ earmark_set_account(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
+/* the columns of read_account_limit (RL_) and read_budget (RB_) */
+enum
+{
+	RL_ANCHOR = 1, RL_LIM, RL_KNOWN, RL_SOURCE
+};
+enum
+{
+	RB_USED = 1, RB_HELD
+};
+
 static EmStatement read_account_limit = {
 	"SELECT a.cycle_anchor, l.lim, l.account IS NOT NULL, l.source "
 	"FROM earmark.account a "
@@ -413,19 +423,19 @@ earmark_budget(PG_FUNCTION_ARGS)
 	em_exec(&read_account_limit, args, NULL, 1);
 	if (SPI_processed == 1)
 	{
-		Datum		d = em_get(0, 1, &isnull);
+		Datum		d = em_get(0, RL_ANCHOR, &isnull);
 
 		has_anchor = !isnull;
 		if (has_anchor)
 			anchor = DatumGetTimestampTz(d);
-		known = DatumGetBool(em_get(0, 3, &isnull));
+		known = DatumGetBool(em_get(0, RL_KNOWN, &isnull));
 		if (known)
 		{
-			d = em_get(0, 2, &isnull);
+			d = em_get(0, RL_LIM, &isnull);
 			unlimited = isnull;
 			lim = isnull ? 0 : DatumGetInt64(d);
 			/* the source as a constant, so it outlives SPI's memory */
-			state = strcmp(TextDatumGetCString(em_get(0, 4, &isnull)),
+			state = strcmp(TextDatumGetCString(em_get(0, RL_SOURCE, &isnull)),
 						   "provider") == 0 ? "provider" : "manual";
 		}
 	}
@@ -439,8 +449,8 @@ earmark_budget(PG_FUNCTION_ARGS)
 	em_exec(&read_budget, args, NULL, 1);
 	if (SPI_processed == 1)
 	{
-		used = em_get_int64(0, 1, 0);
-		held = em_get_int64(0, 2, 0);
+		used = em_get_int64(0, RB_USED, 0);
+		held = em_get_int64(0, RB_HELD, 0);
 	}
 	SPI_finish();
 

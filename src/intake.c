@@ -702,6 +702,12 @@ earmark_inbox_drop_secret(PG_FUNCTION_ARGS)
  * The key set (JWKS)
  * ---------------------------------------------------------------------
  */
+/* the columns of jwks_of_url */
+enum
+{
+	JU_KEYS = 1, JU_FETCHED_AT
+};
+
 static EmStatement jwks_of_url = {
 	"SELECT keys, fetched_at FROM earmark.jwks WHERE url = $1",
 	1, {TEXTOID}
@@ -986,9 +992,9 @@ find_jwk(const char *url, const char *kid, Jwk *jwk)
 	if (SPI_processed == 1)
 	{
 		bool		isnull;
-		Jsonb	   *keys = DatumGetJsonbP(em_get(0, 1, &isnull));
+		Jsonb	   *keys = DatumGetJsonbP(em_get(0, JU_KEYS, &isnull));
 
-		stored_at = DatumGetTimestampTz(em_get(0, 2, &isnull));
+		stored_at = DatumGetTimestampTz(em_get(0, JU_FETCHED_AT, &isnull));
 		if (jwk_in_set(keys, kid, jwk))
 			return;
 	}

@@ -78,6 +78,12 @@ static EmStatement limits_failed = {
 	3, {TEXTOID, TIMESTAMPTZOID, TEXTOID}
 };
 
+/* the columns of wanted_accounts */
+enum
+{
+	WA_ACCOUNT = 1, WA_CUSTOMER
+};
+
 static EmStatement wanted_accounts = {
 	"SELECT account, provider_customer FROM earmark.account "
 	"WHERE limits_wanted_at IS NOT NULL "
@@ -230,8 +236,8 @@ em_wanted_limit_accounts(int max, MemoryContext cxt)
 		EmWantedLimits *w = palloc0(sizeof(EmWantedLimits));
 		Datum		d;
 
-		w->account = TextDatumGetCString(em_get((int) i, 1, &isnull));
-		d = em_get((int) i, 2, &isnull);
+		w->account = TextDatumGetCString(em_get((int) i, WA_ACCOUNT, &isnull));
+		d = em_get((int) i, WA_CUSTOMER, &isnull);
 		w->customer = isnull ? NULL : TextDatumGetCString(d);
 		accounts = lappend(accounts, w);
 	}

@@ -66,6 +66,18 @@ static EmStatement claim_marks = {
  * and each cycle's total and last send are read with a statement of its
  * own that names the account (one shard).
  */
+/* the columns of claim_marks (CM_) and of claim_marks_distributed (CD_) */
+enum
+{
+	CM_BUDGET_ID = 1, CM_ACCOUNT, CM_FEATURE, CM_CYCLE_START, CM_CYCLE_END,
+	CM_CUSTOMER, CM_AGREEMENT, CM_TOTAL, CM_LAST_SENT, CM_MARK_ACCOUNT
+};
+enum
+{
+	CD_BUDGET_ID = 1, CD_ACCOUNT, CD_FEATURE, CD_CYCLE_START, CD_CYCLE_END,
+	CD_CUSTOMER, CD_AGREEMENT, CD_MARK_ACCOUNT
+};
+
 static EmStatement claim_marks_distributed = {
 	"SELECT m.budget_id, b.account, b.feature, b.cycle_start, b.cycle_end, "
 	"       a.provider_customer, a.provider_agreement, m.account "
@@ -130,7 +142,7 @@ static EmStatement note_pass = {
 	4, {INT4OID, INT4OID, TEXTOID, TIMESTAMPTZOID}
 };
 
-/* a claimed cycle's row of the claim query (column numbers of claim_marks) */
+/* a claimed cycle's row of claim_marks */
 static void
 read_claimed(EmMeterOp *op, int i, TimestampTz now, MemoryContext cxt)
 {
@@ -138,11 +150,11 @@ read_claimed(EmMeterOp *op, int i, TimestampTz now, MemoryContext cxt)
 	bool		isnull;
 	Datum		d;
 
-	op->budget_id = em_get_int64(i, 1, 0);
+	op->budget_id = em_get_int64(i, CM_BUDGET_ID, 0);
 	old = MemoryContextSwitchTo(cxt);
-	op->mark_account = TextDatumGetCString(em_get(i, 10, &isnull));
+	op->mark_account = TextDatumGetCString(em_get(i, CM_MARK_ACCOUNT, &isnull));
 	MemoryContextSwitchTo(old);
-	(void) em_get(i, 2, &isnull);
+	(void) em_get(i, CM_ACCOUNT, &isnull);
 	if (isnull)
 	{
 		/* the cycle is gone (its account was deleted) */
@@ -150,19 +162,19 @@ read_claimed(EmMeterOp *op, int i, TimestampTz now, MemoryContext cxt)
 		return;
 	}
 	old = MemoryContextSwitchTo(cxt);
-	op->account = TextDatumGetCString(em_get(i, 2, &isnull));
-	op->feature = TextDatumGetCString(em_get(i, 3, &isnull));
-	op->cycle_start = DatumGetTimestampTz(em_get(i, 4, &isnull));
-	op->cycle_end = DatumGetTimestampTz(em_get(i, 5, &isnull));
+	op->account = TextDatumGetCString(em_get(i, CM_ACCOUNT, &isnull));
+	op->feature = TextDatumGetCString(em_get(i, CM_FEATURE, &isnull));
+	op->cycle_start = DatumGetTimestampTz(em_get(i, CM_CYCLE_START, &isnull));
+	op->cycle_end = DatumGetTimestampTz(em_get(i, CM_CYCLE_END, &isnull));
 	op->closed = op->cycle_end <= now;
-	d = em_get(i, 6, &isnull);
+	d = em_get(i, CM_CUSTOMER, &isnull);
 	op->customer = isnull ? NULL : TextDatumGetCString(d);
-	d = em_get(i, 7, &isnull);
+	d = em_get(i, CM_AGREEMENT, &isnull);
 	op->agreement = isnull ? NULL : TextDatumGetCString(d);
-	(void) em_get(i, 8, &isnull);
-	op->total = em_get_int64(i, 8, 0);
+	(void) em_get(i, CM_TOTAL, &isnull);
+	op->total = em_get_int64(i, CM_TOTAL, 0);
 	op->too_large = isnull;
-	d = em_get(i, 9, &isnull);
+	d = em_get(i, CM_LAST_SENT, &isnull);
 	op->read_total = isnull ? -1 : DatumGetInt64(d);	/* last sent, for the review */
 	MemoryContextSwitchTo(old);
 }
@@ -175,19 +187,19 @@ read_claimed_distributed(EmMeterOp *op, int i, TimestampTz now, MemoryContext cx
 	bool		isnull;
 	Datum		d;
 
-	op->budget_id = em_get_int64(i, 1, 0);
-	op->mark_account = TextDatumGetCString(em_get(i, 8, &isnull));
-	d = em_get(i, 2, &isnull);
+	op->budget_id = em_get_int64(i, CD_BUDGET_ID, 0);
+	op->mark_account = TextDatumGetCString(em_get(i, CD_MARK_ACCOUNT, &isnull));
+	d = em_get(i, CD_ACCOUNT, &isnull);
 	op->account = isnull ? NULL : TextDatumGetCString(d);
 	if (op->account != NULL)
 	{
-		op->feature = TextDatumGetCString(em_get(i, 3, &isnull));
-		op->cycle_start = DatumGetTimestampTz(em_get(i, 4, &isnull));
-		op->cycle_end = DatumGetTimestampTz(em_get(i, 5, &isnull));
+		op->feature = TextDatumGetCString(em_get(i, CD_FEATURE, &isnull));
+		op->cycle_start = DatumGetTimestampTz(em_get(i, CD_CYCLE_START, &isnull));
+		op->cycle_end = DatumGetTimestampTz(em_get(i, CD_CYCLE_END, &isnull));
 		op->closed = op->cycle_end <= now;
-		d = em_get(i, 6, &isnull);
+		d = em_get(i, CD_CUSTOMER, &isnull);
 		op->customer = isnull ? NULL : TextDatumGetCString(d);
-		d = em_get(i, 7, &isnull);
+		d = em_get(i, CD_AGREEMENT, &isnull);
 		op->agreement = isnull ? NULL : TextDatumGetCString(d);
 	}
 	MemoryContextSwitchTo(old);

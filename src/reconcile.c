@@ -73,6 +73,13 @@ PG_FUNCTION_INFO_V1(earmark_reconcile);
 #define RECONCILE_PAGE	50
 
 /* the cycles to check: with ledger rows or sends, after $3, in id order */
+/* the columns of page_of_cycles and page_of_account_cycles */
+enum
+{
+	PC_BUDGET_ID = 1, PC_ACCOUNT, PC_FEATURE, PC_CYCLE_START, PC_CYCLE_END,
+	PC_CUSTOMER, PC_AGREEMENT
+};
+
 static EmStatement page_of_cycles = {
 	"SELECT b.budget_id, b.account, b.feature, b.cycle_start, b.cycle_end, "
 	"       a.provider_customer, a.provider_agreement "
@@ -164,6 +171,12 @@ static EmStatement rebuild_counters = {
 static EmStatement mark_cycle = {
 	"INSERT INTO earmark.meter_mark (account, budget_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
 	2, {TEXTOID, INT8OID}
+};
+
+/* the columns of last_evidence */
+enum
+{
+	LE_LEDGER = 1, LE_COUNTERS, LE_LAST_SENT, LE_PROVIDER, LE_VERDICT, LE_EVIDENCE_ID
 };
 
 static EmStatement last_evidence = {
@@ -441,19 +454,19 @@ keep_evidence(Run *run, Check *c)
 	em_exec(&last_evidence, args, NULL, 1);
 	if (SPI_processed == 1 && !c->repair_tried && !c->rebuilt)
 	{
-		bool		same = em_get_int64(0, 1, -1) == c->ledger &&
-			em_get_int64(0, 2, -1) == counters_after;
+		bool		same = em_get_int64(0, LE_LEDGER, -1) == c->ledger &&
+			em_get_int64(0, LE_COUNTERS, -1) == counters_after;
 		Datum		d;
 
-		d = em_get(0, 3, &isnull);
+		d = em_get(0, LE_LAST_SENT, &isnull);
 		same = same && (isnull ? !c->has_sent : (c->has_sent && DatumGetInt64(d) == c->last_sent));
-		d = em_get(0, 4, &isnull);
+		d = em_get(0, LE_PROVIDER, &isnull);
 		same = same && (isnull ? !c->op.ok : (c->op.ok && DatumGetInt64(d) == c->op.read_total));
-		same = same && strcmp(TextDatumGetCString(em_get(0, 5, &isnull)), c->verdict) == 0;
+		same = same && strcmp(TextDatumGetCString(em_get(0, LE_VERDICT, &isnull)), c->verdict) == 0;
 		if (same)
 		{
 			args[0] = CStringGetTextDatum(c->op.account);
-			args[1] = em_get(0, 6, &isnull);
+			args[1] = em_get(0, LE_EVIDENCE_ID, &isnull);
 			args[2] = TimestampTzGetDatum(GetCurrentTimestamp());
 			em_exec(&touch_evidence, args, NULL, 1);
 			put_row(run);
@@ -598,15 +611,15 @@ next_page(Run *run, text *account, text *feature, int64 after)
 		MemoryContext old = MemoryContextSwitchTo(run->cxt);
 		Datum		d;
 
-		op->budget_id = em_get_int64(i, 1, 0);
-		op->account = TextDatumGetCString(em_get(i, 2, &isnull));
-		op->feature = TextDatumGetCString(em_get(i, 3, &isnull));
-		op->cycle_start = DatumGetTimestampTz(em_get(i, 4, &isnull));
-		op->cycle_end = DatumGetTimestampTz(em_get(i, 5, &isnull));
+		op->budget_id = em_get_int64(i, PC_BUDGET_ID, 0);
+		op->account = TextDatumGetCString(em_get(i, PC_ACCOUNT, &isnull));
+		op->feature = TextDatumGetCString(em_get(i, PC_FEATURE, &isnull));
+		op->cycle_start = DatumGetTimestampTz(em_get(i, PC_CYCLE_START, &isnull));
+		op->cycle_end = DatumGetTimestampTz(em_get(i, PC_CYCLE_END, &isnull));
 		op->closed = op->cycle_end <= now;
-		d = em_get(i, 6, &isnull);
+		d = em_get(i, PC_CUSTOMER, &isnull);
 		op->customer = isnull ? NULL : TextDatumGetCString(d);
-		d = em_get(i, 7, &isnull);
+		d = em_get(i, PC_AGREEMENT, &isnull);
 		op->agreement = isnull ? NULL : TextDatumGetCString(d);
 		MemoryContextSwitchTo(old);
 	}
