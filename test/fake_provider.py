@@ -36,13 +36,18 @@ Control (no authentication, not logged, not subject to faults):
                    "hang": {"count", "seconds", "path", "method", "query"}, "slow": {"ms"},
                    "release": true, "token_expires_in": "<raw JSON text>" or null,
                    "down": bool, "set_meter", "set_entitlement", "set_limit" (an object
-                   or a list of them), "revoke_tokens": true.
+                   or a list of them), "revoke_tokens": true, "reset_concurrency": true
+                   (max_concurrent starts again from the requests open now).
   GET  /_state     meters, write counts, tokens issued, requests seen, requests in
-                   flight (waiting on a hang or slow), rate_limited_until
+                   flight (waiting on a hang or slow), rate_limited_until, and
+                   max_concurrent: the most requests open at once (from arrival
+                   until answered; "slow" holds each one open that long)
   POST /_reset     forgets meters, entitlements, limits, faults, counters and requests
 
 Faults are checked in the order down (503), fail, answer, rate_limit (429 with
-RateLimit-Reset and Retry-After), hang, slow; "fail", "answer", "rate_limit"
+RateLimit-Reset and Retry-After in seconds; with "retry_after": "date" only a
+Retry-After as an HTTP date, RFC 9110, of now + reset, cut to the second), hang,
+slow; "fail", "answer", "rate_limit"
 and "hang" each queue rules (first matching rule with a count left is used;
 "count": 0 drops all rules of that kind).  A rule matches a request whose
 path starts with "path", whose method is "method" and whose query string
@@ -62,6 +67,7 @@ the request's arrival) before it is answered.
 import argparse
 import base64
 import datetime
+import email.utils
 import hashlib
 import hmac
 import http.server
@@ -140,6 +146,7 @@ class State:
     def __init__(self):
         self.lock = threading.Lock()
         self.tokens = {}                # token -> expiry (unix time)
+        self.open = 0                   # requests arrived and not yet answered
         self.reset()
 
     def reset(self):                    # callers hold the lock (or are __init__)
@@ -161,6 +168,7 @@ class State:
         self.token_expires_in = None    # raw JSON text, or None
         self.in_flight = {}             # id -> request waiting on a hang or slow
         self.release_gen = 0            # "release" ends the waits of older generations
+        self.max_concurrent = self.open   # the most requests open at once
 
 
 def take_rule(rules, method, path, query=""):
@@ -217,6 +225,10 @@ def parse_rule(spec, kind):
         if not isinstance(reset, (int, float)) or isinstance(reset, bool) or reset < 0:
             raise BadRequest("rate_limit.reset must be a number >= 0")
         rule["reset"] = int(math.ceil(reset))      # headers carry whole seconds
+        form = spec.get("retry_after", "seconds")
+        if form not in ("seconds", "date"):
+            raise BadRequest("rate_limit.retry_after must be \"seconds\" or \"date\"")
+        rule["date"] = form == "date"
     elif kind == "hang":
         seconds = spec.get("seconds", 10)
         if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
@@ -281,6 +293,10 @@ def main():
                 if v is not True:
                     raise BadRequest("revoke_tokens must be true")
                 actions.append((key, v))
+            elif key == "reset_concurrency":
+                if v is not True:
+                    raise BadRequest("reset_concurrency must be true")
+                actions.append((key, v))
             elif key == "set_meter":
                 for m in as_list(v, key):
                     val = m.get("value")
@@ -324,6 +340,8 @@ def main():
                     st.down = a
                 elif kind == "revoke_tokens":
                     st.tokens.clear()
+                elif kind == "reset_concurrency":
+                    st.max_concurrent = st.open
                 elif kind == "kinde_meter":
                     st.kinde_meters[a[0]] = a[1]
                 elif kind == "generic_meter":
@@ -351,6 +369,7 @@ def main():
                 "requests": list(st.requests),
                 "in_flight": list(st.in_flight.values()),
                 "rate_limited_until": st.rate_limited_until,
+                "max_concurrent": st.max_concurrent,
             }
 
     # ---- the APIs (called with st.lock held) -----------------------------
@@ -655,6 +674,11 @@ def main():
             if r:
                 return r["status"], Raw(r["body"]), {}, 0.0
             r = take_rule(st.rate_rules, self.command, path, query)
+            if r and r["date"]:
+                until = int(time.time() + r["reset"])      # an HTTP date has whole seconds
+                st.rate_limited_until = until
+                return 429, {"error": "rate_limited"}, {
+                    "Retry-After": email.utils.formatdate(until, usegmt=True)}, 0.0
             if r:
                 st.rate_limited_until = time.time() + r["reset"]
                 return 429, {"error": "rate_limited"}, {"RateLimit-Reset": str(r["reset"]),
@@ -663,6 +687,20 @@ def main():
             return None, None, {}, (r["seconds"] if r else 0.0)
 
         def handle_request(self):
+            """One request; a non-control one counts as open until answered."""
+            if self.path.split("?", 1)[0] in CONTROL_PATHS:
+                self.handle_one()
+                return
+            with st.lock:
+                st.open += 1
+                st.max_concurrent = max(st.max_concurrent, st.open)
+            try:
+                self.handle_one()
+            finally:
+                with st.lock:
+                    st.open -= 1
+
+        def handle_one(self):
             t = time.time()
             path = self.path.split("?", 1)[0]
             query = self.path.split("?", 1)[1] if "?" in self.path else ""
