@@ -669,6 +669,29 @@ do_reserve(Reserve *r)
 	answer(r, a, remaining);
 }
 
+/*
+ * do_reserve, and the rate limit's count given back unless it admitted a
+ * new job: also when it raises (an amount that would pass the largest
+ * bigint, a serialization failure), or bad input would use up the rate.
+ */
+static void
+reserve_counted(Reserve *r)
+{
+	PG_TRY();
+	{
+		do_reserve(r);
+	}
+	PG_CATCH();
+	{
+		if (r->rate_counted)
+			em_rate_give_back(r->h.account);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	if (r->rate_counted && !(r->result->admitted && r->result->reason == NULL))
+		em_rate_give_back(r->h.account);
+}
+
 /* the lease argument, or earmark.lease */
 static Interval *
 arg_lease(FunctionCallInfo fcinfo, int argno, TimestampTz now)
@@ -712,10 +735,7 @@ earmark_reserve(PG_FUNCTION_ARGS)
 	em_require_account_local(r.h.account);
 
 	SPI_connect();
-	do_reserve(&r);
-	/* the rate limit counts new admissions only */
-	if (r.rate_counted && !(result.admitted && result.reason == NULL))
-		em_rate_give_back(r.h.account);
+	reserve_counted(&r);		/* the rate limit counts new admissions only */
 	if (result.want_limits)
 		em_want_limits(r.h.account);	/* after the budget row: gate.c's order */
 	SPI_finish();
@@ -1431,9 +1451,7 @@ em_reserve_one(text *account, int64 amount, text *key, text *feature,
 	r.h.lease = lease;
 	r.h.lease_until = add_interval(now, lease);
 	r.result = &result;
-	do_reserve(&r);
-	if (r.rate_counted && !(result.admitted && result.reason == NULL))
-		em_rate_give_back(account);
+	reserve_counted(&r);
 	if (result.want_limits)
 		em_want_limits(account);
 	out->admitted = result.admitted;
