@@ -118,6 +118,7 @@ sed -i "/^earmark.database = 'four'/d" "$LC/data/postgresql.conf"
     echo "earmark.launcher_naptime = '1h'"
 } >>"$LC/data/postgresql.conf"
 runuser -u postgres -- "$EM_PGBIN/pg_ctl" -D "$LC/data" -m fast -w stop >/dev/null
+from=$(($(wc -l <"$LC/log") + 1))
 start_lc
 is "$(wait_workers "four,one")" "four,one" \
    "two slots, four databases without earmark: both databases with earmark get a worker"
@@ -125,7 +126,7 @@ old=$(L -d postgres -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'e
 L -d postgres -c "SELECT pg_terminate_backend($old)" >/dev/null
 got=$(PGHOST=$LC PGPORT=$LPORT wait_for 60 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND datname = 'one' AND pid <> $old" 1)
 is "$got" 1 "a terminated worker is back at its retry, not at the next launcher_naptime (an hour)"
-is "$(grep -c 'earmark is not installed in database' "$LC/log")" 0 \
+is "$(tail -n +"$from" "$LC/log" | grep -c 'earmark is not installed in database')" 0 \
    "a database without earmark is no news for the server log"
 
 # earmark.database naming no database: said in the log, not silent
