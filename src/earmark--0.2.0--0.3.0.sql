@@ -648,3 +648,15 @@ CREATE FUNCTION earmark.wake_launcher() RETURNS void
 AS 'MODULE_PATHNAME', 'earmark_wake_launcher' LANGUAGE C VOLATILE;
 REVOKE ALL ON FUNCTION earmark.wake_launcher() FROM PUBLIC;
 SELECT earmark.wake_launcher();
+
+-- ---------------------------------------------------------------------------
+-- Inbox: the claim's plan (src/inbox.c).  earmark_inbox_claim_plan shows
+-- the plan a claim runs, for admins.
+-- ---------------------------------------------------------------------------
+CREATE FUNCTION earmark_inbox_claim_plan(max_events int DEFAULT 10, with_handler boolean DEFAULT false)
+RETURNS SETOF text
+AS 'MODULE_PATHNAME', 'earmark_inbox_claim_plan'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 30
+SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION earmark_inbox_claim_plan(int, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION earmark_inbox_claim_plan(int, boolean) TO earmark_admin;
