@@ -651,8 +651,11 @@ SELECT earmark.wake_launcher();
 
 -- ---------------------------------------------------------------------------
 -- Inbox: the claim's plan (src/inbox.c).  earmark_inbox_claim_plan shows
--- the plan a claim runs, for admins.
+-- the plan a claim runs, for admins.  No index on the events' account:
+-- nothing looks events up by it, and every index costs each receive,
+-- claim and completion a write.
 -- ---------------------------------------------------------------------------
+DROP INDEX earmark.inbox_event_account;
 CREATE FUNCTION earmark_inbox_claim_plan(max_events int DEFAULT 10, with_handler boolean DEFAULT false)
 RETURNS SETOF text
 AS 'MODULE_PATHNAME', 'earmark_inbox_claim_plan'

@@ -350,7 +350,8 @@ CREATE TABLE earmark.inbox_event (
 -- claims read due events in (occurred_at, event_id) order
 CREATE INDEX inbox_event_due ON earmark.inbox_event (occurred_at, event_id)
     WHERE status IN ('received', 'failed', 'processing');
-CREATE INDEX inbox_event_account ON earmark.inbox_event (account);
+-- (no index on account: nothing in earmark looks events up by account,
+-- and every index costs each receive, claim and completion a write)
 -- claims look for leases that passed
 CREATE INDEX inbox_event_leased ON earmark.inbox_event (locked_until)
     WHERE status = 'processing';

@@ -213,18 +213,20 @@ is_admin(Oid role)
  * Receive
  * ---------------------------------------------------------------------
  */
+/*
+ * A delivery in one statement: the event (a copy only counts itself, from
+ * xmax = 0 we learn which) and its receipt.
+ */
 static EmStatement store_event = {
-	"INSERT INTO earmark.inbox_event AS e "
-	"  (source, dedupe_key, event_type, payload, occurred_at, account, verified_by) "
-	"VALUES ($1, $2, $3, $4, $5, $6, $7) "
-	"ON CONFLICT (source, dedupe_key) DO UPDATE SET seen_count = e.seen_count + 1 "
-	"RETURNING e.event_id, (e.xmax = 0)",
+	"WITH e AS ("
+	"  INSERT INTO earmark.inbox_event AS e "
+	"    (source, dedupe_key, event_type, payload, occurred_at, account, verified_by) "
+	"  VALUES ($1, $2, $3, $4, $5, $6, $7) "
+	"  ON CONFLICT (source, dedupe_key) DO UPDATE SET seen_count = e.seen_count + 1 "
+	"  RETURNING e.event_id, (e.xmax = 0) AS inserted) "
+	"INSERT INTO earmark.inbox_receipt (event_id, inserted) SELECT event_id, inserted FROM e "
+	"RETURNING event_id, inserted",
 	7, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID, TEXTOID, TEXTOID}
-};
-
-static EmStatement store_receipt = {
-	"INSERT INTO earmark.inbox_receipt (event_id, inserted) VALUES ($1, $2)",
-	2, {INT8OID, BOOLOID}
 };
 
 /*
@@ -289,9 +291,9 @@ check_not_future(TimestampTz occurred_at, TimestampTz now)
 
 /*
  * Store a delivery: the event once per (source, dedupe_key), a copy only
- * counted, and a receipt for every delivery.  verified_by says how its
- * source was verified (NULL: not at all).  Runs in the caller's SPI
- * connection.
+ * counted, and a receipt for every delivery, in one statement
+ * (store_event).  verified_by says how its source was verified (NULL: not
+ * at all).  Runs in the caller's SPI connection.
  */
 void
 em_inbox_store_verified(text *source, text *dedupe_key, text *event_type,
@@ -328,10 +330,6 @@ em_inbox_store_verified(text *source, text *dedupe_key, text *event_type,
 	em_exec(&store_event, args, nulls, 1);
 	*event_id = em_get_int64(0, 1, 0);
 	*inserted = DatumGetBool(em_get(0, 2, &isnull));
-
-	args[0] = Int64GetDatum(*event_id);
-	args[1] = BoolGetDatum(*inserted);
-	em_exec(&store_receipt, args, NULL, 0);
 }
 
 /* an unverified store (earmark.h's older entry point) */
@@ -744,24 +742,56 @@ arg_text(FunctionCallInfo fcinfo, int argno, const char *what)
 	return text_to_cstring(PG_GETARG_TEXT_PP(argno));
 }
 
+/*
+ * Complete a claimed event in one statement, the common case: the event
+ * is processing and the caller may finish it ($4: an admin, or the
+ * handler of this event; otherwise only an event whose type has no
+ * handler).  No row: the caller learns why from complete_slowly.
+ */
+static EmStatement complete_claimed = {
+	"UPDATE earmark.inbox_event AS e SET status = 'applied', result = $2, locked_until = NULL, updated_at = $3 "
+	"WHERE e.event_id = $1 AND e.status = 'processing' "
+	"  AND ($4 OR NOT EXISTS (SELECT 1 FROM earmark.inbox_handler h WHERE h.event_type = e.event_type))",
+	4, {INT8OID, TEXTOID, TIMESTAMPTZOID, BOOLOID}
+};
+
+/*
+ * The checks one at a time, with their errors: not the caller's to
+ * finish (42501), no such event, not processing.  An event claimed again
+ * since complete_claimed looked is completed here.
+ */
+static void
+complete_slowly(int64 event_id, const char *result, Oid caller)
+{
+	int			attempts;
+	const char *status;
+
+	check_may_finish(event_id, caller, "completed");
+	status = lock_event_row(event_id, &attempts, NULL);
+	if (strcmp(status, "processing") != 0)
+		wrong_state(event_id, status, "completed");
+	set_event_status(event_id, "applied", result, NULL, false, 0);
+}
+
 /* earmark_inbox_complete(event_id, result) RETURNS text: 'applied' */
 Datum
 earmark_inbox_complete(PG_FUNCTION_ARGS)
 {
 	int64		event_id = arg_event_id(fcinfo);
 	char	   *result = arg_text(fcinfo, 1, "result");
-	int			attempts;
-	const char *status;
+	Datum		args[4];
 	AsOwner		a;
 	em_require_coordinator("earmark_inbox_complete");
 
 	become_owner(fcinfo, &a);
 	SPI_connect();
-	check_may_finish(event_id, a.caller, "completed");
-	status = lock_event_row(event_id, &attempts, NULL);
-	if (strcmp(status, "processing") != 0)
-		wrong_state(event_id, status, "completed");
-	set_event_status(event_id, "applied", result, NULL, false, 0);
+	args[0] = Int64GetDatum(event_id);
+	args[1] = CStringGetTextDatum(result);
+	args[2] = TimestampTzGetDatum(GetCurrentTimestamp());
+	args[3] = BoolGetDatum(event_id == applying_event_id || is_admin(a.caller));
+	em_exec(&complete_claimed, args, NULL, 0);
+	if (SPI_processed == 0)
+		complete_slowly(event_id, result, a.caller);
 	SPI_finish();
 	end_owner(&a);
 	PG_RETURN_TEXT_P(cstring_to_text("applied"));
