@@ -580,18 +580,19 @@ earmark_inbox_claim_plan(PG_FUNCTION_ARGS)
 				 errmsg("max_events must be greater than zero")));
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	/* made before SPI_connect: its text must outlive SPI's memory */
+	es = NewExplainState();
+	es->costs = false;
 	SPI_connect();
 	source = linitial(SPI_plan_get_plan_sources(claim_plan(PG_GETARG_INT32(0),
 															PG_GETARG_BOOL(1))));
-	cplan = GetCachedPlan(source, NULL, NULL, NULL);
-	es = NewExplainState();
-	es->costs = false;
+	cplan = GetCachedPlan(source, NULL, CurrentResourceOwner, NULL);
 	ExplainBeginOutput(es);
 	foreach(lc, cplan->stmt_list)
 		ExplainOnePlan(lfirst_node(PlannedStmt, lc), NULL, es, source->query_string,
 					   NULL, NULL, NULL, NULL);
 	ExplainEndOutput(es);
-	ReleaseCachedPlan(cplan, NULL);
+	ReleaseCachedPlan(cplan, CurrentResourceOwner);
 	SPI_finish();
 
 	for (line = es->str->data; *line != '\0'; line = next)
