@@ -34,8 +34,8 @@
 # EM_BENCH_CLIENTS (default "1 8"), EM_BENCH_ROUNDS (default 3),
 # EM_BENCH_RECEIVE (events per receive measurement, default 3000),
 # EM_BENCH_CLAIMED (events per claim + complete measurement, default
-# 4000), EM_BENCH_PORT (default 55456).  About four minutes on a 2-core
-# machine with the defaults.
+# 4000), EM_BENCH_PORT (default 55456).  About twelve minutes with the
+# defaults on a busy 2-core machine.
 #
 # The queues differ in what they keep: earmark stores each event once per
 # (source, dedupe_key) with a receipt per delivery, and keeps the event
