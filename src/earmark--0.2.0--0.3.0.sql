@@ -977,3 +977,18 @@ ALTER TABLE earmark.evidence DROP CONSTRAINT evidence_verdict_check;
 ALTER TABLE earmark.evidence ADD CONSTRAINT evidence_verdict_check
     CHECK (verdict IN ('match', 'unreadable', 'closed_cycle_drift',
                        'over_billed', 'under_billed', 'repaired'));
+
+-- ---------------------------------------------------------------------------
+-- Inbox: the claim's plan (src/inbox.c).  earmark_inbox_claim_plan shows
+-- the plan a claim runs, for admins.  No index on the events' account:
+-- nothing looks events up by it, and every index costs each receive,
+-- claim and completion a write.
+-- ---------------------------------------------------------------------------
+DROP INDEX earmark.inbox_event_account;
+CREATE FUNCTION earmark_inbox_claim_plan(max_events int DEFAULT 10, with_handler boolean DEFAULT false)
+RETURNS SETOF text
+AS 'MODULE_PATHNAME', 'earmark_inbox_claim_plan'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 30
+SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION earmark_inbox_claim_plan(int, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION earmark_inbox_claim_plan(int, boolean) TO earmark_admin;

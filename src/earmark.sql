@@ -350,7 +350,8 @@ CREATE TABLE earmark.inbox_event (
 -- claims read due events in (occurred_at, event_id) order
 CREATE INDEX inbox_event_due ON earmark.inbox_event (occurred_at, event_id)
     WHERE status IN ('received', 'failed', 'processing');
-CREATE INDEX inbox_event_account ON earmark.inbox_event (account);
+-- (no index on account: nothing in earmark looks events up by account,
+-- and every index costs each receive, claim and completion a write)
 -- claims look for leases that passed
 CREATE INDEX inbox_event_leased ON earmark.inbox_event (locked_until)
     WHERE status = 'processing';
@@ -532,6 +533,14 @@ AS 'MODULE_PATHNAME', 'earmark_inbox_claim'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 25
 SET search_path = pg_catalog, pg_temp;
 
+-- the claim's plan, as it runs: for admins who want to see that a claim
+-- walks inbox_event_due and stops after its batch (docs/inbox.md)
+CREATE FUNCTION earmark_inbox_claim_plan(max_events int DEFAULT 10, with_handler boolean DEFAULT false)
+RETURNS SETOF text
+AS 'MODULE_PATHNAME', 'earmark_inbox_claim_plan'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 30
+SET search_path = pg_catalog, pg_temp;
+
 CREATE FUNCTION earmark_inbox_complete(event_id bigint, result text DEFAULT 'applied')
 RETURNS text
 AS 'MODULE_PATHNAME', 'earmark_inbox_complete'
@@ -700,6 +709,7 @@ INSERT INTO earmark.inbox_handler VALUES ('customer.plan_changed', 'earmark.appl
 REVOKE ALL ON FUNCTION
     earmark_inbox_receive(text, text, text, jsonb, timestamptz, text),
     earmark_inbox_claim(int, interval),
+    earmark_inbox_claim_plan(int, boolean),
     earmark_inbox_complete(bigint, text),
     earmark_inbox_ignore(bigint, text),
     earmark_inbox_fail(bigint, text),
@@ -717,6 +727,7 @@ GRANT EXECUTE ON FUNCTION
     earmark_inbox_fail(bigint, text)
 TO earmark_user;
 GRANT EXECUTE ON FUNCTION
+    earmark_inbox_claim_plan(int, boolean),
     earmark_inbox_replay(bigint, text),
     earmark_inbox_set_handler(text, regprocedure, boolean),
     earmark_set_plan_limit(text, bigint, text)

@@ -44,6 +44,7 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
+#include "commands/explain.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "utils/acl.h"
@@ -52,6 +53,7 @@
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/plancache.h"
 #include "utils/regproc.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
@@ -63,6 +65,7 @@
 
 PG_FUNCTION_INFO_V1(earmark_inbox_receive);
 PG_FUNCTION_INFO_V1(earmark_inbox_claim);
+PG_FUNCTION_INFO_V1(earmark_inbox_claim_plan);
 PG_FUNCTION_INFO_V1(earmark_inbox_complete);
 PG_FUNCTION_INFO_V1(earmark_inbox_ignore);
 PG_FUNCTION_INFO_V1(earmark_inbox_fail);
@@ -210,18 +213,20 @@ is_admin(Oid role)
  * Receive
  * ---------------------------------------------------------------------
  */
+/*
+ * A delivery in one statement: the event (a copy only counts itself, from
+ * xmax = 0 we learn which) and its receipt.
+ */
 static EmStatement store_event = {
-	"INSERT INTO earmark.inbox_event AS e "
-	"  (source, dedupe_key, event_type, payload, occurred_at, account, verified_by) "
-	"VALUES ($1, $2, $3, $4, $5, $6, $7) "
-	"ON CONFLICT (source, dedupe_key) DO UPDATE SET seen_count = e.seen_count + 1 "
-	"RETURNING e.event_id, (e.xmax = 0)",
+	"WITH e AS ("
+	"  INSERT INTO earmark.inbox_event AS e "
+	"    (source, dedupe_key, event_type, payload, occurred_at, account, verified_by) "
+	"  VALUES ($1, $2, $3, $4, $5, $6, $7) "
+	"  ON CONFLICT (source, dedupe_key) DO UPDATE SET seen_count = e.seen_count + 1 "
+	"  RETURNING e.event_id, (e.xmax = 0) AS inserted) "
+	"INSERT INTO earmark.inbox_receipt (event_id, inserted) SELECT event_id, inserted FROM e "
+	"RETURNING event_id, inserted",
 	7, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID, TEXTOID, TEXTOID}
-};
-
-static EmStatement store_receipt = {
-	"INSERT INTO earmark.inbox_receipt (event_id, inserted) VALUES ($1, $2)",
-	2, {INT8OID, BOOLOID}
 };
 
 /*
@@ -286,9 +291,9 @@ check_not_future(TimestampTz occurred_at, TimestampTz now)
 
 /*
  * Store a delivery: the event once per (source, dedupe_key), a copy only
- * counted, and a receipt for every delivery.  verified_by says how its
- * source was verified (NULL: not at all).  Runs in the caller's SPI
- * connection.
+ * counted, and a receipt for every delivery, in one statement
+ * (store_event).  verified_by says how its source was verified (NULL: not
+ * at all).  Runs in the caller's SPI connection.
  */
 void
 em_inbox_store_verified(text *source, text *dedupe_key, text *event_type,
@@ -325,10 +330,6 @@ em_inbox_store_verified(text *source, text *dedupe_key, text *event_type,
 	em_exec(&store_event, args, nulls, 1);
 	*event_id = em_get_int64(0, 1, 0);
 	*inserted = DatumGetBool(em_get(0, 2, &isnull));
-
-	args[0] = Int64GetDatum(*event_id);
-	args[1] = BoolGetDatum(*inserted);
-	em_exec(&store_receipt, args, NULL, 0);
 }
 
 /* an unverified store (earmark.h's older entry point) */
@@ -410,47 +411,101 @@ static EmStatement bury_abandoned = {
 };
 
 /*
- * $4: true to claim events whose type has a handler (the worker), false
- * for the others (applications).  An application's claim never takes an
- * event that the worker is meant to apply.
+ * The claim.  The inner SELECT walks the partial index inbox_event_due,
+ * whose keys are exactly its ORDER BY and whose predicate its first
+ * condition repeats, and LIMIT stops it after the batch: a claim reads
+ * the batch plus the rows it skips (events leased to other consumers,
+ * failed ones still waiting, the other side's events), never the whole
+ * backlog, and sorts only the rows it returns.  The batch size is a
+ * literal, not a parameter: the planner then knows how few rows are
+ * wanted, and the plan is made once per backend and batch size (a
+ * generic plan, see claim_plan), not at every claim.
+ *
+ * $1 lease, $2 now, $3: true to claim events whose type has a handler
+ * (the worker), false for the others (applications), so that an
+ * application's claim never takes an event the worker is meant to apply;
+ * $4 the attempts after which an event is dead.
  */
-static EmStatement claim_events = {
-	"WITH c AS ("
-	"  UPDATE earmark.inbox_event AS e"
-	"     SET status = 'processing', attempts = e.attempts + 1,"
-	"         locked_until = $3 + $2, updated_at = $3"
-	"   WHERE e.event_id IN ("
-	"     SELECT d.event_id FROM earmark.inbox_event d"
-	"      WHERE d.status IN ('received', 'failed', 'processing')"	/* the partial index, in order */
-	"        AND ((d.status IN ('received', 'failed') AND d.next_attempt_at <= $3)"
-	"             OR (d.status = 'processing' AND d.locked_until < $3))"
-	"        AND d.attempts < $5"
-	"        AND EXISTS (SELECT 1 FROM earmark.inbox_handler h"
-	"                     WHERE h.event_type = d.event_type) = $4"
-	"      ORDER BY d.occurred_at, d.event_id"
-	"      LIMIT $1 FOR UPDATE SKIP LOCKED)"
-	"  RETURNING e.*)"
-	"SELECT * FROM c ORDER BY occurred_at, event_id",
-	5, {INT4OID, INTERVALOID, TIMESTAMPTZOID, BOOLOID, INT4OID}
-};
+#define CLAIM_SQL \
+	"WITH c AS (" \
+	"  UPDATE earmark.inbox_event AS e" \
+	"     SET status = 'processing', attempts = e.attempts + 1," \
+	"         locked_until = $2 + $1, updated_at = $2" \
+	"    FROM (SELECT d.event_id FROM earmark.inbox_event d" \
+	"           WHERE d.status IN ('received', 'failed', 'processing')" \
+	"             AND ((d.status IN ('received', 'failed') AND d.next_attempt_at <= $2)" \
+	"                  OR (d.status = 'processing' AND d.locked_until < $2))" \
+	"             AND d.attempts < $4" \
+	"             AND EXISTS (SELECT 1 FROM earmark.inbox_handler h" \
+	"                          WHERE h.event_type = d.event_type) = $3" \
+	"           ORDER BY d.occurred_at, d.event_id" \
+	"           LIMIT %d FOR UPDATE SKIP LOCKED) AS due" \
+	"   WHERE e.event_id = due.event_id" \
+	"  RETURNING e.*)" \
+	"SELECT * FROM c ORDER BY occurred_at, event_id"
+
+static const Oid claim_argtypes[4] = {INTERVALOID, TIMESTAMPTZOID, BOOLOID, INT4OID};
+
+/* the kept claim plans, [with_handler], and the batch size of each */
+static SPIPlanPtr claim_plans[2];
+static int	claim_plan_batch[2];
+
+/*
+ * The claim's plan for a batch size, prepared once per backend (again
+ * when the batch size changes) and always generic: planning it at every
+ * claim cost more than running it.  Generic is safe here because nothing
+ * the parameters say changes the best plan; the cached plan is remade
+ * when the table's statistics or indexes change.
+ */
+static SPIPlanPtr
+claim_plan(int max_events, bool with_handler)
+{
+	int			i = with_handler ? 1 : 0;
+
+	if (claim_plans[i] != NULL && claim_plan_batch[i] != max_events)
+	{
+		SPI_freeplan(claim_plans[i]);
+		claim_plans[i] = NULL;
+	}
+	if (claim_plans[i] == NULL)
+	{
+		char	   *sql = psprintf(CLAIM_SQL, max_events);
+		SPIPlanPtr	plan = SPI_prepare_cursor(sql, lengthof(claim_argtypes),
+											  (Oid *) claim_argtypes,
+											  CURSOR_OPT_GENERIC_PLAN);
+
+		if (plan == NULL)
+			elog(ERROR, "earmark: could not prepare the inbox claim: %s",
+				 SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(plan) != 0)
+			elog(ERROR, "earmark: could not keep the inbox claim's plan");
+		claim_plans[i] = plan;
+		claim_plan_batch[i] = max_events;
+	}
+	return claim_plans[i];
+}
 
 /* claim into the caller's SPI connection; returns the number claimed */
 uint64
 em_inbox_claim(int max_events, Interval *lease, bool with_handler)
 {
-	Datum		args[5];
+	Datum		args[4];
 	TimestampTz now = GetCurrentTimestamp();
+	MemoryContext cxt = CurrentMemoryContext;
+	int			rc;
 
 	args[0] = TimestampTzGetDatum(now);
 	args[1] = Int32GetDatum(INBOX_MAX_ATTEMPTS);
 	em_exec(&bury_abandoned, args, NULL, 0);
 
-	args[0] = Int32GetDatum(max_events);
-	args[1] = IntervalPGetDatum(lease);
-	args[2] = TimestampTzGetDatum(now);
-	args[3] = BoolGetDatum(with_handler);
-	args[4] = Int32GetDatum(INBOX_MAX_ATTEMPTS);
-	em_exec(&claim_events, args, NULL, 0);
+	args[0] = IntervalPGetDatum(lease);
+	args[1] = TimestampTzGetDatum(now);
+	args[2] = BoolGetDatum(with_handler);
+	args[3] = Int32GetDatum(INBOX_MAX_ATTEMPTS);
+	rc = SPI_execute_plan(claim_plan(max_events, with_handler), args, NULL, false, 0);
+	MemoryContextSwitchTo(cxt);
+	if (rc < 0)
+		elog(ERROR, "earmark: inbox claim failed: %s", SPI_result_code_string(rc));
 	return SPI_processed;
 }
 
@@ -493,6 +548,66 @@ earmark_inbox_claim(PG_FUNCTION_ARGS)
 	for (i = 0; i < n; i++)
 		tuplestore_puttuple(rsinfo->setResult, SPI_tuptable->vals[i]);
 	SPI_finish();
+	return (Datum) 0;
+}
+
+/*
+ * earmark_inbox_claim_plan(max_events, with_handler) RETURNS SETOF text
+ * The plan of the claim as it runs (claim_plan's cached generic plan, for
+ * this batch size and side), as EXPLAIN (COSTS OFF) prints it: to see
+ * that a claim walks inbox_event_due and stops after the batch.
+ */
+Datum
+earmark_inbox_claim_plan(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	CachedPlanSource *source;
+	CachedPlan *cplan;
+	ExplainState *es;
+	ListCell   *lc;
+	char	   *line;
+	char	   *next;
+
+	em_require_schema();
+	em_require_coordinator("earmark_inbox_claim_plan");
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("max_events and with_handler must not be NULL")));
+	if (PG_GETARG_INT32(0) <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_events must be greater than zero")));
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	/* made before SPI_connect: its text must outlive SPI's memory */
+	es = NewExplainState();
+	es->costs = false;
+	SPI_connect();
+	source = linitial(SPI_plan_get_plan_sources(claim_plan(PG_GETARG_INT32(0),
+															PG_GETARG_BOOL(1))));
+	cplan = GetCachedPlan(source, NULL, CurrentResourceOwner, NULL);
+	ExplainBeginOutput(es);
+	foreach(lc, cplan->stmt_list)
+		ExplainOnePlan(lfirst_node(PlannedStmt, lc), NULL, es, source->query_string,
+					   NULL, NULL, NULL, NULL);
+	ExplainEndOutput(es);
+	ReleaseCachedPlan(cplan, CurrentResourceOwner);
+	SPI_finish();
+
+	for (line = es->str->data; *line != '\0'; line = next)
+	{
+		Datum		value;
+		bool		isnull = false;
+
+		next = strchr(line, '\n');
+		if (next == NULL)
+			next = line + strlen(line);
+		else
+			*next++ = '\0';
+		value = CStringGetTextDatum(line);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, &value, &isnull);
+	}
 	return (Datum) 0;
 }
 
@@ -628,24 +743,56 @@ arg_text(FunctionCallInfo fcinfo, int argno, const char *what)
 	return text_to_cstring(PG_GETARG_TEXT_PP(argno));
 }
 
+/*
+ * Complete a claimed event in one statement, the common case: the event
+ * is processing and the caller may finish it ($4: an admin, or the
+ * handler of this event; otherwise only an event whose type has no
+ * handler).  No row: the caller learns why from complete_slowly.
+ */
+static EmStatement complete_claimed = {
+	"UPDATE earmark.inbox_event AS e SET status = 'applied', result = $2, locked_until = NULL, updated_at = $3 "
+	"WHERE e.event_id = $1 AND e.status = 'processing' "
+	"  AND ($4 OR NOT EXISTS (SELECT 1 FROM earmark.inbox_handler h WHERE h.event_type = e.event_type))",
+	4, {INT8OID, TEXTOID, TIMESTAMPTZOID, BOOLOID}
+};
+
+/*
+ * The checks one at a time, with their errors: not the caller's to
+ * finish (42501), no such event, not processing.  An event claimed again
+ * since complete_claimed looked is completed here.
+ */
+static void
+complete_slowly(int64 event_id, const char *result, Oid caller)
+{
+	int			attempts;
+	const char *status;
+
+	check_may_finish(event_id, caller, "completed");
+	status = lock_event_row(event_id, &attempts, NULL);
+	if (strcmp(status, "processing") != 0)
+		wrong_state(event_id, status, "completed");
+	set_event_status(event_id, "applied", result, NULL, false, 0);
+}
+
 /* earmark_inbox_complete(event_id, result) RETURNS text: 'applied' */
 Datum
 earmark_inbox_complete(PG_FUNCTION_ARGS)
 {
 	int64		event_id = arg_event_id(fcinfo);
 	char	   *result = arg_text(fcinfo, 1, "result");
-	int			attempts;
-	const char *status;
+	Datum		args[4];
 	AsOwner		a;
 	em_require_coordinator("earmark_inbox_complete");
 
 	become_owner(fcinfo, &a);
 	SPI_connect();
-	check_may_finish(event_id, a.caller, "completed");
-	status = lock_event_row(event_id, &attempts, NULL);
-	if (strcmp(status, "processing") != 0)
-		wrong_state(event_id, status, "completed");
-	set_event_status(event_id, "applied", result, NULL, false, 0);
+	args[0] = Int64GetDatum(event_id);
+	args[1] = CStringGetTextDatum(result);
+	args[2] = TimestampTzGetDatum(GetCurrentTimestamp());
+	args[3] = BoolGetDatum(event_id == applying_event_id || is_admin(a.caller));
+	em_exec(&complete_claimed, args, NULL, 0);
+	if (SPI_processed == 0)
+		complete_slowly(event_id, result, a.caller);
 	SPI_finish();
 	end_owner(&a);
 	PG_RETURN_TEXT_P(cstring_to_text("applied"));

@@ -1,33 +1,41 @@
 #!/usr/bin/env bash
 # test/bench/inbox.sh: throughput of the webhook inbox, side by side with a
 # plain SKIP LOCKED queue written the usual way (pgmq's send / read /
-# delete), in the same run, on a private throwaway cluster.
+# delete), in the same run, on a private throwaway cluster; the targets of
+# docs/inbox.md#benchmark with pass/MISS marks, and the claim's plan.
 #
 #   sudo bash test/bench/inbox.sh
 #
-# For each number of events N (20,000 and 2,000), each number of clients C
-# (1 and 8) and each queue, with pgbench (-M prepared, one transaction per
-# call, default durability: fsync and synchronous_commit on):
-#   1. receive: C producers store N events between them, one delivery per
-#      transaction, each with a unique dedupe key (client_id + a random
-#      63-bit number); the two queues are filled in 4 alternating turns so
-#      that the disk's slow moments fall on both;
-#   2. claim + complete: then C consumers loop "claim 10, complete each" in
-#      one transaction until every event is handled (they start with all N
-#      waiting):
+# With pgbench (-M prepared, one transaction per call, default durability:
+# fsync and synchronous_commit on), for each number of clients C (1 and 8):
+#   1. receive: with 20,000 events waiting in each queue, C producers
+#      store RECEIVE events between them, one delivery per transaction,
+#      each with a unique dedupe key (client_id + a random 63-bit number);
+#   2. claim + complete, for each backlog B (20,000 and 200,000 events
+#      waiting): C consumers loop "claim 10, complete each" in one
+#      transaction for CLAIMED events in all:
 #        earmark: SELECT earmark_inbox_complete(event_id) FROM earmark_inbox_claim(10)
 #        plain:   SELECT plain_delete(msg_id) FROM plain_read(30, 10)
-#      pgbench runs ceil(N / (10 C)) transactions a client; the few events
-#      a short claim left behind at the very end are drained by one more
-#      client, inside the timed phase.
-# Each phase is timed by the wall clock around it (connections included).
-# Printed (markdown): events/s for receive, for claim + complete, and for
-# the three together (N / (receive time + claim + complete time)), and the
-# ratio earmark / plain.  Nothing is hard-coded: every number is measured.
+#      Before each measurement the queue is topped up to exactly B events
+#      waiting (one INSERT ... SELECT, the same rows receive stores), then
+#      VACUUM ANALYZE and CHECKPOINT, untimed, the same for both queues.
+# Every measurement runs ROUNDS times, the two queues interleaved (plain
+# first in odd rounds, earmark first in even ones), so that the machine's
+# slow moments fall on both; the tables show the median of the rounds.
+# Each phase is timed by the wall clock around pgbench (connections
+# included); the rate counts the events actually handled.
 #
-# Settings (environment): EM_BENCH_EVENTS (default "20000 2000"),
-# EM_BENCH_CLIENTS (default "1 8"), EM_BENCH_PORT (default 55456).  About
-# two minutes on a 2-core machine with the defaults.
+# Printed (markdown): the targets (target, measured, pass/MISS), events/s
+# of both queues and the ratio earmark / plain, and the plan of one claim
+# (EXPLAIN ANALYZE, BUFFERS, through auto_explain) at each backlog, next to
+# the plain queue's read.  Nothing is hard-coded: every number is measured.
+#
+# Settings (environment): EM_BENCH_BACKLOGS (default "20000 200000"),
+# EM_BENCH_CLIENTS (default "1 8"), EM_BENCH_ROUNDS (default 3),
+# EM_BENCH_RECEIVE (events per receive measurement, default 3000),
+# EM_BENCH_CLAIMED (events per claim + complete measurement, default
+# 4000), EM_BENCH_PORT (default 55456).  About twelve minutes with the
+# defaults on a busy 2-core machine.
 #
 # The queues differ in what they keep: earmark stores each event once per
 # (source, dedupe_key) with a receipt per delivery, and keeps the event
@@ -37,10 +45,14 @@
 
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 
-EVENTS=${EM_BENCH_EVENTS:-"20000 2000"}
+BACKLOGS=${EM_BENCH_BACKLOGS:-"20000 200000"}
 CLIENTS=${EM_BENCH_CLIENTS:-"1 8"}
+ROUNDS=${EM_BENCH_ROUNDS:-3}
+RECEIVE=${EM_BENCH_RECEIVE:-3000}
+CLAIMED=${EM_BENCH_CLAIMED:-4000}
 PORT=${EM_BENCH_PORT:-55456}
-ROUNDS=4
+RECEIVE_BACKLOG=20000
+TARGET=0.80
 DB=earmark_bench
 BENCH_DIR=$EM_ROOT/test/bench/inbox
 
@@ -57,32 +69,53 @@ q() { em_psql -d "$DB" -At -c "$1"; }
 now_ns() { date +%s%N; }
 rate() { awk -v n="$1" -v ns="$2" 'BEGIN { printf "%.0f", n / (ns / 1e9) }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+median() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+mark() { awk -v m="$1" -v t="$2" 'BEGIN { print (m + 0 >= t + 0) ? "pass" : "**MISS**" }'; }
 
-consume_sql() {
+waiting() {
     case $1 in
-        earmark) echo "SELECT earmark_inbox_complete(event_id) FROM earmark_inbox_claim(10)" ;;
-        plain)   echo "SELECT plain_delete(msg_id) FROM plain_read(30, 10)" ;;
-    esac
-}
-stored() {
-    case $1 in
-        earmark) q "SELECT count(*) FROM earmark.inbox_event" ;;
+        earmark) q "SELECT count(*) FROM earmark.inbox_event WHERE status = 'received'" ;;
         plain)   q "SELECT count(*) FROM plain_q" ;;
     esac
 }
-pending() {
+
+# top_up SYS B: add events until B wait, the rows receive would store
+# (fill keys are unique across top-ups: they go on from the last one)
+FILLED=0
+top_up() {
+    local need=$(( $2 - $(waiting "$1") ))
+    [ "$need" -gt 0 ] || return 0
     case $1 in
-        earmark) q "SELECT count(*) FROM earmark.inbox_event WHERE status <> 'applied'" ;;
-        plain)   q "SELECT count(*) FROM plain_q" ;;
+        earmark) em_psql -d "$DB" -c "
+            WITH e AS (
+                INSERT INTO earmark.inbox_event (source, dedupe_key, event_type, payload, occurred_at, verified_by)
+                SELECT 'bench', 'fill-' || g, 'invoice.paid',
+                       jsonb_build_object('type', 'invoice.paid',
+                                          'data', jsonb_build_object('customer_id', 'customer_' || g % 8,
+                                                                     'plan', jsonb_build_object('key', 'pro'))),
+                       clock_timestamp(), 'admin'
+                  FROM generate_series($FILLED + 1, $FILLED + $need) g
+                RETURNING event_id)
+            INSERT INTO earmark.inbox_receipt (event_id, inserted) SELECT event_id, true FROM e" ;;
+        plain) em_psql -d "$DB" -c "
+            INSERT INTO plain_q (vt, message)
+            SELECT clock_timestamp(),
+                   jsonb_build_object('type', 'invoice.paid', 'key', 'fill-' || g,
+                                      'data', jsonb_build_object('customer_id', 'customer_' || g % 8,
+                                                                 'plan', jsonb_build_object('key', 'pro')))
+              FROM generate_series($FILLED + 1, $FILLED + $need) g" ;;
     esac
+    FILLED=$(( FILLED + need ))
 }
 
 reset_queues() {
     em_psql -d "$DB" \
         -c "TRUNCATE earmark.inbox_receipt, earmark.inbox_event RESTART IDENTITY CASCADE" \
-        -c "TRUNCATE plain_q RESTART IDENTITY" \
-        -c "CHECKPOINT"
+        -c "TRUNCATE plain_q RESTART IDENTITY"
 }
+
+settle() { em_psql -d "$DB" -c "VACUUM ANALYZE earmark.inbox_event" -c "VACUUM ANALYZE earmark.inbox_receipt" \
+               -c "VACUUM ANALYZE plain_q" -c "CHECKPOINT"; }
 
 pgbench_run() {   # pgbench_run LABEL SCRIPT CLIENTS TRANSACTIONS_PER_CLIENT
     if ! "$EM_PGBIN/pgbench" -n -M prepared -c "$3" -j "$3" -t "$4" \
@@ -93,72 +126,175 @@ pgbench_run() {   # pgbench_run LABEL SCRIPT CLIENTS TRANSACTIONS_PER_CLIENT
     fi
 }
 
+order() { if [ $(( $1 % 2 )) -eq 1 ]; then echo "plain earmark"; else echo "earmark plain"; fi; }
+
+# the plan of one claim (and one plain read) as it runs, rolled back
+explain_claim() {   # explain_claim B
+    {
+        echo "LOAD 'auto_explain';"
+        echo "SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;"
+        echo "SET auto_explain.log_analyze = on; SET auto_explain.log_buffers = on; SET auto_explain.log_timing = off;"
+        echo "SET auto_explain.log_level = notice; SET client_min_messages = notice;"
+        echo "BEGIN; SELECT count(*) FROM earmark_inbox_claim(10); ROLLBACK;"
+        echo "BEGIN; SELECT count(*) FROM plain_read(30, 10); ROLLBACK;"
+    } | em_psql -d "$DB" -At >/dev/null 2>"$BENCH_TMP/explain-$1.txt"
+}
+# a statement's plan out of auto_explain's notices (its query text left out)
+plan_of() {   # plan_of FILE QUERY_TEXT_START
+    awk -v q="$2" '/^NOTICE/ { keep = 0 } index($0, "Query Text: " q) == 1 { keep = 2; next }
+                   keep == 2 && /^[A-Z]/ { keep = 1 } keep == 1' "$1"
+}
+claim_plan() { plan_of "$BENCH_TMP/explain-$1.txt" "WITH c AS"; }
+plain_plan() { plan_of "$BENCH_TMP/explain-$1.txt" "WITH cte AS"; }
+# shared buffers touched by one claim: all of it (the top node), and its
+# walk of the due events (the Limit node: the index, the rows it reads
+# and locks)
+buffers_after() {   # buffers_after PATTERN: hit + read of the first Buffers line after the node
+    awk -v pat="$1" 'found && /Buffers: shared/ {
+            for (i = 1; i <= NF; i++) { if ($i ~ /^hit=/) h = substr($i, 5); if ($i ~ /^read=/) r = substr($i, 6) }
+            print h + r; exit }
+        $0 ~ pat { found = 1 }'
+}
+claim_buffers() { claim_plan "$1" | buffers_after '^[A-Z]'; }
+walk_buffers() { claim_plan "$1" | buffers_after '->  Limit'; }
+# the claim's walk: the due index under LockRows under Limit (node lines
+# only), no sort of the events it walks, no other scan of the table
+claim_walks_index() {
+    local nodes
+    nodes=$(claim_plan "$1" | grep -E -- '^ *(->  )?[A-Z][A-Za-z ]+( on | using |$|  \()' | sed -E 's/  \(cost.*//; s/^ *(->  )?//')
+    if grep -A2 -x 'Limit' <<<"$nodes" | tr '\n' '|' | grep -q '^Limit|LockRows|Index Scan using inbox_event_due on inbox_event d|' &&
+        ! claim_plan "$1" | grep -q 'Sort Key: d\.' &&
+        ! grep -Eq 'Seq Scan on inbox_event|Bitmap Heap Scan on inbox_event' <<<"$nodes"
+    then echo yes; else echo no; fi
+}
+
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
-declare -A RECV CONS ALL T_RECV
-for events in $EVENTS; do
+declare -A R_RECV R_CONS RECV CONS BUFS WBUFS WALK
+
+# 1. receive, into a backlog of RECEIVE_BACKLOG events
+reset_queues
+for sys in plain earmark; do top_up "$sys" "$RECEIVE_BACKLOG"; done
+settle
 for c in $CLIENTS; do
-    per_client=$(( events / c ))
-    n=$(( per_client * c ))
-    claims=$(( (n + 10 * c - 1) / (10 * c) ))
-    reset_queues
-
-    # receive: both queues fill in turns (ROUNDS each), so that a slow
-    # moment of the machine's disk falls on both rather than on one
-    T_RECV[plain]=0
-    T_RECV[earmark]=0
-    em_log "$c client(s): receive $n events into each queue, in $ROUNDS turns"
+    tx=$(( RECEIVE / c ))
+    n=$(( tx * c ))
     for r in $(seq 1 "$ROUNDS"); do
-        tx=$(( per_client * r / ROUNDS - per_client * (r - 1) / ROUNDS ))
-        [ "$tx" -gt 0 ] || continue
-        for sys in plain earmark; do
+        for sys in $(order "$r"); do
+            em_log "receive: $sys, $c client(s), round $r: $n events"
+            before=$(waiting "$sys")
             t0=$(now_ns)
-            pgbench_run "$sys-$events-$c-receive-$r" "${sys}_produce.sql" "$c" "$tx"
+            pgbench_run "$sys-receive-$c-$r" "${sys}_produce.sql" "$c" "$tx"
             t1=$(now_ns)
-            T_RECV[$sys]=$(( T_RECV[$sys] + t1 - t0 ))
+            got=$(( $(waiting "$sys") - before ))
+            [ "$got" -eq "$n" ] || { em_log "$sys: $got events stored, expected $n"; exit 1; }
+            R_RECV[$sys,$c]="${R_RECV[$sys,$c]:-} $(rate "$n" $(( t1 - t0 )))"
         done
     done
     for sys in plain earmark; do
-        got=$(stored "$sys")
-        [ "$got" -eq "$n" ] || { em_log "$sys: $got events stored, expected $n"; exit 1; }
-    done
-    q "ANALYZE" >/dev/null
-
-    # claim + complete: each queue drained from a full backlog
-    for sys in plain earmark; do
-        q "CHECKPOINT" >/dev/null
-        em_log "$sys, $c client(s): claim + complete"
-        t2=$(now_ns)
-        pgbench_run "$sys-$events-$c-consume" "${sys}_consume.sql" "$c" "$claims"
-        left=$(pending "$sys")
-        drained=0
-        while [ "$left" -gt 0 ]; do
-            q "$(consume_sql "$sys")" >/dev/null
-            drained=$(( drained + left - $(pending "$sys") ))
-            left=$(pending "$sys")
-        done
-        t3=$(now_ns)
-        [ "$drained" -eq 0 ] || em_log "$sys, $c client(s): $drained events left by short claims, drained in the timed phase"
-
-        RECV[$sys,$events,$c]=$(rate "$n" "${T_RECV[$sys]}")
-        CONS[$sys,$events,$c]=$(rate "$n" $(( t3 - t2 )))
-        ALL[$sys,$events,$c]=$(rate "$n" $(( T_RECV[$sys] + t3 - t2 )))
+        # shellcheck disable=SC2086
+        RECV[$sys,$c]=$(median ${R_RECV[$sys,$c]})
     done
 done
-done
 
-echo
-echo "Inbox throughput, PostgreSQL $(q "SHOW server_version_num" | sed -E 's/^([0-9]{2})0*([0-9]+)$/\1.\2/'), $(nproc) CPUs, fsync and synchronous_commit on."
-echo "C clients: C producers store the events (one per transaction), then C consumers claim 10 at a time"
-echo "and complete each (one transaction per claim) until none is left; the consumers start with all"
-echo "events waiting. Load average of the machine before and after: $LOAD_BEFORE; $(cut -d' ' -f1-3 /proc/loadavg)."
-echo
-echo "| events | clients | queue | receive (events/s) | claim + complete (events/s) | receive + claim + complete (events/s) |"
-echo "| ---: | ---: | --- | ---: | ---: | ---: |"
-for events in $EVENTS; do
+# 2. claim + complete, from a backlog of B events
+for b in $BACKLOGS; do
+    reset_queues
+    em_log "backlog $b: filling both queues"
+    for sys in plain earmark; do top_up "$sys" "$b"; done
+    settle
+    explain_claim "$b"
+    BUFS[$b]=$(claim_buffers "$b")
+    WBUFS[$b]=$(walk_buffers "$b")
+    WALK[$b]=$(claim_walks_index "$b")
     for c in $CLIENTS; do
-        k=$events,$c
-        echo "| $events | $c | plain SKIP LOCKED (pgmq-style) | ${RECV[plain,$k]} | ${CONS[plain,$k]} | ${ALL[plain,$k]} |"
-        echo "| $events | $c | earmark inbox | ${RECV[earmark,$k]} | ${CONS[earmark,$k]} | ${ALL[earmark,$k]} |"
-        echo "| $events | $c | **earmark / plain** | $(ratio "${RECV[earmark,$k]}" "${RECV[plain,$k]}") | $(ratio "${CONS[earmark,$k]}" "${CONS[plain,$k]}") | $(ratio "${ALL[earmark,$k]}" "${ALL[plain,$k]}") |"
+        claims=$(( (CLAIMED + 10 * c - 1) / (10 * c) ))
+        for r in $(seq 1 "$ROUNDS"); do
+            for sys in $(order "$r"); do
+                top_up "$sys" "$b"
+                settle >/dev/null
+                em_log "claim + complete: $sys, backlog $b, $c client(s), round $r"
+                before=$(waiting "$sys")
+                t0=$(now_ns)
+                pgbench_run "$sys-consume-$b-$c-$r" "${sys}_consume.sql" "$c" "$claims"
+                t1=$(now_ns)
+                done_n=$(( before - $(waiting "$sys") ))
+                R_CONS[$sys,$b,$c]="${R_CONS[$sys,$b,$c]:-} $(rate "$done_n" $(( t1 - t0 )))"
+            done
+        done
+        for sys in plain earmark; do
+            # shellcheck disable=SC2086
+            CONS[$sys,$b,$c]=$(median ${R_CONS[$sys,$b,$c]})
+        done
     done
+done
+LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
+
+set -- $BACKLOGS
+SMALL=$1
+LARGE=${!#}
+fmt() { printf "%'d" "$1"; }
+
+echo
+echo "Inbox throughput, PostgreSQL $(q "SHOW server_version_num" | sed -E 's/^([0-9]{2})0*([0-9]+)$/\1.\2/'), $(nproc) CPUs, fsync and synchronous_commit on;"
+echo "median of $ROUNDS rounds, earmark and the plain queue interleaved. Load average of the machine before and"
+echo "after: $LOAD_BEFORE; $LOAD_AFTER."
+echo
+echo "### Targets"
+echo
+echo "| target | measured | |"
+echo "| --- | --- | --- |"
+for c in $CLIENTS; do
+    for b in $BACKLOGS; do
+        rt=$(ratio "${CONS[earmark,$b,$c]}" "${CONS[plain,$b,$c]}")
+        echo "| claim + complete, $(fmt "$b") waiting, $c client(s): earmark / plain >= $TARGET | $rt (${CONS[earmark,$b,$c]} / ${CONS[plain,$b,$c]} events/s) | $(mark "$rt" "$TARGET") |"
+    done
+    if [ "$SMALL" != "$LARGE" ]; then
+        rs=$(ratio "${CONS[earmark,$SMALL,$c]}" "${CONS[plain,$SMALL,$c]}")
+        rl=$(ratio "${CONS[earmark,$LARGE,$c]}" "${CONS[plain,$LARGE,$c]}")
+        # "no worse": within the run-to-run spread of this machine (0.1)
+        d=$(awk -v a="$rl" -v b="$rs" 'BEGIN { printf "%.2f", a - b }')
+        echo "| claim + complete, $c client(s): ratio with $(fmt "$LARGE") waiting no worse than with $(fmt "$SMALL") (difference >= -0.10) | $rl - $rs = $d | $(mark "$d" -0.10) |"
+    fi
+    rt=$(ratio "${RECV[earmark,$c]}" "${RECV[plain,$c]}")
+    echo "| receive, $c client(s): earmark / plain insert >= $TARGET | $rt (${RECV[earmark,$c]} / ${RECV[plain,$c]} events/s) | $(mark "$rt" "$TARGET") |"
+done
+for b in $BACKLOGS; do
+    echo "| the claim walks \`inbox_event_due\` in claim order under LockRows and Limit, no sort of the backlog ($(fmt "$b") waiting) | ${WALK[$b]} | $( [ "${WALK[$b]}" = yes ] && echo pass || echo '**MISS**') |"
+done
+if [ "$SMALL" != "$LARGE" ]; then
+    echo "| one claim's walk does not grow with the backlog: shared buffers of its Limit node with $(fmt "$LARGE") waiting <= 2 x with $(fmt "$SMALL") | ${WBUFS[$LARGE]} / ${WBUFS[$SMALL]} (the whole claim, index writes included: ${BUFS[$LARGE]} / ${BUFS[$SMALL]}) | $( [ "${WBUFS[$LARGE]}" -le $(( 2 * WBUFS[$SMALL] )) ] && echo pass || echo '**MISS**') |"
+fi
+echo
+echo "### Events/s"
+echo
+echo "| clients | phase | events waiting | plain SKIP LOCKED (pgmq-style) | earmark inbox | earmark / plain |"
+echo "| ---: | --- | ---: | ---: | ---: | ---: |"
+for c in $CLIENTS; do
+    echo "| $c | receive | $(fmt "$RECEIVE_BACKLOG") | ${RECV[plain,$c]} | ${RECV[earmark,$c]} | $(ratio "${RECV[earmark,$c]}" "${RECV[plain,$c]}") |"
+    for b in $BACKLOGS; do
+        echo "| $c | claim + complete | $(fmt "$b") | ${CONS[plain,$b,$c]} | ${CONS[earmark,$b,$c]} | $(ratio "${CONS[earmark,$b,$c]}" "${CONS[plain,$b,$c]}") |"
+    done
+done
+echo
+echo "Rounds (events/s, in order):"
+echo
+for c in $CLIENTS; do
+    for sys in plain earmark; do echo "- receive, $c client(s), $sys:${R_RECV[$sys,$c]}"; done
+    for b in $BACKLOGS; do
+        for sys in plain earmark; do echo "- claim + complete, $(fmt "$b") waiting, $c client(s), $sys:${R_CONS[$sys,$b,$c]}"; done
+    done
+done
+for b in $BACKLOGS; do
+    echo
+    echo "### One claim with $(fmt "$b") events waiting (EXPLAIN ANALYZE, BUFFERS, through auto_explain)"
+    echo
+    echo '```text'
+    claim_plan "$b"
+    echo '```'
+    echo
+    echo "The plain queue's read at the same backlog:"
+    echo
+    echo '```text'
+    plain_plan "$b"
+    echo '```'
 done
