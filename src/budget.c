@@ -41,6 +41,7 @@
 #include "storage/lock.h"
 
 #include "budget.h"
+#include "settings.h"
 #include "earmark.h"
 #include "spi.h"
 

@@ -39,13 +39,6 @@
 /* first key of the meter mark locks ("emmk"), see ledger.c */
 #define EARMARK_MARK_CLASS		0x656d6d6b
 
-/* GUCs (earmark.c) */
-extern char *earmark_database;
-extern int	earmark_lease_s;
-extern int	earmark_sweep_interval_ms;
-extern int	earmark_inbox_lease_s;
-extern int	earmark_jwks_refresh_s;
-
 #include "spi.h"
 
 /*

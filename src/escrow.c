@@ -83,6 +83,7 @@
 #include "cluster.h"
 #include "earmark.h"
 #include "escrow.h"
+#include "settings.h"
 #include "spi.h"
 
 PG_FUNCTION_INFO_V1(earmark_set_escrow);

@@ -57,6 +57,7 @@
 #include "gate.h"
 #include "provider.h"
 #include "ratelimit.h"
+#include "settings.h"
 #include "spi.h"
 
 PG_FUNCTION_INFO_V1(earmark_reserve);

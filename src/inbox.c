@@ -60,6 +60,7 @@
 #include "cluster.h"
 #include "earmark.h"
 #include "sigverify.h"
+#include "settings.h"
 
 PG_FUNCTION_INFO_V1(earmark_inbox_receive);
 PG_FUNCTION_INFO_V1(earmark_inbox_claim);

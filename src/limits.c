@@ -34,6 +34,7 @@
 
 #include "earmark.h"
 #include "provider.h"
+#include "settings.h"
 
 PG_FUNCTION_INFO_V1(earmark_refresh_limits);
 

@@ -36,6 +36,7 @@
 
 #include "earmark.h"
 #include "provider.h"
+#include "settings.h"
 
 PG_FUNCTION_INFO_V1(earmark_report);
 

@@ -54,23 +54,6 @@ extern void em_forget(char *s, size_t len);
  * Provider (provider.c)
  * ---------------------------------------------------------------------
  */
-typedef enum EmProviderKind
-{
-	EM_PROVIDER_LOCAL,
-	EM_PROVIDER_KINDE,
-	EM_PROVIDER_HTTP
-} EmProviderKind;
-
-extern int	earmark_provider;	/* EmProviderKind */
-extern char *earmark_provider_url;
-extern char *earmark_provider_client_id;
-extern char *earmark_provider_secrets_file;
-extern int	earmark_report_interval_s;
-extern int	earmark_report_batch;
-extern int	earmark_report_parallel;
-extern int	earmark_limit_fresh_s;
-extern int	earmark_limit_stale_s;
-
 extern const char *em_provider_name(void);
 
 /* a cycle's meter: whose it is and, for a write, the absolute total */

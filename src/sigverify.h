@@ -44,13 +44,6 @@
 /* HMAC-SHA256 output */
 #define EM_HMAC_SHA256_LEN			32
 
-/* GUCs (earmark.c) */
-extern int	earmark_webhook_tolerance_s;
-extern char *earmark_kinde_domain;
-extern char *earmark_jwks_path;
-extern int	earmark_jwks_refetch_cooldown_s;
-extern int	earmark_http_timeout_ms;
-
 /* ---------------------------------------------------------------------
  * base64 (sigverify.c)
  * ---------------------------------------------------------------------

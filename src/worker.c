@@ -76,6 +76,7 @@
 #include "earmark.h"
 #include "launcher.h"
 #include "provider.h"
+#include "settings.h"
 
 /* the worker's database */
 static char *dbname = NULL;
