@@ -41,8 +41,8 @@
 #include "storage/lock.h"
 
 #include "budget.h"
-#include "settings.h"
 #include "earmark.h"
+#include "settings.h"
 #include "spi.h"
 
 /* ---------------------------------------------------------------------

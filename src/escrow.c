@@ -81,7 +81,6 @@
 
 #include "budget.h"
 #include "cluster.h"
-#include "earmark.h"
 #include "escrow.h"
 #include "settings.h"
 #include "spi.h"

@@ -55,7 +55,7 @@
 #include "earmark.h"
 #include "escrow.h"
 #include "gate.h"
-#include "provider.h"
+#include "limits.h"
 #include "ratelimit.h"
 #include "settings.h"
 #include "spi.h"

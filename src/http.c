@@ -36,8 +36,7 @@
 #include "postmaster/interrupt.h"
 #include "utils/timestamp.h"
 
-#include "provider.h"
-#include "sigverify.h"
+#include "http.h"
 #include "version.h"
 
 /* one transfer's malloc'd state */

@@ -55,10 +55,10 @@
 #include "utils/json.h"
 #include "utils/memutils.h"
 
-#include "earmark.h"
+#include "http.h"
 #include "provider.h"
 #include "settings.h"
-#include "sigverify.h"
+#include "spi.h"
 
 /* a Kinde limit of 2147483647 is how "no maximum" reads */
 #define KINDE_NO_MAX		INT64CONST(2147483647)
