@@ -47,6 +47,7 @@
 #include "earmark.h"
 #include "gate.h"
 #include "ledger.h"
+#include "settings.h"
 #include "spi.h"
 
 PG_FUNCTION_INFO_V1(earmark_record_usage_many);

@@ -43,6 +43,7 @@
 
 #include "budget.h"
 #include "earmark.h"
+#include "settings.h"
 #include "spi.h"
 
 /* ---------------------------------------------------------------------

@@ -43,6 +43,7 @@
 
 #include "cluster.h"
 #include "earmark.h"
+#include "version.h"
 
 PG_FUNCTION_INFO_V1(earmark_next_id);
 

@@ -1,81 +1,34 @@
 /*-------------------------------------------------------------------------
  *
  * earmark.c
- *	  Module entry point: the GUCs, the background worker's registration,
- *	  and the small helpers every other file uses (the SPI statement cache,
- *	  argument checks, returning a row).
+ *	  Module entry point: _PG_init defines the settings (settings.c) and,
+ *	  when earmark is in shared_preload_libraries, asks for its shared
+ *	  memory and registers the launcher (launcher.c).
  *
- *	  The GUCs are plain per-backend variables; earmark.database is fixed
- *	  at server start because the worker connects to it once.
- *
- *	  Shared state: one small area in shared memory (EmShared), requested
- *	  when earmark is in shared_preload_libraries: a table of cooldowns,
- *	  "the last time anyone did X" for a few keys, seen by every backend
- *	  and surviving the rollback of the transaction that did X.  The key
- *	  set's refetch cooldown (intake.c) keeps its last fetch here.  Locks:
- *	  the area's spinlock, held for a scan of EM_COOLDOWN_SLOTS entries and
- *	  nothing else.  Loaded without preloading, there is no area and
- *	  em_cooldown_take says so.
+ *	  Shared memory: three areas, asked for and made here, owned by the
+ *	  files that use them: the cooldowns (cooldown.c), the admission rate
+ *	  limit (ratelimit.c) and the launcher's slots (launcher.c).  They are
+ *	  made under AddinShmemInitLock, the one lock this file takes.
+ *	  Loaded without preloading, there is none of them.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
-#include "access/xact.h"
-#include "funcapi.h"
-#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
-#include "storage/spin.h"
-#include "utils/builtins.h"
-#include "utils/guc.h"
-#include "utils/snapmgr.h"
-#include "utils/tuplestore.h"
 
-#include "earmark.h"
+#include "cooldown.h"
 #include "launcher.h"
 #include "ratelimit.h"
-#include "provider.h"
-#include "sigverify.h"
+#include "settings.h"
 
 PG_MODULE_MAGIC;
 
-char	   *earmark_database = NULL;	/* launcher.c */
-int			earmark_lease_s = 120;
-int			earmark_sweep_interval_ms = 1000;
-int			earmark_inbox_lease_s = 30;
-int			earmark_jwks_refresh_s = 3600;
-int			earmark_escrow_slots = 0;
-
-int			earmark_webhook_tolerance_s = 300;
-char	   *earmark_kinde_domain = NULL;
-char	   *earmark_jwks_path = NULL;
-int			earmark_jwks_refetch_cooldown_s = 30;
-int			earmark_http_timeout_ms = 5000;
-
 void		_PG_init(void);
 
-/* ---------------------------------------------------------------------
- * Shared memory: cooldowns every backend sees
- * ---------------------------------------------------------------------
- */
-#define EM_COOLDOWN_SLOTS	16
-
-typedef struct EmCooldown
-{
-	uint64		key;			/* e.g. a hash of the key set's URL */
-	TimestampTz last;			/* the last time it was taken; 0: free */
-} EmCooldown;
-
-typedef struct EmShared
-{
-	slock_t		mutex;
-	EmCooldown	cooldown[EM_COOLDOWN_SLOTS];
-} EmShared;
-
-static EmShared *em_shared = NULL;
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
@@ -84,7 +37,7 @@ em_shmem_request(void)
 {
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
-	RequestAddinShmemSpace(MAXALIGN(sizeof(EmShared)));
+	RequestAddinShmemSpace(MAXALIGN(em_cooldown_shmem_size()));
 	RequestAddinShmemSpace(MAXALIGN(em_rate_shmem_size()));
 	RequestAddinShmemSpace(MAXALIGN(em_launcher_shmem_size()));
 }
@@ -92,317 +45,19 @@ em_shmem_request(void)
 static void
 em_shmem_startup(void)
 {
-	bool		found;
-
 	if (prev_shmem_startup_hook)
 		prev_shmem_startup_hook();
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-	em_shared = ShmemInitStruct("earmark", sizeof(EmShared), &found);
-	if (!found)
-	{
-		memset(em_shared, 0, sizeof(EmShared));
-		SpinLockInit(&em_shared->mutex);
-	}
+	em_cooldown_shmem_init();
 	em_rate_shmem_init();
 	em_launcher_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }
 
-/*
- * Take the cooldown of key at now, unless it was taken less than
- * cooldown_us ago.  Returns EM_COOLDOWN_TAKEN (the caller may go ahead;
- * the next taker waits from now), EM_COOLDOWN_WAIT (*last says when it was
- * last taken) or EM_COOLDOWN_NO_SHMEM (earmark is not preloaded, so no
- * backend can know what another did).  The check and the taking are one
- * step under the spinlock: of many backends asking at once, one gets it.
- * A full table gives up its least recent entry.
- */
-EmCooldownResult
-em_cooldown_take(uint64 key, TimestampTz now, int64 cooldown_us,
-				 TimestampTz *last)
-{
-	EmCooldown *slot = NULL;
-	EmCooldownResult result = EM_COOLDOWN_TAKEN;
-	int			i;
-
-	if (em_shared == NULL)
-		return EM_COOLDOWN_NO_SHMEM;
-	SpinLockAcquire(&em_shared->mutex);
-	for (i = 0; i < EM_COOLDOWN_SLOTS; i++)
-	{
-		EmCooldown *c = &em_shared->cooldown[i];
-
-		if (c->last != 0 && c->key == key)
-		{
-			slot = c;
-			break;
-		}
-		if (slot == NULL || c->last < slot->last)
-			slot = c;			/* free, or the least recent so far */
-	}
-	if (slot->last != 0 && slot->key == key &&
-		now - slot->last < cooldown_us)
-	{
-		*last = slot->last;
-		result = EM_COOLDOWN_WAIT;
-	}
-	else
-	{
-		slot->key = key;
-		slot->last = now;
-	}
-	SpinLockRelease(&em_shared->mutex);
-	return result;
-}
-
-static const struct config_enum_entry provider_options[] = {
-	{"local", EM_PROVIDER_LOCAL, false},
-	{"kinde", EM_PROVIDER_KINDE, false},
-	{"http", EM_PROVIDER_HTTP, false},
-	{NULL, 0, false}
-};
-
 void
 _PG_init(void)
 {
-	/*
-	 * The worker reads earmark.database once, at start.  A postmaster-only
-	 * variable may only be defined while preloading; loaded later (no
-	 * worker runs then) it is defined as reloadable so that loading the
-	 * library is not an error.
-	 */
-	DefineCustomStringVariable("earmark.database",
-							   "The one database an earmark worker runs in; empty: every database with the extension.",
-							   "The launcher starts a worker in each database where earmark is installed, or only in this one.",
-							   &earmark_database,
-							   "",
-							   process_shared_preload_libraries_in_progress ? PGC_POSTMASTER : PGC_SIGHUP,
-							   0,
-							   NULL, NULL, NULL);
-
-	DefineCustomIntVariable("earmark.max_databases",
-							"Databases the launcher can run an earmark worker in at once.",
-							"Each worker is a background worker: max_worker_processes must have room for them.",
-							&earmark_max_databases,
-							16, 1, 1024,
-							process_shared_preload_libraries_in_progress ? PGC_POSTMASTER : PGC_SIGHUP,
-							0,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("earmark.launcher_naptime",
-							"How often the launcher looks for databases that need an earmark worker.",
-							"CREATE EXTENSION earmark wakes it at once.",
-							&earmark_launcher_naptime_ms,
-							10000, 100, 3600 * 1000,
-							PGC_SIGHUP,
-							GUC_UNIT_MS,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("earmark.lease",
-							"Default lease of a hold; a charge or heartbeat renews it.",
-							"A hold whose lease passes is dead: it charges nothing more and is settled as expired.",
-							&earmark_lease_s,
-							120, 1, 7 * 24 * 3600,
-							PGC_USERSET,
-							GUC_UNIT_S,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("earmark.sweep_interval",
-							"How often the background worker settles holds whose lease has passed.",
-							NULL,
-							&earmark_sweep_interval_ms,
-							1000, 10, 3600 * 1000,
-							PGC_SIGHUP,
-							GUC_UNIT_MS,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("earmark.rate_limit",
-							"Most admissions a minute for one account, over all its features (0 turns the rate limit off).",
-							NULL,
-							&earmark_rate_limit,
-							120, 0, 1000000000,
-							PGC_SUSET,
-							0,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("earmark.rate_accounts",
-							"Accounts the admission rate limit tracks in shared memory at once.",
-							"Only accounts ahead of their rate take an entry; when none is free, the one least ahead forgets.",
-							&earmark_rate_accounts,
-							65536, 8, 64 * 1024 * 1024,
-							process_shared_preload_libraries_in_progress ? PGC_POSTMASTER : PGC_SIGHUP,
-							0,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("earmark.debug_rate_clock_shift",
-							"Shifts the clock the admission rate limit reads, for tests.",
-							"A test makes an hour pass for the rate limit without waiting for it.",
-							&earmark_debug_rate_clock_shift_s,
-							0, -365 * 24 * 3600, 365 * 24 * 3600,
-							PGC_SUSET,
-							GUC_UNIT_S | GUC_NOT_IN_SAMPLE,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("earmark.inbox_lease",
-							"How long the worker holds an inbox event it applies before another claim may take it.",
-							"An event whose worker died is claimed again once its lease passes.",
-							&earmark_inbox_lease_s,
-							30, 1, 24 * 3600,
-							PGC_SIGHUP,
-							GUC_UNIT_S,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("earmark.webhook_tolerance",
-							"How far a Standard Webhooks webhook-timestamp may be from now, in either direction.",
-							"A delivery signed longer ago (a replay) or further ahead is refused.",
-							&earmark_webhook_tolerance_s,
-							300, 1, 24 * 3600,
-							PGC_SUSET,
-							GUC_UNIT_S,
-							NULL, NULL, NULL);
-
-	DefineCustomStringVariable("earmark.kinde_domain",
-							   "Kinde business domain whose JSON Web Key Set verifies Kinde webhooks, e.g. https://acme.kinde.com.",
-							   "Whoever sets it decides which tokens are genuine, so only superusers may.",
-							   &earmark_kinde_domain,
-							   "",
-							   PGC_SUSET,
-							   0,
-							   NULL, NULL, NULL);
-
-	DefineCustomStringVariable("earmark.jwks_path",
-							   "Path of the JSON Web Key Set under earmark.kinde_domain.",
-							   "Some tenants serve it at /.well-known/jwks.json.",
-							   &earmark_jwks_path,
-							   "/.well-known/jwks",
-							   PGC_SUSET,
-							   0,
-							   NULL, NULL, NULL);
-
-	DefineCustomIntVariable("earmark.jwks_refetch_cooldown",
-							"Shortest time between two fetches of the key set caused by an unknown key id (0: no limit).",
-							"Keeps tokens with made-up key ids from making every delivery call the provider.",
-							&earmark_jwks_refetch_cooldown_s,
-							30, 0, 3600,
-							PGC_SUSET,
-							GUC_UNIT_S,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("earmark.http_timeout",
-							"Longest one request to the provider may take: meter writes and reads, limits, tokens, the key set.",
-							NULL,
-							&earmark_http_timeout_ms,
-							5000, 100, 60000,
-							PGC_SUSET,
-							GUC_UNIT_MS,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("earmark.jwks_refresh",
-							"Age at which the worker fetches the provider's JSON Web Key Set again.",
-							"The first fetch happens when a webhook needs a key; 0 turns the worker's refresh off.",
-							&earmark_jwks_refresh_s,
-							3600, 0, 7 * 24 * 3600,
-							PGC_SIGHUP,
-							GUC_UNIT_S,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("earmark.escrow_slots",
-							"Escrow slots of the budgets of accounts without their own setting (0: no escrow).",
-							"Slots let admissions on one hot account run in parallel; see earmark_set_escrow.",
-							&earmark_escrow_slots,
-							0, 0, EARMARK_MAX_SLOTS,
-							PGC_SUSET,
-							0,
-							NULL, NULL, NULL);
-
-	DefineCustomEnumVariable("earmark.provider",
-							 "The billing provider: where meter totals go and limits come from.",
-							 "local keeps an in-database stand-in meter and manual limits; kinde and http call the provider.",
-							 &earmark_provider,
-							 EM_PROVIDER_LOCAL,
-							 provider_options,
-							 PGC_SIGHUP,
-							 0,
-							 NULL, NULL, NULL);
-
-	DefineCustomStringVariable("earmark.provider_url",
-							   "Base URL of the http provider, e.g. https://billing.example.com/earmark.",
-							   NULL,
-							   &earmark_provider_url,
-							   "",
-							   PGC_SIGHUP,
-							   0,
-							   NULL, NULL, NULL);
-
-	DefineCustomStringVariable("earmark.provider_client_id",
-							   "OAuth2 client id of the kinde provider (client credentials).",
-							   NULL,
-							   &earmark_provider_client_id,
-							   "",
-							   PGC_SIGHUP,
-							   0,
-							   NULL, NULL, NULL);
-
-	/*
-	 * Secrets are not settings: PostgreSQL logs every changed setting's new
-	 * value on a reload.  They live in a file only the server's user can
-	 * read; this setting only names it.
-	 */
-	DefineCustomStringVariable("earmark.provider_secrets_file",
-							   "File with the provider's secrets: client_secret, token, hmac_secret (name = value lines).",
-							   "It must belong to the server's user and be readable by no one else; it is read at each use.",
-							   &earmark_provider_secrets_file,
-							   "",
-							   PGC_SIGHUP,
-							   GUC_SUPERUSER_ONLY,
-							   NULL, NULL, NULL);
-
-	DefineCustomIntVariable("earmark.report_interval",
-							"How often the worker sends marked cycles' totals to the provider's meter.",
-							NULL,
-							&earmark_report_interval_s,
-							60, 1, 24 * 3600,
-							PGC_SIGHUP,
-							GUC_UNIT_S,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("earmark.report_batch",
-							"Most marked cycles one report pass sends.",
-							NULL,
-							&earmark_report_batch,
-							100, 1, 10000,
-							PGC_SIGHUP,
-							0,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("earmark.report_parallel",
-							"Most requests to the provider in flight at once.",
-							NULL,
-							&earmark_report_parallel,
-							10, 1, 100,
-							PGC_SIGHUP,
-							0,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("earmark.limit_fresh",
-							"Age up to which a limit read from the provider is used as it is.",
-							"An older limit is still used, and the worker is asked to read it again.",
-							&earmark_limit_fresh_s,
-							60, 1, 24 * 3600,
-							PGC_SIGHUP,
-							GUC_UNIT_S,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("earmark.limit_stale",
-							"Age after which a limit read from the provider is no longer used (fail closed).",
-							"Admissions are then refused with \"limit unknown\" until a read succeeds.",
-							&earmark_limit_stale_s,
-							600, 1, 7 * 24 * 3600,
-							PGC_SIGHUP,
-							GUC_UNIT_S,
-							NULL, NULL, NULL);
-
-	MarkGUCPrefixReserved("earmark");
+	em_define_settings();
 
 	if (process_shared_preload_libraries_in_progress)
 	{

@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * earmark.h
- *	  Declarations shared by earmark's C files: GUCs, SQLSTATEs, the SPI
- *	  statement cache, argument checks and the cycle arithmetic.
+ *	  What every part of earmark shares: its own SQLSTATEs and the first
+ *	  keys of the advisory locks it takes.  Nothing else lives here; each
+ *	  file's functions are declared in its own header.
  *
  *-------------------------------------------------------------------------
  */
@@ -10,11 +11,6 @@
 #define EARMARK_H
 
 #include "postgres.h"
-
-#include "executor/spi.h"
-#include "fmgr.h"
-#include "utils/jsonb.h"
-#include "utils/timestamp.h"
 
 /*
  * earmark's own SQLSTATEs (class "EM").  Standard codes are used where one
@@ -32,68 +28,32 @@
 #define ERRCODE_EARMARK_PROVIDER				MAKE_SQLSTATE('E','M','2','0','1')
 #define ERRCODE_EARMARK_READ_BACK_DIFFERS		MAKE_SQLSTATE('E','M','2','0','2')
 
-#include "version.h"
+/*
+ * The signed intake's SQLSTATEs (intake.c, inbox.c).  Every verification
+ * error has its own so that an HTTP endpoint in front of earmark can
+ * answer with the right status; the status each one maps to is noted
+ * beside it.  Nothing is stored when any of them is raised.
+ */
+/* no signature matched, or a JWT's alg is not RS256 (401) */
+#define ERRCODE_EARMARK_INVALID_SIGNATURE	MAKE_SQLSTATE('E','M','1','0','1')
+/* webhook-timestamp outside earmark.webhook_tolerance (401) */
+#define ERRCODE_EARMARK_STALE_TIMESTAMP		MAKE_SQLSTATE('E','M','1','0','2')
+/* malformed signature header, timestamp, token, base64 or JSON (400) */
+#define ERRCODE_EARMARK_MALFORMED_WEBHOOK	MAKE_SQLSTATE('E','M','1','0','3')
+/* the JWT's kid is not in the key set, even after a refetch (401) */
+#define ERRCODE_EARMARK_UNKNOWN_KEY			MAKE_SQLSTATE('E','M','1','0','4')
+/* the key set cannot be fetched, or is not one (503) */
+#define ERRCODE_EARMARK_JWKS_UNAVAILABLE	MAKE_SQLSTATE('E','M','1','0','5')
+/* the JWT's exp has passed (401) */
+#define ERRCODE_EARMARK_TOKEN_EXPIRED		MAKE_SQLSTATE('E','M','1','0','6')
+/* no webhook secret is configured for the source (401) */
+#define ERRCODE_EARMARK_NO_SECRET			MAKE_SQLSTATE('E','M','1','0','7')
+/* the event's time is further ahead of now than earmark.webhook_tolerance (400) */
+#define ERRCODE_EARMARK_EVENT_IN_FUTURE		MAKE_SQLSTATE('E','M','1','0','8')
 
 /* first key of the advisory locks earmark takes ("earm") */
 #define EARMARK_ADVISORY_CLASS	0x6561726d
 /* first key of the meter mark locks ("emmk"), see ledger.c */
 #define EARMARK_MARK_CLASS		0x656d6d6b
-
-/* GUCs (earmark.c) */
-extern char *earmark_database;
-extern int	earmark_lease_s;
-extern int	earmark_sweep_interval_ms;
-extern int	earmark_inbox_lease_s;
-extern int	earmark_jwks_refresh_s;
-
-#include "spi.h"
-
-/*
- * A cycle's total as SQL, for a budget row aliased b: the settled jobs
- * (the budget row and its escrow slots) and the recorded usage (its
- * shards).  Equal to the sum of the cycle's ledger rows; the reconciler
- * proves it.  For readers of many cycles; one cycle's total is
- * em_cycle_total (ledger.c).
- */
-#define EM_CYCLE_TOTAL_SQL \
-	"(b.used + coalesce((SELECT pg_catalog.sum(s.used) FROM earmark.budget_slot s " \
-	"                     WHERE s.account = b.account AND s.budget_id = b.budget_id), 0)::bigint " \
-	"        + coalesce((SELECT pg_catalog.sum(u.units) FROM earmark.usage_shard u " \
-	"                     WHERE u.account = b.account AND u.budget_id = b.budget_id), 0)::bigint)"
-
-/*
- * The same as numeric, which cannot overflow: for readers of many cycles
- * (the reporter), where one cycle past bigint must not fail the rest.
- */
-#define EM_CYCLE_TOTAL_NUMERIC_SQL \
-	"(b.used + coalesce((SELECT pg_catalog.sum(s.used) FROM earmark.budget_slot s " \
-	"                     WHERE s.account = b.account AND s.budget_id = b.budget_id), 0) " \
-	"        + coalesce((SELECT pg_catalog.sum(u.units) FROM earmark.usage_shard u " \
-	"                     WHERE u.account = b.account AND u.budget_id = b.budget_id), 0))"
-
-#include "account.h"
-#include "budget.h"
-#include "cluster.h"
-#include "escrow.h"
-#include "gate.h"
-#include "ledger.h"
-
-/* inbox (inbox.c) */
-extern TimestampTz em_parse_event_time(const char *s);
-extern void em_inbox_store(text *source, text *dedupe_key, text *event_type,
-						   Jsonb *payload, bool has_occurred_at,
-						   TimestampTz occurred_at, text *account,
-						   int64 *event_id, bool *inserted);
-extern void em_return_event_id(FunctionCallInfo fcinfo, int64 event_id, bool inserted);
-extern uint64 em_inbox_claim(int max_events, Interval *lease, bool with_handler);
-extern const char *em_inbox_fail(int64 event_id, const char *error);
-extern const char *em_inbox_apply(int64 event_id, int attempts);
-
-/* webhook intake (intake.c): refresh the cached JWKS, in SPI */
-extern int	em_jwks_refresh(void);
-extern int	em_jwks_refresh_if_older(TimestampTz cutoff);
-
-/* worker (worker.c) */
-PGDLLEXPORT void earmark_worker_main(Datum main_arg);
 
 #endif							/* EARMARK_H */

@@ -81,8 +81,8 @@
 
 #include "budget.h"
 #include "cluster.h"
-#include "earmark.h"
 #include "escrow.h"
+#include "settings.h"
 #include "spi.h"
 
 PG_FUNCTION_INFO_V1(earmark_set_escrow);

@@ -13,11 +13,6 @@
 
 #include "budget.h"
 
-#define EARMARK_MAX_SLOTS	256
-
-/* the default number of slots of a new budget (earmark.escrow_slots) */
-extern int	earmark_escrow_slots;
-
 /* a budget's numbers as the fast path saw them, before its hold */
 typedef struct EscrowNumbers
 {

@@ -55,8 +55,9 @@
 #include "earmark.h"
 #include "escrow.h"
 #include "gate.h"
-#include "provider.h"
+#include "limits.h"
 #include "ratelimit.h"
+#include "settings.h"
 #include "spi.h"
 
 PG_FUNCTION_INFO_V1(earmark_reserve);

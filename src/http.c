@@ -36,8 +36,7 @@
 #include "postmaster/interrupt.h"
 #include "utils/timestamp.h"
 
-#include "provider.h"
-#include "sigverify.h"
+#include "http.h"
 #include "version.h"
 
 /* one transfer's malloc'd state */
@@ -309,24 +308,25 @@ run_tick(EmHttpTick tick, void *tick_arg, CURLM *multi, Transfer *ts,
 	PG_END_TRY();
 }
 
-/*
- * Run n requests, at most parallel at once, each within timeout_ms.  Fills
- * each request's status, body, error, retry_after and elapsed_ms.  Never
- * raises for a failed request; raises only for a cancel or termination
- * (after cleaning up) or when tick raises.
- */
-void
-em_http_run(EmHttpRequest *reqs, int n, int parallel, int timeout_ms,
-			EmHttpTick tick, void *tick_arg)
+/* a batch in flight: its transfers and how far it has come */
+typedef struct Batch
 {
-	Transfer   *ts;
 	CURLM	   *multi;
-	int			next = 0;
-	int			running = 0;
-	int			done = 0;
+	Transfer   *ts;
+	int			n;
+	int			parallel;		/* at most this many in flight */
+	int			timeout_ms;		/* each transfer's */
+	int			next;			/* the next transfer to start */
+	int			running;		/* in flight */
+	int			done;			/* finished, or failed to start */
+	bool		saw_429;		/* the provider asked us to wait */
+} Batch;
+
+/* clear each request's answer and give it the default size bound */
+static void
+reset_requests(EmHttpRequest *reqs, int n)
+{
 	int			i;
-	bool		interrupted = false;
-	bool		saw_429 = false;
 
 	for (i = 0; i < n; i++)
 	{
@@ -339,133 +339,186 @@ em_http_run(EmHttpRequest *reqs, int n, int parallel, int timeout_ms,
 		if (reqs[i].max_bytes == 0)
 			reqs[i].max_bytes = 1024 * 1024;
 	}
+}
+
+/* no request could be made: each gets the error, and no secret is kept */
+static void
+fail_requests(EmHttpRequest *reqs, int n, const char *error)
+{
+	int			i;
+
+	for (i = 0; i < n; i++)
+		reqs[i].error = pstrdup(error);
+	forget_auth_headers(reqs, n);
+}
+
+/* start transfers while there is room; after a 429 nothing more is sent */
+static void
+start_pending(Batch *b)
+{
+	while (b->next < b->n && b->running < b->parallel && !b->saw_429)
+	{
+		Transfer   *t = &b->ts[b->next++];
+
+		if (start_transfer(b->multi, t, b->timeout_ms))
+			b->running++;
+		else
+		{
+			t->done = true;
+			t->rc = CURLE_OUT_OF_MEMORY;
+			b->done++;
+		}
+	}
+}
+
+/* let libcurl work, then take in the transfers that have ended */
+static void
+collect_finished(Batch *b)
+{
+	CURLMsg    *msg;
+	int			left;
+
+	curl_multi_perform(b->multi, &left);
+	while ((msg = curl_multi_info_read(b->multi, &left)) != NULL)
+	{
+		Transfer   *t;
+
+		if (msg->msg != CURLMSG_DONE)
+			continue;
+		curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **) &t);
+		t->rc = msg->data.result;
+		if (t->rc == CURLE_OK)
+			curl_easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, &t->req->status);
+		if (t->req->status == 429)
+			b->saw_429 = true;
+		t->req->elapsed_ms = (double) (GetCurrentTimestamp() - t->began) / 1000.0;
+		free_transfer(b->multi, t);
+		t->done = true;
+		b->running--;
+		b->done++;
+	}
+}
+
+/*
+ * Run the batch until every transfer has ended, or a 429 stopped it.
+ * Returns false when a cancel or termination is pending: the caller
+ * cleans up, then lets it be raised.
+ */
+static bool
+run_batch(Batch *b, EmHttpTick tick, void *tick_arg, EmHttpRequest *reqs)
+{
+	while (b->done < b->n)
+	{
+		start_pending(b);
+		collect_finished(b);
+		if (b->done >= b->n || (b->saw_429 && b->running == 0))
+			break;
+
+		if (QueryCancelPending || ProcDiePending || ShutdownRequestPending)
+			return false;
+		/* a transfer just ended and another may start: no waiting */
+		if (b->next < b->n && b->running < b->parallel && !b->saw_429)
+			continue;
+		curl_multi_poll(b->multi, NULL, 0, 100, NULL);
+
+		/* libcurl is off the stack here */
+		if (tick)
+			run_tick(tick, tick_arg, b->multi, b->ts, reqs, b->n);
+	}
+	return true;
+}
+
+/*
+ * Copy one transfer's answer (or what went wrong) out of malloc'd memory
+ * into its request, and free the transfer.  Errors may be raised after.
+ */
+static void
+take_answer(CURLM *multi, Transfer *t, bool saw_429)
+{
+	EmHttpRequest *r = t->req;
+
+	free_transfer(multi, t);
+	r->retry_after = t->retry_after;
+	if (!t->started && saw_429)
+		r->error = "not sent: the provider answered 429 to an earlier request";
+	else if (!t->done)
+		r->error = "the request was interrupted";
+	else if (t->rc != CURLE_OK)
+	{
+		r->status = 0;
+		if (t->too_large)
+			r->error = psprintf("the response is larger than %zu bytes", r->max_bytes);
+		else if (t->oom)
+			r->error = "out of memory for the response";
+		else
+			r->error = pstrdup(t->errbuf[0] ? t->errbuf : curl_easy_strerror(t->rc));
+	}
+	else
+	{
+		r->body_out = palloc_extended(t->len + 1, MCXT_ALLOC_NO_OOM);
+		if (r->body_out != NULL)
+		{
+			if (t->len > 0)
+				memcpy(r->body_out, t->data, t->len);
+			r->body_out[t->len] = '\0';
+			r->body_len = t->len;
+		}
+		else
+			r->error = "out of memory for the response";
+	}
+	free_zeroed(t->data, t->cap);
+	t->data = NULL;
+}
+
+/*
+ * Run n requests, at most parallel at once, each within timeout_ms.  Fills
+ * each request's status, body, error, retry_after and elapsed_ms.  Never
+ * raises for a failed request; raises only for a cancel or termination
+ * (after cleaning up) or when tick raises.
+ */
+void
+em_http_run(EmHttpRequest *reqs, int n, int parallel, int timeout_ms,
+			EmHttpTick tick, void *tick_arg)
+{
+	Batch		b = {0};
+	bool		interrupted;
+	int			i;
+
+	reset_requests(reqs, n);
 	if (n == 0)
 		return;
-	parallel = Max(parallel, 1);
 
 	if (!curl_ready)
 	{
 		if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
 		{
-			for (i = 0; i < n; i++)
-				reqs[i].error = pstrdup("could not initialize libcurl");
-			forget_auth_headers(reqs, n);
+			fail_requests(reqs, n, "could not initialize libcurl");
 			return;
 		}
 		curl_ready = true;
 	}
 
 	/* plain malloc: nothing below may raise until it is freed */
-	ts = calloc(n, sizeof(Transfer));
-	multi = ts ? curl_multi_init() : NULL;
-	if (multi == NULL)
+	b.ts = calloc(n, sizeof(Transfer));
+	b.multi = b.ts ? curl_multi_init() : NULL;
+	if (b.multi == NULL)
 	{
-		free(ts);
-		for (i = 0; i < n; i++)
-			reqs[i].error = pstrdup("could not create libcurl handles");
-		forget_auth_headers(reqs, n);
+		free(b.ts);
+		fail_requests(reqs, n, "could not create libcurl handles");
 		return;
 	}
 	for (i = 0; i < n; i++)
-		ts[i].req = &reqs[i];
+		b.ts[i].req = &reqs[i];
+	b.n = n;
+	b.parallel = Max(parallel, 1);
+	b.timeout_ms = timeout_ms;
 
-	while (done < n)
-	{
-		CURLMsg    *msg;
-		int			left;
+	interrupted = !run_batch(&b, tick, tick_arg, reqs);
 
-		/* after a 429 nothing more is sent: the provider asked us to wait */
-		while (next < n && running < parallel && !saw_429)
-		{
-			Transfer   *t = &ts[next++];
-
-			if (start_transfer(multi, t, timeout_ms))
-				running++;
-			else
-			{
-				t->done = true;
-				t->rc = CURLE_OUT_OF_MEMORY;
-				done++;
-			}
-		}
-
-		curl_multi_perform(multi, &left);
-		while ((msg = curl_multi_info_read(multi, &left)) != NULL)
-		{
-			Transfer   *t;
-
-			if (msg->msg != CURLMSG_DONE)
-				continue;
-			curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **) &t);
-			t->rc = msg->data.result;
-			if (t->rc == CURLE_OK)
-				curl_easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, &t->req->status);
-			if (t->req->status == 429)
-				saw_429 = true;
-			t->req->elapsed_ms = (double) (GetCurrentTimestamp() - t->began) / 1000.0;
-			free_transfer(multi, t);
-			t->done = true;
-			running--;
-			done++;
-		}
-		if (done >= n || (saw_429 && running == 0))
-			break;
-
-		if (QueryCancelPending || ProcDiePending || ShutdownRequestPending)
-		{
-			interrupted = true;
-			break;
-		}
-		/* a transfer just ended and another may start: no waiting */
-		if (next < n && running < parallel && !saw_429)
-			continue;
-		curl_multi_poll(multi, NULL, 0, 100, NULL);
-
-		/* libcurl is off the stack here */
-		if (tick)
-			run_tick(tick, tick_arg, multi, ts, reqs, n);
-	}
-
-	/* copy the answers out of malloc'd memory; errors may be raised after */
 	for (i = 0; i < n; i++)
-	{
-		Transfer   *t = &ts[i];
-		EmHttpRequest *r = t->req;
-
-		free_transfer(multi, t);
-		r->retry_after = t->retry_after;
-		if (!t->started && saw_429)
-			r->error = "not sent: the provider answered 429 to an earlier request";
-		else if (!t->done)
-			r->error = "the request was interrupted";
-		else if (t->rc != CURLE_OK)
-		{
-			r->status = 0;
-			if (t->too_large)
-				r->error = psprintf("the response is larger than %zu bytes", r->max_bytes);
-			else if (t->oom)
-				r->error = "out of memory for the response";
-			else
-				r->error = pstrdup(t->errbuf[0] ? t->errbuf : curl_easy_strerror(t->rc));
-		}
-		else
-		{
-			r->body_out = palloc_extended(t->len + 1, MCXT_ALLOC_NO_OOM);
-			if (r->body_out != NULL)
-			{
-				if (t->len > 0)
-					memcpy(r->body_out, t->data, t->len);
-				r->body_out[t->len] = '\0';
-				r->body_len = t->len;
-			}
-			else
-				r->error = "out of memory for the response";
-		}
-		free_zeroed(t->data, t->cap);
-		t->data = NULL;
-	}
-	curl_multi_cleanup(multi);
-	free(ts);
+		take_answer(b.multi, &b.ts[i], b.saw_429);
+	curl_multi_cleanup(b.multi);
+	free(b.ts);
 	forget_auth_headers(reqs, n);
 
 	if (interrupted)

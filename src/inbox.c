@@ -61,7 +61,9 @@
 
 #include "cluster.h"
 #include "earmark.h"
-#include "sigverify.h"
+#include "inbox.h"
+#include "settings.h"
+#include "spi.h"
 
 PG_FUNCTION_INFO_V1(earmark_inbox_receive);
 PG_FUNCTION_INFO_V1(earmark_inbox_claim);

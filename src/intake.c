@@ -4,8 +4,8 @@
  *	  Signed webhook intake: earmark_inbox_receive_signed (Standard
  *	  Webhooks), earmark_inbox_receive_kinde (a JWT signed with RS256),
  *	  their secrets and key set (earmark_inbox_set_secret,
- *	  earmark_inbox_drop_secret, earmark_refresh_jwks, em_jwks_refresh) and
- *	  earmark_webhook_signature_valid.
+ *	  earmark_inbox_drop_secret, earmark_refresh_jwks, and the worker's
+ *	  em_jwks_refresh_if_older) and earmark_webhook_signature_valid.
  *
  *	  A delivery is verified first and stored after (em_inbox_store_verified,
  *	  in inbox.c, which records how: standard_webhooks or kinde_jwt); any
@@ -33,7 +33,7 @@
  *	  A fetch made by a delivery that then fails is rolled back with it, so
  *	  each backend also keeps its last fetched set in memory (see
  *	  local_keys), and the time of the last fetch an unknown kid caused is
- *	  kept in shared memory (em_cooldown_take, earmark.c: its spinlock, for
+ *	  kept in shared memory (em_cooldown_take, cooldown.c: its spinlock, for
  *	  a few instructions), where every backend sees it: the refetch
  *	  cooldown holds across connections.  Without earmark in
  *	  shared_preload_libraries a delivery never fetches (may_refetch).
@@ -58,8 +58,14 @@
 #include "utils/timestamp.h"
 
 #include "cluster.h"
+#include "cooldown.h"
 #include "earmark.h"
+#include "http.h"
+#include "inbox.h"
+#include "intake.h"
+#include "settings.h"
 #include "sigverify.h"
+#include "spi.h"
 
 PG_FUNCTION_INFO_V1(earmark_inbox_receive_signed);
 PG_FUNCTION_INFO_V1(earmark_webhook_signature_valid);
@@ -839,7 +845,7 @@ refetch_jwks(const char *url)
  * Fetch the configured key set and store it.  Runs in the caller's SPI
  * connection (the worker's pass, or earmark_refresh_jwks).
  */
-int
+static int
 em_jwks_refresh(void)
 {
 	char	   *url = jwks_url(false);

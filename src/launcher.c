@@ -65,6 +65,7 @@
 #include "utils/timestamp.h"
 
 #include "launcher.h"
+#include "settings.h"
 
 PG_FUNCTION_INFO_V1(earmark_wake_launcher);
 
@@ -98,9 +99,6 @@ typedef struct EmLauncherShared
 	int			nslots;
 	EmDbSlot	slots[FLEXIBLE_ARRAY_MEMBER];
 } EmLauncherShared;
-
-int			earmark_max_databases = 16;
-int			earmark_launcher_naptime_ms = 10000;
 
 static EmLauncherShared *launcher = NULL;
 static ProcessUtility_hook_type prev_utility_hook = NULL;

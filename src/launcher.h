@@ -13,10 +13,6 @@
 
 #include "tcop/utility.h"
 
-extern int	earmark_max_databases;
-extern int	earmark_launcher_naptime_ms;
-extern char *earmark_database;
-
 extern Size em_launcher_shmem_size(void);
 extern void em_launcher_shmem_init(void);
 extern void em_register_launcher(void);

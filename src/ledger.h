@@ -41,4 +41,27 @@ extern int64 em_usage_budget(text *account, text *feature, TimestampTz start,
 extern void em_usage_check_correction(text *account, int64 budget_id, int64 units,
 									  TimestampTz start);
 
+/*
+ * A cycle's total as SQL, for a budget row aliased b: the settled jobs
+ * (the budget row and its escrow slots) and the recorded usage (its
+ * shards).  Equal to the sum of the cycle's ledger rows; the reconciler
+ * proves it.  For readers of many cycles; one cycle's total is
+ * em_cycle_total (above).
+ */
+#define EM_CYCLE_TOTAL_SQL \
+	"(b.used + coalesce((SELECT pg_catalog.sum(s.used) FROM earmark.budget_slot s " \
+	"                     WHERE s.account = b.account AND s.budget_id = b.budget_id), 0)::bigint " \
+	"        + coalesce((SELECT pg_catalog.sum(u.units) FROM earmark.usage_shard u " \
+	"                     WHERE u.account = b.account AND u.budget_id = b.budget_id), 0)::bigint)"
+
+/*
+ * The same as numeric, which cannot overflow: for readers of many cycles
+ * (the reporter), where one cycle past bigint must not fail the rest.
+ */
+#define EM_CYCLE_TOTAL_NUMERIC_SQL \
+	"(b.used + coalesce((SELECT pg_catalog.sum(s.used) FROM earmark.budget_slot s " \
+	"                     WHERE s.account = b.account AND s.budget_id = b.budget_id), 0) " \
+	"        + coalesce((SELECT pg_catalog.sum(u.units) FROM earmark.usage_shard u " \
+	"                     WHERE u.account = b.account AND u.budget_id = b.budget_id), 0))"
+
 #endif							/* EARMARK_LEDGER_H */

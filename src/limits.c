@@ -33,7 +33,10 @@
 #include "utils/timestamp.h"
 
 #include "earmark.h"
+#include "limits.h"
 #include "provider.h"
+#include "settings.h"
+#include "spi.h"
 
 PG_FUNCTION_INFO_V1(earmark_refresh_limits);
 

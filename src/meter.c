@@ -34,8 +34,13 @@
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
-#include "earmark.h"
+#include "budget.h"
+#include "cluster.h"
+#include "ledger.h"
+#include "meter.h"
 #include "provider.h"
+#include "settings.h"
+#include "spi.h"
 
 PG_FUNCTION_INFO_V1(earmark_report);
 

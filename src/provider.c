@@ -55,19 +55,10 @@
 #include "utils/json.h"
 #include "utils/memutils.h"
 
-#include "earmark.h"
+#include "http.h"
 #include "provider.h"
-#include "sigverify.h"
-
-int			earmark_provider = EM_PROVIDER_LOCAL;
-char	   *earmark_provider_url = NULL;
-char	   *earmark_provider_client_id = NULL;
-char	   *earmark_provider_secrets_file = NULL;
-int			earmark_report_interval_s = 60;
-int			earmark_report_batch = 100;
-int			earmark_report_parallel = 10;
-int			earmark_limit_fresh_s = 60;
-int			earmark_limit_stale_s = 600;
+#include "settings.h"
+#include "spi.h"
 
 /* a Kinde limit of 2147483647 is how "no maximum" reads */
 #define KINDE_NO_MAX		INT64CONST(2147483647)

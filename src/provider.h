@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * provider.h
- *	  The provider's meter and limits (provider.c) and the HTTP batch they
- *	  run on (http.c).
+ *	  The billing provider (provider.c): writing and reading a cycle's
+ *	  meter, and reading an account's limits, over the HTTP batch of
+ *	  http.c (or the local stand-in).
  *
  *-------------------------------------------------------------------------
  */
@@ -14,63 +15,12 @@
 #include "nodes/pg_list.h"
 #include "utils/timestamp.h"
 
-/* ---------------------------------------------------------------------
- * HTTP (http.c)
- * ---------------------------------------------------------------------
- */
-#define EM_HTTP_MAX_HEADERS 4
-
-typedef struct EmHttpRequest
-{
-	/* in */
-	const char *method;			/* GET, POST or PUT */
-	const char *url;
-	const char *body;			/* NULL: none */
-	const char *content_type;	/* of the body */
-	const char *headers[EM_HTTP_MAX_HEADERS + 1];	/* "Name: value", NULL-ended */
-	char	   *auth_header;	/* "Authorization: ...", palloc'd, or NULL: a
-								 * secret, zeroed and freed by em_http_run */
-	size_t		max_bytes;		/* 0: 1 MB */
-	bool		discard_body;	/* the answer's body is not kept */
-	/* out */
-	long		status;			/* 0 when no answer arrived */
-	char	   *body_out;		/* palloc'd, NUL-terminated */
-	size_t		body_len;
-	const char *error;			/* transport error, NULL if none */
-	long		retry_after;	/* RateLimit-Reset / Retry-After seconds, or -1 */
-	double		elapsed_ms;
-} EmHttpRequest;
-
-/* called between polls of a batch, with libcurl off the stack */
-typedef void (*EmHttpTick) (void *arg);
-
-extern void em_http_run(EmHttpRequest *reqs, int n, int parallel, int timeout_ms,
-						EmHttpTick tick, void *tick_arg);
-
-/* zero a secret (a token, a key, an answer that carried one) and free it */
-extern void em_forget(char *s, size_t len);
+#include "http.h"
 
 /* ---------------------------------------------------------------------
  * Provider (provider.c)
  * ---------------------------------------------------------------------
  */
-typedef enum EmProviderKind
-{
-	EM_PROVIDER_LOCAL,
-	EM_PROVIDER_KINDE,
-	EM_PROVIDER_HTTP
-} EmProviderKind;
-
-extern int	earmark_provider;	/* EmProviderKind */
-extern char *earmark_provider_url;
-extern char *earmark_provider_client_id;
-extern char *earmark_provider_secrets_file;
-extern int	earmark_report_interval_s;
-extern int	earmark_report_batch;
-extern int	earmark_report_parallel;
-extern int	earmark_limit_fresh_s;
-extern int	earmark_limit_stale_s;
-
 extern const char *em_provider_name(void);
 
 /* a cycle's meter: whose it is and, for a write, the absolute total */
@@ -128,42 +78,5 @@ typedef struct EmLimit
 extern List *em_provider_limits(const char *account, const char *customer,
 								EmHttpTick tick, void *tick_arg,
 								char **error, bool *unreachable);
-
-/* ---------------------------------------------------------------------
- * Limit cache (limits.c)
- * ---------------------------------------------------------------------
- */
-typedef enum EmLimitAge
-{
-	EM_LIMIT_FRESH,				/* use it */
-	EM_LIMIT_STALE,				/* use it, and ask the worker to read it again */
-	EM_LIMIT_UNKNOWN,			/* refuse */
-	EM_LIMIT_UNKNOWN_WANTED		/* refuse, and ask the worker to read it */
-} EmLimitAge;
-
-/* an account whose limits an admission asked for */
-typedef struct EmWantedLimits
-{
-	char	   *account;
-	char	   *customer;		/* provider_customer, may be NULL */
-} EmWantedLimits;
-
-extern EmLimitAge em_limit_age(bool has_row, bool provider_row, bool has_fetched,
-							   TimestampTz fetched_at, TimestampTz now);
-extern void em_want_limits(text *account);
-extern int	em_refresh_account_limits(const char *account, char **error);
-extern List *em_wanted_limit_accounts(int max, MemoryContext cxt);
-extern int	em_store_account_limits(const char *account, List *limits);
-extern void em_limits_read_failed(const char *account, const char *error);
-
-/* ---------------------------------------------------------------------
- * Reporter (meter.c)
- * ---------------------------------------------------------------------
- */
-extern int	em_report_claim(int max_cycles, TimestampTz now, EmMeterOp **ops_out,
-							MemoryContext cxt);
-extern void em_report_send(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg);
-extern int	em_report_finish(EmMeterOp *ops, int n, TimestampTz now, int *failed);
-extern void em_log_send(EmMeterOp *op, const char *origin);
 
 #endif							/* EARMARK_PROVIDER_H */

@@ -40,6 +40,7 @@
 #include "utils/timestamp.h"
 
 #include "ratelimit.h"
+#include "settings.h"
 
 #define EM_RATE_WAYS	8
 
@@ -60,10 +61,6 @@ typedef struct EmRateShared
 	int			nsets;
 	EmRateSet	sets[FLEXIBLE_ARRAY_MEMBER];
 } EmRateShared;
-
-int			earmark_rate_limit = 120;
-int			earmark_rate_accounts = 65536;
-int			earmark_debug_rate_clock_shift_s = 0;
 
 static EmRateShared *rate_shared = NULL;
 

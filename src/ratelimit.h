@@ -13,10 +13,6 @@
 
 #include "datatype/timestamp.h"
 
-extern int	earmark_rate_limit;
-extern int	earmark_rate_accounts;
-extern int	earmark_debug_rate_clock_shift_s;
-
 extern Size em_rate_shmem_size(void);
 extern void em_rate_shmem_init(void);
 extern TimestampTz em_gcra(TimestampTz tat, TimestampTz now, int64 step,

@@ -64,8 +64,11 @@
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
-#include "earmark.h"
+#include "budget.h"
+#include "cluster.h"
+#include "meter.h"
 #include "provider.h"
+#include "spi.h"
 
 PG_FUNCTION_INFO_V1(earmark_reconcile);
 

@@ -1,14 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * sigverify.h
- *	  Webhook signature verification (sigverify.c), the HTTP GET that
- *	  fetches a JSON Web Key Set (http.c), and the SQLSTATEs the signed
- *	  intake raises (intake.c).
- *
- *	  Every verification error has its own SQLSTATE so that an HTTP
- *	  endpoint in front of earmark can answer with the right status; the
- *	  status each one maps to is noted beside it.  Nothing is stored when
- *	  any of them is raised.
+ *	  Webhook signature verification (sigverify.c): base64, Standard
+ *	  Webhooks signatures, RS256 JWTs, and the sizes a delivery may have.
+ *	  Pure functions: they read no table and no setting.
  *
  *-------------------------------------------------------------------------
  */
@@ -20,36 +15,12 @@
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
 
-/* no signature matched, or a JWT's alg is not RS256 (401) */
-#define ERRCODE_EARMARK_INVALID_SIGNATURE	MAKE_SQLSTATE('E','M','1','0','1')
-/* webhook-timestamp outside earmark.webhook_tolerance (401) */
-#define ERRCODE_EARMARK_STALE_TIMESTAMP		MAKE_SQLSTATE('E','M','1','0','2')
-/* malformed signature header, timestamp, token, base64 or JSON (400) */
-#define ERRCODE_EARMARK_MALFORMED_WEBHOOK	MAKE_SQLSTATE('E','M','1','0','3')
-/* the JWT's kid is not in the key set, even after a refetch (401) */
-#define ERRCODE_EARMARK_UNKNOWN_KEY			MAKE_SQLSTATE('E','M','1','0','4')
-/* the key set cannot be fetched, or is not one (503) */
-#define ERRCODE_EARMARK_JWKS_UNAVAILABLE	MAKE_SQLSTATE('E','M','1','0','5')
-/* the JWT's exp has passed (401) */
-#define ERRCODE_EARMARK_TOKEN_EXPIRED		MAKE_SQLSTATE('E','M','1','0','6')
-/* no webhook secret is configured for the source (401) */
-#define ERRCODE_EARMARK_NO_SECRET			MAKE_SQLSTATE('E','M','1','0','7')
-/* the event's time is further ahead of now than earmark.webhook_tolerance (400) */
-#define ERRCODE_EARMARK_EVENT_IN_FUTURE		MAKE_SQLSTATE('E','M','1','0','8')
-
 /* the largest body or token accepted, in bytes */
 #define EM_WEBHOOK_MAX_BYTES		(1024 * 1024)
 /* the largest webhook-signature header accepted, in bytes */
 #define EM_SIGNATURE_HEADER_MAX		4096
 /* HMAC-SHA256 output */
 #define EM_HMAC_SHA256_LEN			32
-
-/* GUCs (earmark.c) */
-extern int	earmark_webhook_tolerance_s;
-extern char *earmark_kinde_domain;
-extern char *earmark_jwks_path;
-extern int	earmark_jwks_refetch_cooldown_s;
-extern int	earmark_http_timeout_ms;
 
 /* ---------------------------------------------------------------------
  * base64 (sigverify.c)
@@ -154,76 +125,5 @@ extern EmRsaResult em_rs256_verify(const unsigned char *n, size_t n_len,
 								   const unsigned char *e, size_t e_len,
 								   const char *msg, size_t msg_len,
 								   const unsigned char *sig, size_t sig_len);
-
-/* ---------------------------------------------------------------------
- * HTTP (http.c)
- * ---------------------------------------------------------------------
- */
-
-typedef struct EmHttpResponse
-{
-	long		status;			/* HTTP status, 0 if none was received */
-	char	   *body;			/* palloc'd, NUL-terminated */
-	size_t		body_len;
-	char	   *error;			/* transport error, NULL if none */
-} EmHttpResponse;
-
-/*
- * GET url, at most max_bytes of body, within timeout_ms.  Returns false
- * (and sets error) when no complete response arrived.
- */
-extern bool em_http_get(const char *url, int timeout_ms, size_t max_bytes,
-						EmHttpResponse *resp);
-
-/* ---------------------------------------------------------------------
- * Shared cooldowns (earmark.c's shared memory)
- * ---------------------------------------------------------------------
- */
-
-typedef enum EmCooldownResult
-{
-	EM_COOLDOWN_TAKEN,			/* not taken within the cooldown: now it is */
-	EM_COOLDOWN_WAIT,			/* taken less than the cooldown ago */
-	EM_COOLDOWN_NO_SHMEM		/* earmark is not in shared_preload_libraries */
-} EmCooldownResult;
-
-extern EmCooldownResult em_cooldown_take(uint64 key, TimestampTz now,
-										 int64 cooldown_us, TimestampTz *last);
-
-/* ---------------------------------------------------------------------
- * Storing a verified event (inbox.c)
- * ---------------------------------------------------------------------
- */
-
-/* earmark.inbox_event.verified_by: how the event's source was verified */
-#define EM_VERIFIED_STANDARD_WEBHOOKS	"standard_webhooks"
-#define EM_VERIFIED_KINDE_JWT			"kinde_jwt"
-#define EM_VERIFIED_ADMIN				"admin"
-
-/*
- * em_inbox_store (earmark.h) with how the event was verified: one of the
- * EM_VERIFIED_* above, or NULL for an unverified event, which is refused
- * (42501) where only verified events may go.  An event time further ahead
- * than earmark.webhook_tolerance is refused (EM108).  Runs in the caller's
- * SPI connection.
- */
-extern void em_inbox_store_verified(text *source, text *dedupe_key,
-									text *event_type, Jsonb *payload,
-									bool has_occurred_at,
-									TimestampTz occurred_at, text *account,
-									const char *verified_by,
-									int64 *event_id, bool *inserted);
-
-/* ---------------------------------------------------------------------
- * Key set (intake.c)
- * ---------------------------------------------------------------------
- */
-
-/*
- * Fetch the configured JWKS and store it in earmark.jwks; returns the
- * number of keys, or 0 without fetching when earmark.kinde_domain is not
- * set.  Runs in the caller's SPI connection; raises on failure.
- */
-extern int	em_jwks_refresh(void);
 
 #endif							/* EARMARK_SIGVERIFY_H */

@@ -73,9 +73,18 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
-#include "earmark.h"
+#include "cluster.h"
+#include "gate.h"
+#include "inbox.h"
+#include "intake.h"
 #include "launcher.h"
+#include "limits.h"
+#include "meter.h"
 #include "provider.h"
+#include "settings.h"
+#include "spi.h"
+#include "version.h"
+#include "worker.h"
 
 /* the worker's database */
 static char *dbname = NULL;
