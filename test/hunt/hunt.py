@@ -696,19 +696,19 @@ class Planner:
                     a.reserve_keys.append((c.args[2], c.args[1], c.feat))
                     del a.reserve_keys[:-200]
                 elif c.fn == 'settle':
-                    j = self.hunt.live_job(c.args[0])
+                    j = self.hunt.live_job(c.args[1])
                     if j:
                         acc = self.hunt.account(j.acct)
                         acc.jobs.pop(j.job_id, None)
                         acc.used[j.feat] += c.res[0]
                 elif c.fn == 'charge':
-                    j = self.hunt.live_job(c.args[0])
+                    j = self.hunt.live_job(c.args[1])
                     if j:
                         j.used += c.res[0]
                         if c.res[3] in ('running', 'capped'):
                             j.lease_end = c.sent + j.lease
                 elif c.fn == 'heartbeat':
-                    j = self.hunt.live_job(c.args[0])
+                    j = self.hunt.live_job(c.args[1])
                     if j and c.res[0] is not None:
                         j.lease_end = c.res[0]
                 elif c.fn == 'record_usage' and c.res[0]:
@@ -1047,7 +1047,7 @@ def renewed(c):
     if c.fn == 'heartbeat':
         return c.res[0] is not None
     charged, capped, room, status = c.res
-    return status in ('running', 'capped') and (charged > 0 or (c.args[2] is None and status == 'running'))
+    return status in ('running', 'capped') and (charged > 0 or (c.args[3] is None and status == 'running'))
 
 
 def maybe_renewed(c):
@@ -1201,12 +1201,12 @@ class Model:
             if c.fn in ('charge', 'heartbeat', 'settle') and c.err is None and c.res is not None:
                 # every call that returned, committed or not (what it saw
                 # counts for the checks of its own transaction's calls)
-                j = self.jobs.get(c.args[0])
+                j = self.jobs.get(c.args[1])
                 if j is None:
                     if c.tx.fate == 'committed' and c.res is not None:
-                        same = [x for x in c.tx.calls if x.fn == 'reserve' and x.res and x.res[0] == c.args[0]]
+                        same = [x for x in c.tx.calls if x.fn == 'reserve' and x.res and x.res[0] == c.args[1]]
                         if not same:
-                            self.find('jobs', '%s of job %s that the model never saw admitted' % (c.fn, c.args[0]), [c])
+                            self.find('jobs', '%s of job %s that the model never saw admitted' % (c.fn, c.args[1]), [c])
                     continue
                 {'charge': j.charges, 'heartbeat': j.hbs, 'settle': j.settles}[c.fn].append(c)
         for j in self.jobs.values():
