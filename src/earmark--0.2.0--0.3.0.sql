@@ -193,7 +193,11 @@ BEGIN
               HINT = 'Call earmark_heartbeat(account, job_id) with the account the job was reserved for.';
 END
 $$;
-CREATE OR REPLACE FUNCTION earmark_settle(job_id bigint, used bigint DEFAULT NULL, outcome text DEFAULT 'completed')
+DROP FUNCTION earmark_settle(bigint, bigint, text);
+-- (without the 0.2.0 form's third argument: earmark_settle('acme', 6, NULL)
+-- would fit both forms and fail with 42725; a 0.2.0 call that names an
+-- outcome gets PostgreSQL's own 42883)
+CREATE FUNCTION earmark_settle(job_id bigint, used bigint DEFAULT NULL)
 RETURNS TABLE (charged bigint, released bigint, status text)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -202,6 +206,8 @@ BEGIN
               HINT = 'Call earmark_settle(account, job_id, used, outcome) with the account the job was reserved for.';
 END
 $$;
+REVOKE ALL ON FUNCTION earmark_settle(bigint, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION earmark_settle(bigint, bigint) TO earmark_user;
 CREATE FUNCTION earmark_charge(account text, job_id bigint, tokens bigint, step bigint DEFAULT NULL)
 RETURNS TABLE (charged bigint, capped boolean, room bigint, status text)
 AS 'MODULE_PATHNAME', 'earmark_charge'

@@ -465,7 +465,10 @@ BEGIN
               HINT = 'Call earmark_heartbeat(account, job_id) with the account the job was reserved for.';
 END
 $$;
-CREATE FUNCTION earmark_settle(job_id bigint, used bigint DEFAULT NULL, outcome text DEFAULT 'completed')
+-- (without the 0.2.0 form's third argument: earmark_settle('acme', 6, NULL)
+-- would fit both forms and fail with 42725; a 0.2.0 call that names an
+-- outcome gets PostgreSQL's own 42883)
+CREATE FUNCTION earmark_settle(job_id bigint, used bigint DEFAULT NULL)
 RETURNS TABLE (charged bigint, released bigint, status text)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -475,9 +478,9 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION earmark_charge(bigint, bigint, bigint), earmark_heartbeat(bigint),
-    earmark_settle(bigint, bigint, text) FROM PUBLIC;
+    earmark_settle(bigint, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION earmark_charge(bigint, bigint, bigint), earmark_heartbeat(bigint),
-    earmark_settle(bigint, bigint, text) TO earmark_user;
+    earmark_settle(bigint, bigint) TO earmark_user;
 
 CREATE FUNCTION earmark_set_escrow(account text, slots int)
 RETURNS void

@@ -991,7 +991,7 @@ KINDS = {
     # the 0.2.0 forms (no account), which only fail (42883)
     "earmark_charge(0.2.0)": {"job_id": "job", "tokens": "amount0", "step": "step"},
     "earmark_heartbeat(0.2.0)": {"job_id": "job"},
-    "earmark_settle(0.2.0)": {"job_id": "job", "used": "used", "outcome": "outcome"},
+    "earmark_settle(0.2.0)": {"job_id": "job", "used": "used"},
     "earmark_set_escrow": {"account": "account", "slots": "slots"},
     "earmark_sweep": {"max_jobs": "count"},
     "earmark_inbox_receive": {"source": "source", "dedupe_key": "key", "event_type": "event_type",
@@ -1071,7 +1071,8 @@ class Gen:
             return k
         return {"text": "free_text", "bigint": "amount", "integer": "count",
                 "timestamp with time zone": "ts_nullable", "interval": "lease", "jsonb": "payload",
-                "regprocedure": "handler", "boolean": "bool"}.get(typ, "free_text")
+                "regprocedure": "handler", "boolean": "bool",
+                "double precision": "count"}.get(typ, "free_text")
 
     def value(self, kind, bad):
         """A value of this kind: a plausible one (bad=False) or a wrong one."""

@@ -94,7 +94,7 @@ SELECT is((SELECT p.proisstrict FROM pg_proc p WHERE p.oid = a.oid), false,
 CREATE TEMP TABLE api_v020 (fname text NOT NULL, argtypes text NOT NULL);
 INSERT INTO api_v020 VALUES ('earmark_charge', 'bigint, bigint, bigint'),
                             ('earmark_heartbeat', 'bigint'),
-                            ('earmark_settle', 'bigint, bigint, text');
+                            ('earmark_settle', 'bigint, bigint');
 SELECT is((SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
             WHERE p.proname = a.fname AND p.oid IS DISTINCT FROM a.oid
               AND NOT EXISTS (SELECT 1 FROM api_v020 v
@@ -122,6 +122,8 @@ SELECT throws_ok($$SELECT earmark_heartbeat('contract-nobody', 1)$$, 'EM003', NU
                  'earmark_heartbeat(account, job_id) resolves to the account-first form');
 SELECT throws_ok($$SELECT earmark_settle('contract-nobody', 1)$$, 'EM003', NULL,
                  'earmark_settle(account, job_id) resolves to the account-first form');
+SELECT throws_ok($$SELECT earmark_settle('contract-nobody', 1, NULL)$$, 'EM003', NULL,
+                 'earmark_settle(account, job_id, NULL) resolves to the account-first form (not 42725)');
 
 -- 1: all of them belong to the extension
 SELECT bag_eq(
