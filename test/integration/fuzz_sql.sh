@@ -338,6 +338,7 @@ check=$(fz -c "BEGIN ISOLATION LEVEL REPEATABLE READ" \
                            AND c.detail LIKE 'job ' || (SELECT val FROM fuzz.ref WHERE name = 'job:expired_lease') || ' is running,%')" \
            -c "COMMIT" 2>&1)
 is "$check" 0 "earmark_check() returns no row (but overdue_hold for the fixture's dead hold)"
+[ "$check" = 0 ] || fz -c "SELECT invariant, account, feature, detail FROM earmark_check()" 2>&1 | sed 's/^/# /'
 
 diag "fuzz_sql took $(( $(date +%s) - T0 )) s"
 done_testing
