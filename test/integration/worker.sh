@@ -166,14 +166,19 @@ q -d postgres -c "SELECT pg_terminate_backend($old)" >/dev/null
 wait_for 20 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND pid <> $old" 1 >/dev/null
 q -d postgres -c "SELECT earmark_inbox_set_handler('w.sets_session', NULL)" -c "DROP FUNCTION public.w_sets_session(earmark.inbox_event)" >/dev/null
 
-# 7. without shared_preload_libraries the functions still work (no worker)
+# 7. without shared_preload_libraries CREATE EXTENSION warns, with the fix,
+# and the functions still work (no worker)
 NP=$(mktemp -d /tmp/earmark-nopreload.XXXXXX)
 chown postgres "$NP"; chmod 755 "$NP"
 runuser -u postgres -- "$EM_PGBIN/initdb" -D "$NP/data" -U postgres -A trust >/dev/null 2>&1
 printf "port = %s\nlisten_addresses = ''\nunix_socket_directories = '%s'\n" $((PGPORT + 1)) "$NP" >>"$NP/data/postgresql.conf"
 runuser -u postgres -- "$EM_PGBIN/pg_ctl" -D "$NP/data" -l "$NP/log" -w start >/dev/null
 np() { PGHOST=$NP PGPORT=$((PGPORT + 1)) q -d postgres "$@"; }
-np -c "CREATE EXTENSION earmark" >/dev/null
+created=$(PGOPTIONS="-c client_min_messages=warning" np -c "CREATE EXTENSION earmark" 2>&1)
+is "$(echo "$created" | grep -c 'WARNING:  earmark is not in shared_preload_libraries: its background worker does not run')" 1 \
+   "CREATE EXTENSION without preload: a WARNING"
+is "$(echo "$created" | grep -c "HINT:  Add earmark to shared_preload_libraries in postgresql.conf and restart the server.")" 1 \
+   "... with the fix as its HINT"
 is "$(np -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker'")" 0 "no worker without preload"
 np -c "SELECT earmark_set_limit('np', 100)" >/dev/null
 j=$(np -c "SELECT job_id FROM earmark_reserve('np', 60, 'a', lease => '1 hour')")
