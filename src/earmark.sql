@@ -644,7 +644,7 @@ $$;
 --
 -- Locks: the account's earmark.account_limit rows first, its
 -- earmark.account row last, the order of the limit refresh
--- (em_refresh_account_limits in limits.c), so that the two never
+-- (em_refresh_account_limits in limit_cache.c), so that the two never
 -- deadlock.  The guard is read first without a lock; the guarded update
 -- re-checks it after the limits are written, and a newer change that
 -- committed in between rolls the limits back (the inner block).

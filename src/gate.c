@@ -55,7 +55,7 @@
 #include "earmark.h"
 #include "escrow.h"
 #include "gate.h"
-#include "limits.h"
+#include "limit_cache.h"
 #include "ratelimit.h"
 #include "settings.h"
 #include "spi.h"
@@ -329,7 +329,7 @@ start_reserve(Reserve *r)
 		return true;
 	}
 
-	/* the limit cache (limits.c): a provider's limit ages */
+	/* the limit cache (limit_cache.c): a provider's limit ages */
 	has_row = DatumGetBool(em_get(0, RS_HAS_LIMIT, &isnull));
 	d = em_get(0, RS_SOURCE, &isnull);
 	provider_row = has_row && strcmp(TextDatumGetCString(d), "provider") == 0;

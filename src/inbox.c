@@ -17,7 +17,7 @@
  *	  transaction.  The built-in plan change (earmark.apply_plan_change,
  *	  in earmark.sql) locks the account's earmark.account_limit rows
  *	  before its earmark.account row, the order of the limit refresh
- *	  (em_refresh_account_limits, limits.c), so the two cannot deadlock.
+ *	  (em_refresh_account_limits, limit_cache.c), so the two cannot deadlock.
  *
  *	  The worker applies events that have a handler (em_inbox_apply): it
  *	  claims one event in a short transaction of its own (so that a handler

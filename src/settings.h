@@ -50,7 +50,7 @@ extern char *earmark_jwks_path;
 extern int	earmark_jwks_refetch_cooldown_s;
 
 /* ---------------------------------------------------------------------
- * The billing provider (provider.c, limits.c, meter.c, worker.c)
+ * The billing provider (provider.c, limit_cache.c, meter.c, worker.c)
  * ---------------------------------------------------------------------
  */
 

@@ -21,6 +21,8 @@
  */
 #include "postgres.h"
 
+#include <limits.h>				/* openssl/err.h uses INT_MAX */
+
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/err.h>

@@ -78,7 +78,7 @@
 #include "inbox.h"
 #include "intake.h"
 #include "launcher.h"
-#include "limits.h"
+#include "limit_cache.h"
 #include "meter.h"
 #include "provider.h"
 #include "settings.h"
@@ -352,7 +352,7 @@ jwks_fn(void *arg)
 }
 
 /* ---------------------------------------------------------------------
- * Reporter (meter.c) and limit refresh (limits.c)
+ * Reporter (meter.c) and limit refresh (limit_cache.c)
  * ---------------------------------------------------------------------
  */
 typedef struct ReportPass

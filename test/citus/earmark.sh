@@ -186,6 +186,8 @@ earmark_heartbeat(text,bigint) earmark_settle(text,bigint,bigint,text) earmark_b
 earmark_record_usage(text,bigint,text,text,timestamptz) earmark_set_limit(text,bigint,text)
 earmark_set_account(text,timestamptz,text,text) earmark_set_escrow(text,int) earmark.sweep_account(text,int)
 earmark_reconcile(text,text) earmark_refresh_limits(text)
+earmark_record_usage_many(text,bigint[],text[],text[],timestamptz[])
+earmark_reserve_many(text,bigint[],text[],text[],interval) earmark_settle_many(text,bigint[],bigint[],text[])
 earmark.report_cycle(text,bigint,text,bigint,boolean,integer,text,float8,boolean,boolean,bigint,text,timestamptz,timestamptz)"
 # sql_list WORDS [CAST]: 'a', 'b', ... for an IN list
 sql_list() { local x out=; for x in $1; do out+="${out:+, }'$x'${2:+::$2}"; done; echo "$out"; }
@@ -254,8 +256,8 @@ ct_sql 0 -A -t -q -c "SELECT * FROM earmark_distribute()" >"$WORK/distribute.out
 ok $? "earmark_distribute() on the coordinator"
 [ -s "$WORK/distribute.err" ] && sed 's/^/#   /' "$WORK/distribute.err"
 is "$(cut -d'|' -f2 "$WORK/distribute.out" | sort | uniq -c | awk '{$1=$1; print}' | paste -sd';')" \
-   "12 distributed by account;13 distributed by account, delegated;1 emptied on the workers;2 reference table" \
-   "  ... reports 12 tables distributed by account, 2 reference tables, 13 functions delegated, the coordinator's tables emptied on the workers"
+   "12 distributed by account;16 distributed by account, delegated;1 emptied on the workers;2 reference table" \
+   "  ... reports 12 tables distributed by account, 2 reference tables, 16 functions delegated, the coordinator's tables emptied on the workers"
 is "$(ct_val 0 "SELECT count(*) FROM pg_dist_partition p
                  WHERE p.logicalrelid::text IN ($(sql_list "$PER_ACCOUNT")) AND p.partmethod = 'h'
                    AND column_to_column_name(p.logicalrelid, p.partkey) = 'account'
@@ -272,15 +274,15 @@ is "$(ct_val 0 "SELECT count(*) FROM pg_dist_object o
                    AND o.objid IN ($(sql_list "$FUNCTIONS" regprocedure))
                    AND o.distribution_argument_index = 0 AND o.force_delegation
                    AND o.colocationid = (SELECT colocationid FROM pg_dist_partition
-                                          WHERE logicalrelid = 'earmark.account'::regclass)")" 13 \
-   "pg_dist_object: the 13 account functions distributed by account, colocated, with force_delegation"
+                                          WHERE logicalrelid = 'earmark.account'::regclass)")" 16 \
+   "pg_dist_object: the 16 account functions distributed by account, colocated, with force_delegation"
 is "$(for n in 0 1 2; do
         ct_val $n "SELECT count(*) FROM pg_class WHERE oid::regclass::text IN ($(sql_list "$PER_ACCOUNT $REFERENCE"))
                     AND pg_relation_size(oid) > 0"; done | paste -sd' ')" "0 0 0" \
    "no node keeps hidden rows in its own copy of a distributed or reference table (pg_relation_size 0)"
 
 before=$(dist_state)
-is "$(awk -F';' '{ print NF }' <<<"$before")" 27 "pg_dist_partition and pg_dist_object hold 27 earmark rows (14 tables, 13 functions)"
+is "$(awk -F';' '{ print NF }' <<<"$before")" 30 "pg_dist_partition and pg_dist_object hold 30 earmark rows (14 tables, 16 functions)"
 is "$(ct_val 0 "SELECT count(*) FROM earmark_distribute()")" 0 "a second earmark_distribute() reports nothing to do"
 is "$(dist_state)" "$before" "  ... and changes nothing in pg_dist_partition / pg_dist_object"
 got=$(ct_try 1 "SELECT * FROM earmark_distribute()")
@@ -328,6 +330,23 @@ is "$(ct_val 0 "SELECT lim || ' ' || used || ' ' || held || ' ' || remaining FRO
    "10000 1000 0 9000" "earmark_budget on worker 2's account: used 1000, 9000 left"
 is "$(ct_val 0 "SELECT admitted || ' ' || reason FROM earmark_reserve('$W1', 9000, 'g2')")" \
    "false the job needs 9000 and 7500 is left" "a reserve past the limit is refused with the numbers"
+
+# the batch forms, through the coordinator, on an account of each worker
+for n in 1 2; do
+    B=$(pick batch $n)
+    ct_sql 0 -q -c "SELECT earmark_set_limit('$B', 10000)" >/dev/null
+    got=$(ct_val 0 "SELECT string_agg(admitted::text, ' ' ORDER BY ord)
+                      FROM earmark_reserve_many('$B', ARRAY[3000, 4000, 5000], ARRAY['b1', 'b2', 'b3'])")
+    is "$got" "true true false" "earmark_reserve_many on worker $n's account $B: 3000 and 4000 admitted, 5000 refused (3000 left)"
+    jobs=$(ct_val 0 "SELECT string_agg(job_id::text, ',' ORDER BY job_id) FROM earmark.job WHERE account = '$B'")
+    is "$(ct_val 0 "SELECT string_agg(status, ' ' ORDER BY ord) FROM earmark_settle_many('$B', ARRAY[$jobs]::bigint[], ARRAY[1000, 2000])")" \
+       "completed completed" "  ... earmark_settle_many settles both"
+    is "$(ct_val 0 "SELECT string_agg(recorded::text, ' ' ORDER BY ord)
+                      FROM earmark_record_usage_many('$B', ARRAY[5, 5, 7], ARRAY['bu1', 'bu1', 'bu2'])")" \
+       "true false true" "  ... earmark_record_usage_many records a key once"
+    is "$(ct_val 0 "SELECT used || ' ' || held FROM earmark_budget('$B')")" "3012 0" \
+       "  ... and the account's budget holds it all: used 3012, held 0"
+done
 is "$(ct_try 0 "SELECT * FROM earmark_charge($J1, 1)" | cut -c1-5)|$(ct_try 0 "SELECT * FROM earmark_heartbeat($J1)" | cut -c1-5)|$(ct_try 0 "SELECT * FROM earmark_settle($J1)" | cut -c1-5)" \
    "42883|42883|42883" "the 0.2.0 forms of charge, heartbeat and settle fail with 42883"
 got=$(ct_try 0 "SELECT count(*) FROM earmark_reserve('$W1', 10, 'not-bare') r WHERE r.admitted")

@@ -1,6 +1,6 @@
 /*-------------------------------------------------------------------------
  *
- * limits.c
+ * limit_cache.c
  *	  The limit cache: limits read from the provider (kinde or http), how
  *	  old they may be, and their refresh.  A provider's limit is used as it
  *	  is for earmark.limit_fresh (60 s); older, it is still used up to
@@ -33,7 +33,7 @@
 #include "utils/timestamp.h"
 
 #include "earmark.h"
-#include "limits.h"
+#include "limit_cache.h"
 #include "provider.h"
 #include "settings.h"
 #include "spi.h"

@@ -1,14 +1,14 @@
 /*-------------------------------------------------------------------------
  *
- * limits.h
- *	  The cache of limits read from the provider (limits.c): how old a
+ * limit_cache.h
+ *	  The cache of limits read from the provider (limit_cache.c): how old a
  *	  cached limit is, the accounts whose limits an admission asked for,
  *	  and the worker's reads.
  *
  *-------------------------------------------------------------------------
  */
-#ifndef EARMARK_LIMITS_H
-#define EARMARK_LIMITS_H
+#ifndef EARMARK_LIMIT_CACHE_H
+#define EARMARK_LIMIT_CACHE_H
 
 #include "postgres.h"
 
@@ -38,4 +38,4 @@ extern List *em_wanted_limit_accounts(int max, MemoryContext cxt);
 extern int	em_store_account_limits(const char *account, List *limits);
 extern void em_limits_read_failed(const char *account, const char *error);
 
-#endif							/* EARMARK_LIMITS_H */
+#endif							/* EARMARK_LIMIT_CACHE_H */
