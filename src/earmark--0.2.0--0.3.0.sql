@@ -404,321 +404,6 @@ DECLARE
         'earmark.meter_mark', 'earmark.meter_send', 'earmark.meter_review', 'earmark.evidence',
         'earmark.local_meter'];
     reference text[] := ARRAY['earmark.plan_limit', 'earmark.webhook_secret'];
-    functions text[] := ARRAY[
-        'earmark_reserve(text, bigint, text, text, interval)',
-        'earmark_charge(text, bigint, bigint, bigint)',
-        'earmark_heartbeat(text, bigint)',
-        'earmark_settle(text, bigint, bigint, text)',
-        'earmark_budget(text, text, timestamptz)',
-        'earmark_record_usage(text, bigint, text, text, timestamptz)',
-        'earmark_record_usage_many(text, bigint[], text[], text[], timestamptz[])',
-        'earmark_reserve_many(text, bigint[], text[], text[], interval)',
-        'earmark_settle_many(text, bigint[], bigint[], text[])',
-        'earmark_set_limit(text, bigint, text)',
-        'earmark_set_account(text, timestamptz, text, text)',
-        'earmark_set_escrow(text, int)',
-        'earmark_reconcile(text, text)',
-        'earmark_refresh_limits(text)',
-        'earmark.sweep_account(text, int)',
-        'earmark.report_cycle(text, bigint, text, bigint, boolean, integer, text, double precision, boolean, boolean, bigint, text, timestamptz, timestamptz)'];
-    t text;
-    f text;
-    n_dist int;
-    colocation int;
-    bad text;
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
-        RAISE EXCEPTION 'earmark_distribute needs Citus'
-            USING ERRCODE = '55000',
-                  HINT = 'Create the extension citus in this database first; earmark runs on one node without it.';
-    END IF;
-    IF NOT (SELECT citus_is_coordinator()) THEN
-        RAISE EXCEPTION 'earmark_distribute runs on the Citus coordinator'
-            USING ERRCODE = '55000', HINT = 'Connect to the coordinator and run it there.';
-    END IF;
-    SELECT string_agg(nodename || ':' || nodeport, ', ') INTO bad
-      FROM pg_dist_node WHERE noderole = 'primary' AND NOT (hasmetadata AND metadatasynced)
-       AND groupid <> 0;
-    IF bad IS NOT NULL THEN
-        RAISE EXCEPTION 'the metadata of Citus nodes % is not synced', bad
-            USING ERRCODE = '55000', HINT = 'Wait for citus_add_node to finish, or run start_metadata_sync_to_node.';
-    END IF;
-    SELECT string_agg(nodename || ':' || nodeport || ' has ' || coalesce(result, '?'), ', ') INTO bad
-      FROM run_command_on_workers($c$SELECT extversion FROM pg_extension WHERE extname = 'earmark'$c$)
-     WHERE NOT success OR result IS DISTINCT FROM (SELECT extversion FROM pg_extension WHERE extname = 'earmark');
-    IF bad IS NOT NULL THEN
-        RAISE EXCEPTION 'earmark is not the same version on every node: %', bad
-            USING ERRCODE = '55000',
-                  HINT = 'Install the same earmark library on every node and run ALTER EXTENSION earmark UPDATE on the coordinator.';
-    END IF;
-
-    -- whole or nothing: a half-distributed install is refused
-    SELECT count(*) INTO n_dist FROM pg_dist_partition
-     WHERE logicalrelid::text = ANY (per_account || reference);
-    IF n_dist > 0 AND n_dist < cardinality(per_account) + cardinality(reference) THEN
-        RAISE EXCEPTION 'earmark is half-distributed: % of its % tables are distributed',
-                        n_dist, cardinality(per_account) + cardinality(reference)
-            USING ERRCODE = '55000',
-                  HINT = 'SELECT logicalrelid FROM pg_dist_partition shows which; undistribute them (undistribute_table) and run earmark_distribute() again.';
-    END IF;
-    IF n_dist = 0 THEN
-        -- rows a call wrote into a worker's own copy before distribution
-        -- would be hidden by the distributed table: refuse instead
-        SELECT string_agg(r.nodename || ':' || r.nodeport || ' ' || u.rel || ' (' || r.result || ' rows)', ', ')
-          INTO bad
-          FROM unnest(per_account || reference) AS u (rel),
-               LATERAL run_command_on_workers(format('SELECT count(*) FROM ONLY %s', u.rel)) r
-         WHERE NOT r.success OR r.result <> '0';
-        IF bad IS NOT NULL THEN
-            RAISE EXCEPTION 'earmark tables on worker nodes hold rows of their own: %', bad
-                USING ERRCODE = '55000',
-                      HINT = 'Those rows were written by calls that ran on a worker before earmark was distributed; move them to the coordinator or delete them, then run it again.';
-        END IF;
-        FOREACH t IN ARRAY per_account LOOP
-            IF t = 'earmark.account' THEN
-                PERFORM create_distributed_table(t, 'account');
-            ELSE
-                PERFORM create_distributed_table(t, 'account', colocate_with => 'earmark.account');
-            END IF;
-            object := t; action := 'distributed by account'; RETURN NEXT;
-        END LOOP;
-        FOREACH t IN ARRAY reference LOOP
-            PERFORM create_reference_table(t);
-            object := t; action := 'reference table'; RETURN NEXT;
-        END LOOP;
-        FOREACH t IN ARRAY per_account || reference LOOP
-            PERFORM truncate_local_data_after_distributing_table(t);
-        END LOOP;
-    END IF;
-
-    SELECT colocationid INTO colocation FROM pg_dist_partition
-     WHERE logicalrelid = 'earmark.account'::regclass;
-    SELECT string_agg(logicalrelid::text, ', ') INTO bad FROM pg_dist_partition
-     WHERE logicalrelid::text = ANY (per_account)
-       AND (partmethod <> 'h' OR colocationid <> colocation
-            OR column_to_column_name(logicalrelid, partkey) <> 'account');
-    IF bad IS NOT NULL THEN
-        RAISE EXCEPTION 'earmark tables % are distributed otherwise than by account with earmark.account', bad
-            USING ERRCODE = '55000', HINT = 'Undistribute them and run earmark_distribute() again.';
-    END IF;
-
-    FOREACH f IN ARRAY functions LOOP
-        -- the API functions are in the schema the extension was created in
-        IF f NOT LIKE 'earmark.%' THEN
-            f := format('%I.%s', (SELECT n.nspname FROM pg_extension e
-                                    JOIN pg_namespace n ON n.oid = e.extnamespace
-                                   WHERE e.extname = 'earmark'), f);
-        END IF;
-        IF NOT EXISTS (SELECT 1 FROM pg_dist_object o
-                        WHERE o.classid = 'pg_proc'::regclass AND o.objid = f::regprocedure
-                          AND o.distribution_argument_index = 0 AND o.colocationid = colocation
-                          AND o.force_delegation) THEN
-            PERFORM create_distributed_function(f::regprocedure, distribution_arg_name => 'account',
-                                                colocate_with => 'earmark.account',
-                                                force_delegation => true);
-            object := f; action := 'distributed by account, delegated'; RETURN NEXT;
-        END IF;
-    END LOOP;
-END
-$$;
-REVOKE ALL ON FUNCTION earmark_distribute() FROM PUBLIC;
-
-------------------------------------------------------------------------------
--- Inbox: who may store what (src/inbox.c, src/intake.c)
-------------------------------------------------------------------------------
-
--- How each event's source was verified.  Events stored before 0.3.0 get
--- NULL: 0.2.0 did not record it, and earmark_inbox_receive let any
--- earmark_user store any event, so they count as unverified.  A pending
--- plan change among them is ignored by the built-in handler, with the
--- reason; docs/inbox.md says how a superuser vouches for one.
-ALTER TABLE earmark.inbox_event
-    ADD COLUMN verified_by text CHECK (verified_by IN ('standard_webhooks', 'kinde_jwt', 'admin'));
-
--- A handler takes only verified events unless registered otherwise.  (Added
--- without a default, then filled, so that the table has no "missing value"
--- a fresh install's does not have.)
-ALTER TABLE earmark.inbox_handler ADD COLUMN accepts_unverified boolean;
-UPDATE earmark.inbox_handler SET accepts_unverified = false;
-ALTER TABLE earmark.inbox_handler ALTER COLUMN accepts_unverified SET DEFAULT false,
-                                  ALTER COLUMN accepts_unverified SET NOT NULL;
-
-DROP FUNCTION earmark_inbox_set_handler(text, regprocedure);
-CREATE FUNCTION earmark_inbox_set_handler(event_type text, handler regprocedure,
-                                          accepts_unverified boolean DEFAULT false)
-RETURNS void
-AS 'MODULE_PATHNAME', 'earmark_inbox_set_handler'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp;
-REVOKE ALL ON FUNCTION earmark_inbox_set_handler(text, regprocedure, boolean) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION earmark_inbox_set_handler(text, regprocedure, boolean) TO earmark_admin;
-
--- They look at who calls them, so they switch to their owner themselves.
-ALTER FUNCTION earmark_inbox_receive(text, text, text, jsonb, timestamptz, text) SECURITY INVOKER;
-ALTER FUNCTION earmark_inbox_complete(bigint, text) SECURITY INVOKER;
-ALTER FUNCTION earmark_inbox_ignore(bigint, text) SECURITY INVOKER;
-ALTER FUNCTION earmark_inbox_fail(bigint, text) SECURITY INVOKER;
-
--- The built-in handler of the provider's plan change
--- (customer.plan_changed): it records the plan only when the event is newer
--- than the stored change (a tie is ignored), and gives the account the
--- plan's limits, so that the next admission uses the new plan.
---
--- Only a verified event may change a plan (the worker gives it no other,
--- and it checks again), and only one whose time is not ahead of the clock
--- by more than earmark.webhook_tolerance: intake refuses those (EM108); an
--- older version may have stored one, or written such a time into the
--- guard, which is then taken for no guard at all.
---
--- Locks: the account's earmark.account_limit rows first, its
--- earmark.account row last, the order of the limit refresh
--- (em_refresh_account_limits in limit_cache.c), so that the two never
--- deadlock.  The guard is read first without a lock; the guarded update
--- re-checks it after the limits are written, and a newer change that
--- committed in between rolls the limits back (the inner block).
-CREATE OR REPLACE FUNCTION earmark.apply_plan_change(e earmark.inbox_event)
-RETURNS text
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    new_plan text := e.payload #>> '{data,plan,key}';
-    -- the clock skew allowed: earmark.webhook_tolerance (300 s by default)
-    skew interval := coalesce(current_setting('earmark.webhook_tolerance', true), '300')::interval;
-    horizon timestamptz := clock_timestamp() + skew;
-    stored timestamptz;
-    n int;
-BEGIN
-    IF e.verified_by IS NULL THEN
-        PERFORM @extschema@.earmark_inbox_ignore(e.event_id,
-            'not applied: an unverified plan change (only a signed event, or one a member of earmark_admin stored, may change a plan)');
-        RETURN 'ignored';
-    END IF;
-    SELECT a.plan_changed_at INTO stored FROM earmark.account a WHERE a.account = e.account;
-    IF e.account IS NULL OR NOT FOUND THEN
-        PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'the event names no known account');
-        RETURN 'ignored';
-    END IF;
-    IF new_plan IS NULL THEN
-        RAISE EXCEPTION 'plan change event % has no data.plan.key', e.event_id
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF e.occurred_at > horizon THEN
-        PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'not applied: the event time is in the future');
-        RETURN 'ignored';
-    END IF;
-    IF stored > horizon THEN
-        stored := NULL;                 -- a time from the future guards nothing
-    END IF;
-    IF stored >= e.occurred_at THEN
-        PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'a newer plan change is already stored');
-        RETURN 'ignored';
-    END IF;
-    BEGIN
-        INSERT INTO earmark.account_limit AS l (account, feature, lim, source, updated_at)
-        SELECT e.account, p.feature, p.lim, 'manual', now()
-          FROM earmark.plan_limit p WHERE p.plan = new_plan ORDER BY p.feature COLLATE "C"
-        ON CONFLICT (account, feature) DO UPDATE SET lim = excluded.lim, updated_at = excluded.updated_at;
-        UPDATE earmark.account
-           SET plan = new_plan, plan_changed_at = e.occurred_at, updated_at = now()
-         WHERE account = e.account
-           AND (plan_changed_at IS NULL OR plan_changed_at < e.occurred_at OR plan_changed_at > horizon);
-        GET DIAGNOSTICS n = ROW_COUNT;
-        IF n = 0 THEN
-            RAISE EXCEPTION 'a newer plan change was stored meanwhile' USING ERRCODE = 'EMP01';
-        END IF;
-    EXCEPTION WHEN SQLSTATE 'EMP01' THEN
-        PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'a newer plan change is already stored');
-        RETURN 'ignored';
-    END;
-    RETURN 'plan set to ' || new_plan;
-END
-$$;
-
--- ---------------------------------------------------------------------------
--- The admission rate limit keeps its state in shared memory (ratelimit.c),
--- not in a row every admission of the account would update.
--- ---------------------------------------------------------------------------
-ALTER TABLE earmark.account DROP COLUMN rate_tat;
-
--- ---------------------------------------------------------------------------
--- A worker per database (launcher.c): workers_running counts this
--- database's.
--- ---------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION earmark.workers_running() RETURNS bigint
-LANGUAGE sql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT count(*) FROM pg_catalog.pg_stat_activity
-      WHERE backend_type = 'earmark worker' AND datname = pg_catalog.current_database() $$;
-
--- The launcher (launcher.c) starts this database's worker now rather than
--- at its next look at the databases.
-CREATE FUNCTION earmark.wake_launcher() RETURNS void
-AS 'MODULE_PATHNAME', 'earmark_wake_launcher' LANGUAGE C VOLATILE;
-REVOKE ALL ON FUNCTION earmark.wake_launcher() FROM PUBLIC;
-SELECT earmark.wake_launcher();
-
-------------------------------------------------------------------------------
--- Batches (src/batch.c), issue 13: many events of one account in one call.
--- (earmark_distribute above lists them.)
-------------------------------------------------------------------------------
-
--- One account per call, so that on Citus a call runs on that account's
--- node alone (earmark_distribute distributes them by account).  Parallel
--- arrays, a row per element with its 1-based position (ord); the same
--- rules, idempotency and errors as the single calls one after another in
--- one transaction (docs/api.md "Batches").
-CREATE FUNCTION earmark_record_usage_many(account text, units bigint[], idempotency_keys text[],
-                                          features text[] DEFAULT NULL,
-                                          occurred_at timestamptz[] DEFAULT NULL)
-RETURNS TABLE (ord int, idempotency_key text, recorded boolean)
-AS 'MODULE_PATHNAME', 'earmark_record_usage_many'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 100
-SET search_path = pg_catalog, pg_temp;
-
-CREATE FUNCTION earmark_reserve_many(account text, amounts bigint[], idempotency_keys text[],
-                                     features text[] DEFAULT NULL, lease interval DEFAULT NULL)
-RETURNS TABLE (ord int, idempotency_key text, job_id bigint, admitted boolean, remaining bigint,
-               reason text)
-AS 'MODULE_PATHNAME', 'earmark_reserve_many'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 100
-SET search_path = pg_catalog, pg_temp;
-
-CREATE FUNCTION earmark_settle_many(account text, job_ids bigint[], used bigint[] DEFAULT NULL,
-                                    outcomes text[] DEFAULT NULL)
-RETURNS TABLE (ord int, job_id bigint, charged bigint, released bigint, status text)
-AS 'MODULE_PATHNAME', 'earmark_settle_many'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 100
-SET search_path = pg_catalog, pg_temp;
-
-REVOKE ALL ON FUNCTION
-    earmark_record_usage_many(text, bigint[], text[], text[], timestamptz[]),
-    earmark_reserve_many(text, bigint[], text[], text[], interval),
-    earmark_settle_many(text, bigint[], bigint[], text[])
-FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION
-    earmark_record_usage_many(text, bigint[], text[], text[], timestamptz[]),
-    earmark_reserve_many(text, bigint[], text[], text[], interval),
-    earmark_settle_many(text, bigint[], bigint[], text[])
-TO earmark_user;
-
--- ---------------------------------------------------------------------------
--- Citus: earmark_distribute() also refuses rows a call stored in a worker's
--- own copy of a coordinator table, empties those copies (the install
--- script's rows there), and moves each node's id sequences past the ids
--- its group issued (after a restore).
--- ---------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION earmark_distribute()
-RETURNS TABLE (object text, action text)
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    per_account text[] := ARRAY['earmark.account', 'earmark.account_limit', 'earmark.budget',
-        'earmark.budget_slot', 'earmark.job', 'earmark.ledger', 'earmark.usage_shard',
-        'earmark.meter_mark', 'earmark.meter_send', 'earmark.meter_review', 'earmark.evidence',
-        'earmark.local_meter'];
-    reference text[] := ARRAY['earmark.plan_limit', 'earmark.webhook_secret'];
     -- the coordinator's own tables; reporter_state last (its one row is
     -- each node's state, not data)
     coord_only text[] := ARRAY['earmark.inbox_event', 'earmark.inbox_receipt', 'earmark.jwks',
@@ -922,6 +607,186 @@ BEGIN
     END IF;
 END
 $$;
+REVOKE ALL ON FUNCTION earmark_distribute() FROM PUBLIC;
+
+------------------------------------------------------------------------------
+-- Inbox: who may store what (src/inbox.c, src/intake.c)
+------------------------------------------------------------------------------
+
+-- How each event's source was verified.  Events stored before 0.3.0 get
+-- NULL: 0.2.0 did not record it, and earmark_inbox_receive let any
+-- earmark_user store any event, so they count as unverified.  A pending
+-- plan change among them is ignored by the built-in handler, with the
+-- reason; docs/inbox.md says how a superuser vouches for one.
+ALTER TABLE earmark.inbox_event
+    ADD COLUMN verified_by text CHECK (verified_by IN ('standard_webhooks', 'kinde_jwt', 'admin'));
+
+-- A handler takes only verified events unless registered otherwise.  (Added
+-- without a default, then filled, so that the table has no "missing value"
+-- a fresh install's does not have.)
+ALTER TABLE earmark.inbox_handler ADD COLUMN accepts_unverified boolean;
+UPDATE earmark.inbox_handler SET accepts_unverified = false;
+ALTER TABLE earmark.inbox_handler ALTER COLUMN accepts_unverified SET DEFAULT false,
+                                  ALTER COLUMN accepts_unverified SET NOT NULL;
+
+DROP FUNCTION earmark_inbox_set_handler(text, regprocedure);
+CREATE FUNCTION earmark_inbox_set_handler(event_type text, handler regprocedure,
+                                          accepts_unverified boolean DEFAULT false)
+RETURNS void
+AS 'MODULE_PATHNAME', 'earmark_inbox_set_handler'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION earmark_inbox_set_handler(text, regprocedure, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION earmark_inbox_set_handler(text, regprocedure, boolean) TO earmark_admin;
+
+-- They look at who calls them, so they switch to their owner themselves.
+ALTER FUNCTION earmark_inbox_receive(text, text, text, jsonb, timestamptz, text) SECURITY INVOKER;
+ALTER FUNCTION earmark_inbox_complete(bigint, text) SECURITY INVOKER;
+ALTER FUNCTION earmark_inbox_ignore(bigint, text) SECURITY INVOKER;
+ALTER FUNCTION earmark_inbox_fail(bigint, text) SECURITY INVOKER;
+
+-- The built-in handler of the provider's plan change
+-- (customer.plan_changed): it records the plan only when the event is newer
+-- than the stored change (a tie is ignored), and gives the account the
+-- plan's limits, so that the next admission uses the new plan.
+--
+-- Only a verified event may change a plan (the worker gives it no other,
+-- and it checks again), and only one whose time is not ahead of the clock
+-- by more than earmark.webhook_tolerance: intake refuses those (EM108); an
+-- older version may have stored one, or written such a time into the
+-- guard, which is then taken for no guard at all.
+--
+-- Locks: the account's earmark.account_limit rows first, its
+-- earmark.account row last, the order of the limit refresh
+-- (em_refresh_account_limits in limit_cache.c), so that the two never
+-- deadlock.  The guard is read first without a lock; the guarded update
+-- re-checks it after the limits are written, and a newer change that
+-- committed in between rolls the limits back (the inner block).
+CREATE OR REPLACE FUNCTION earmark.apply_plan_change(e earmark.inbox_event)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    new_plan text := e.payload #>> '{data,plan,key}';
+    -- the clock skew allowed: earmark.webhook_tolerance (300 s by default)
+    skew interval := coalesce(current_setting('earmark.webhook_tolerance', true), '300')::interval;
+    horizon timestamptz := clock_timestamp() + skew;
+    stored timestamptz;
+    n int;
+BEGIN
+    IF e.verified_by IS NULL THEN
+        PERFORM @extschema@.earmark_inbox_ignore(e.event_id,
+            'not applied: an unverified plan change (only a signed event, or one a member of earmark_admin stored, may change a plan)');
+        RETURN 'ignored';
+    END IF;
+    SELECT a.plan_changed_at INTO stored FROM earmark.account a WHERE a.account = e.account;
+    IF e.account IS NULL OR NOT FOUND THEN
+        PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'the event names no known account');
+        RETURN 'ignored';
+    END IF;
+    IF new_plan IS NULL THEN
+        RAISE EXCEPTION 'plan change event % has no data.plan.key', e.event_id
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF e.occurred_at > horizon THEN
+        PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'not applied: the event time is in the future');
+        RETURN 'ignored';
+    END IF;
+    IF stored > horizon THEN
+        stored := NULL;                 -- a time from the future guards nothing
+    END IF;
+    IF stored >= e.occurred_at THEN
+        PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'a newer plan change is already stored');
+        RETURN 'ignored';
+    END IF;
+    BEGIN
+        INSERT INTO earmark.account_limit AS l (account, feature, lim, source, updated_at)
+        SELECT e.account, p.feature, p.lim, 'manual', now()
+          FROM earmark.plan_limit p WHERE p.plan = new_plan ORDER BY p.feature COLLATE "C"
+        ON CONFLICT (account, feature) DO UPDATE SET lim = excluded.lim, updated_at = excluded.updated_at;
+        UPDATE earmark.account
+           SET plan = new_plan, plan_changed_at = e.occurred_at, updated_at = now()
+         WHERE account = e.account
+           AND (plan_changed_at IS NULL OR plan_changed_at < e.occurred_at OR plan_changed_at > horizon);
+        GET DIAGNOSTICS n = ROW_COUNT;
+        IF n = 0 THEN
+            RAISE EXCEPTION 'a newer plan change was stored meanwhile' USING ERRCODE = 'EMP01';
+        END IF;
+    EXCEPTION WHEN SQLSTATE 'EMP01' THEN
+        PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'a newer plan change is already stored');
+        RETURN 'ignored';
+    END;
+    RETURN 'plan set to ' || new_plan;
+END
+$$;
+
+-- ---------------------------------------------------------------------------
+-- The admission rate limit keeps its state in shared memory (ratelimit.c),
+-- not in a row every admission of the account would update.
+-- ---------------------------------------------------------------------------
+ALTER TABLE earmark.account DROP COLUMN rate_tat;
+
+-- ---------------------------------------------------------------------------
+-- A worker per database (launcher.c): workers_running counts this
+-- database's.
+-- ---------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION earmark.workers_running() RETURNS bigint
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT count(*) FROM pg_catalog.pg_stat_activity
+      WHERE backend_type = 'earmark worker' AND datname = pg_catalog.current_database() $$;
+
+-- The launcher (launcher.c) starts this database's worker now rather than
+-- at its next look at the databases.
+CREATE FUNCTION earmark.wake_launcher() RETURNS void
+AS 'MODULE_PATHNAME', 'earmark_wake_launcher' LANGUAGE C VOLATILE;
+REVOKE ALL ON FUNCTION earmark.wake_launcher() FROM PUBLIC;
+SELECT earmark.wake_launcher();
+
+------------------------------------------------------------------------------
+-- Batches (src/batch.c), issue 13: many events of one account in one call.
+-- (earmark_distribute above lists them.)
+------------------------------------------------------------------------------
+
+-- One account per call, so that on Citus a call runs on that account's
+-- node alone (earmark_distribute distributes them by account).  Parallel
+-- arrays, a row per element with its 1-based position (ord); the same
+-- rules, idempotency and errors as the single calls one after another in
+-- one transaction (docs/api.md "Batches").
+CREATE FUNCTION earmark_record_usage_many(account text, units bigint[], idempotency_keys text[],
+                                          features text[] DEFAULT NULL,
+                                          occurred_at timestamptz[] DEFAULT NULL)
+RETURNS TABLE (ord int, idempotency_key text, recorded boolean)
+AS 'MODULE_PATHNAME', 'earmark_record_usage_many'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 100
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION earmark_reserve_many(account text, amounts bigint[], idempotency_keys text[],
+                                     features text[] DEFAULT NULL, lease interval DEFAULT NULL)
+RETURNS TABLE (ord int, idempotency_key text, job_id bigint, admitted boolean, remaining bigint,
+               reason text)
+AS 'MODULE_PATHNAME', 'earmark_reserve_many'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 100
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION earmark_settle_many(account text, job_ids bigint[], used bigint[] DEFAULT NULL,
+                                    outcomes text[] DEFAULT NULL)
+RETURNS TABLE (ord int, job_id bigint, charged bigint, released bigint, status text)
+AS 'MODULE_PATHNAME', 'earmark_settle_many'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 100
+SET search_path = pg_catalog, pg_temp;
+
+REVOKE ALL ON FUNCTION
+    earmark_record_usage_many(text, bigint[], text[], text[], timestamptz[]),
+    earmark_reserve_many(text, bigint[], text[], text[], interval),
+    earmark_settle_many(text, bigint[], bigint[], text[])
+FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    earmark_record_usage_many(text, bigint[], text[], text[], timestamptz[]),
+    earmark_reserve_many(text, bigint[], text[], text[], interval),
+    earmark_settle_many(text, bigint[], bigint[], text[])
+TO earmark_user;
 
 -- ---------------------------------------------------------------------------
 -- Citus: earmark_set_plan_limit refuses on a worker node of a distributed
