@@ -1391,7 +1391,7 @@ class Model:
                     self.find('jobs', 'settle of job %d returned charged %d released %d for a hold of %d' % (j.id, ch, rl, j.amount), [c])
                 if ch + rl == 0:
                     continue
-                used, outcome = c.args[1], c.args[2]
+                used, outcome = c.args[2], c.args[3]
                 if st == outcome:
                     want = min(used, j.amount) if used is not None else None
                     if want is not None and ch != want:

@@ -3,7 +3,7 @@
 -- defaults, return types and OUT/TABLE columns, volatility, NULL handling,
 -- SECURITY DEFINER with a pinned search_path; and the GUCs' defaults.
 BEGIN;
-SELECT plan(77);
+SELECT plan(78);
 
 -- the schema the extension was created in (its functions live there)
 SELECT n.nspname AS emschema
