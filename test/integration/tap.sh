@@ -8,6 +8,16 @@ set -uo pipefail
 EM_PGBIN=${EM_PGBIN:-/usr/lib/postgresql/15/bin}
 _tap_n=0
 _tap_failed=0
+# EM_WAIT_SCALE: every deadline of a wait (wait_for, reload_conf, the
+# scripts' own polls through wait_deadline) is multiplied by it.  A
+# deadline only bounds how long a wait for a state may take before the step
+# fails; the slower the server, the longer it must be.  Under valgrind
+# (scripts/test.sh starts the server through EM_PG_WRAPPER) every process
+# is 20-50 times slower, crash recovery after kill -9 among them, so it is
+# 10 there unless set.
+EM_WAIT_SCALE=${EM_WAIT_SCALE:-$([ -n "${EM_PG_WRAPPER:-}" ] && echo 10 || echo 1)}
+# wait_deadline SECONDS: the epoch second a wait of SECONDS (scaled) ends
+wait_deadline() { echo $(( $(date +%s) + $1 * EM_WAIT_SCALE )); }
 
 q() { "$EM_PGBIN/psql" -X -A -t -q -v ON_ERROR_STOP=1 "$@"; }
 
@@ -31,8 +41,11 @@ is() {   # is GOT EXPECTED DESCRIPTION
 diag() { echo "# $*"; }
 
 # wait_for SECONDS SQL EXPECTED: poll until the query returns EXPECTED
+# (SECONDS scaled by EM_WAIT_SCALE; a server that refuses connections, as
+# during crash recovery, is polled on)
 wait_for() {
-    local deadline=$(( $(date +%s) + $1 )) got
+    local deadline got
+    deadline=$(wait_deadline "$1")
     while :; do
         got=$(q -d "${DB:-postgres}" -c "$2" 2>/dev/null || true)
         [ "$got" == "$3" ] && { echo "$got"; return 0; }
@@ -69,7 +82,8 @@ done_testing() {
 # reload's own transaction, visible from the round the reload wakes; a
 # worker that sleeps long (a long earmark.sweep_interval) and missed it is
 # woken with another reload after a while (a liveness step only).  Returns
-# 1 if the worker did not get there within EM_RELOAD_WAIT seconds (180).
+# 1 if the worker did not get there within EM_RELOAD_WAIT seconds (180,
+# scaled by EM_WAIT_SCALE).
 reload_conf() {
     local args=() s since key n=0 got poke deadline
     for s in "$@"; do args+=(-c "$s"); done
@@ -83,7 +97,7 @@ SQL
               -c "SELECT earmark_inbox_receive('tap', '$key', 'tap.conf_probe', '{}') IS NOT NULL" \
               -c "SELECT pg_reload_conf()" -c "COMMIT") || return 1
     since=${since%%$'\n'*}
-    deadline=$(( $(date +%s) + ${EM_RELOAD_WAIT:-180} ))
+    deadline=$(wait_deadline "${EM_RELOAD_WAIT:-180}")
     poke=$(( $(date +%s) + 10 ))
     while :; do
         got=$(q -d postgres -c "SELECT status || ' ' || (result::timestamptz >= '$since')
