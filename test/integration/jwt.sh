@@ -23,7 +23,7 @@ cleanup() {
     local p
     for p in "${SERVER_PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
     q -d postgres -c "ALTER SYSTEM RESET earmark.kinde_domain" -c "ALTER SYSTEM RESET earmark.jwks_path" \
-      -c "SELECT pg_reload_conf()" >/dev/null 2>&1
+      -c "ALTER SYSTEM RESET earmark.jwks_refresh" -c "SELECT pg_reload_conf()" >/dev/null 2>&1
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -73,9 +73,15 @@ jwt() {
 receive() { echo "SELECT event_id || ' ' || inserted FROM earmark_inbox_receive_kinde('$1', '$2')"; }
 kinde_events() { q -d "$DB" -c "SELECT count(*) || '/' || coalesce(sum(seen_count), 0) FROM earmark.inbox_event WHERE source = 'kinde'"; }
 
+# set_domain URL: earmark.kinde_domain for every session.  The worker's
+# refresh is off meanwhile (earmark.jwks_refresh = 0, and the worker runs
+# with it before it sees the domain): it fetches a set that is missing
+# once a minute, and on a slow machine that minute may come before a
+# delivery stored the set, a fetch the steps counting the key server's
+# requests do not expect.  Step 12 turns it on.
 set_domain() {
-    q -d postgres -c "ALTER SYSTEM SET earmark.kinde_domain = '$1'" -c "SELECT pg_reload_conf()" >/dev/null
-    wait_for 10 "SHOW earmark.kinde_domain" "$1" >/dev/null
+    reload_conf "ALTER SYSTEM SET earmark.jwks_refresh = 0"
+    reload_conf "ALTER SYSTEM SET earmark.kinde_domain = '$1'"
 }
 
 # --- set-up ----------------------------------------------------------------
@@ -216,11 +222,13 @@ is "$(sqlstate "SET earmark.kinde_domain = 'http://127.0.0.1:$PORT'" "$(receive 
 serve_jwks "$WORK/jwks.json" /.well-known/jwks 600
 is "$(sqlstate "SET earmark.kinde_domain = 'http://127.0.0.1:$PORT'" "SET earmark.http_timeout = '500ms'" "$(receive wh_down "$T3")" 2>"$WORK/slow.err")" EM105 \
    "a server slower than earmark.http_timeout: EM105"
-# the error's detail is curl's: "Operation timed out after N milliseconds",
-# N from 500 (the setting) up, and below the default 5000 that would end it
-# had the setting not been used
+# the error's detail is curl's: "Operation timed out after N milliseconds"
+# (or, where resolving 127.0.0.1 took that long, as under valgrind, "Failed
+# to resolve host ... with timeout after N ms"), N from 500 (the setting)
+# up, and below the default 5000 that would end it had the setting not
+# been used
 grep 'DETAIL' "$WORK/slow.err"
-n=$(sed -n 's/.*DETAIL:  Operation timed out after \([0-9]*\) milliseconds.*/\1/p' "$WORK/slow.err" | head -1)
+n=$(sed -n 's/.*DETAIL:  .*\(timed out\|timeout\) after \([0-9]*\) \(ms\|milliseconds\).*/\2/p' "$WORK/slow.err" | head -1)
 ok "$([ -n "$n" ] && [ "$n" -ge 500 ] && [ "$n" -lt 5000 ]; echo $?)" \
    "... ended by earmark.http_timeout (timed out after ${n:-?} ms), not by an answer or the default"
 is "$(sqlstate "SET earmark.kinde_domain = ''" "$(receive wh_down "$T3")")" EM105 "earmark.kinde_domain not set: EM105"
