@@ -63,7 +63,7 @@ pgctl() { (cd "$EM_BASE" && as_pg env "${SERVER_ENV[@]}" "$EM_PGBIN/pg_ctl" -D "
 pgctl_start() { pgctl -l "$EM_BASE/server.log" -w -t 300 ${EM_PG_WRAPPER:+-p "$EM_PG_WRAPPER"} start; }
 
 server_up() {   # server_up [SECONDS]: wait until the server accepts connections
-    local deadline=$(( $(date +%s) + ${1:-120} ))
+    local deadline=$(wait_deadline "${1:-120}")
     until $P -c "SELECT 1" >/dev/null 2>&1; do
         [ "$(date +%s)" -ge "$deadline" ] && return 1
         sleep 0.3
@@ -75,7 +75,7 @@ reinits() { grep -c "all server processes terminated; reinitializing" "$EM_BASE/
 # after_crash REINITS-BEFORE OLD-WORKER: the postmaster noticed the crash, reset
 # every backend, accepts connections again and runs a new earmark worker
 after_crash() {
-    local deadline=$(( $(date +%s) + 90 ))
+    local deadline=$(wait_deadline 90)
     while [ "$(reinits)" -le "$1" ]; do
         [ "$(date +%s)" -ge "$deadline" ] && { diag "no reinitialization in the server log"; return 1; }
         sleep 0.2
@@ -97,7 +97,7 @@ crash_pid() {
 
 # reap PID...: wait for processes of ours to end (killed if they do not)
 reap() {
-    local p deadline=$(( $(date +%s) + 60 ))
+    local p deadline=$(wait_deadline 60)
     for p in "$@"; do
         [ -n "$p" ] || continue
         while kill -0 "$p" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.2; done
@@ -411,9 +411,10 @@ load_client() {
     done
 }
 acked() { cat "$WORK"/ack.* 2>/dev/null | wc -l; }
-# wait_acks N: until the clients have acknowledged N more operations (60 s at most)
+# wait_acks N: until the clients have acknowledged N more operations (60 s
+# at most, scaled by EM_WAIT_SCALE)
 wait_acks() {
-    local want=$(( $(acked) + $1 )) deadline=$(( $(date +%s) + 60 ))
+    local want=$(( $(acked) + $1 )) deadline=$(wait_deadline 60)
     while [ "$(acked)" -lt "$want" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.2; done
 }
 
@@ -504,7 +505,8 @@ SECRET="crash-$RANDOM-secret"
 python3 "$ROOT/test/fake_provider.py" --port-file "$WORK/port" --log "$WORK/requests.log" \
     --client-id earmark-crash --client-secret "$SECRET" &
 FAKE_PID=$!
-for i in $(seq 1 100); do [ -s "$WORK/port" ] && break; sleep 0.1; done
+deadline=$(wait_deadline 60)
+until [ -s "$WORK/port" ] || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.1; done
 BASE="http://127.0.0.1:$(cat "$WORK/port")"
 control() { curl -s -X POST "$BASE/_control" -H 'Content-Type: application/json' -d "$1" >/dev/null; }
 state() { curl -s "$BASE/_state" | python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
@@ -526,7 +528,7 @@ control '{"fail": {"status": 500, "count": 3, "path": "/api/v1/billing/meter_usa
 # in_report KILL: the worker's pid as soon as it is seen sending totals (if
 # it went quiet first, a little more usage gives it something to send)
 in_report() {
-    local deadline=$(( $(date +%s) + 90 )) nudge=$(( $(date +%s) + 5 )) n=0 p
+    local deadline=$(wait_deadline 90) nudge=$(( $(date +%s) + 5 )) n=0 p
     while [ "$(date +%s)" -lt "$deadline" ]; do
         p=$($P -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND state = 'active' AND query = 'earmark: sending totals to the meter'" 2>/dev/null)
         [ -n "$p" ] && { echo "$p"; return 0; }
@@ -557,7 +559,7 @@ METER_BAD=0
 for a in 1 2 3; do
     want=$(ledger "crash_m$a")
     got=""
-    deadline=$(( $(date +%s) + 90 ))
+    deadline=$(wait_deadline 90)
     while :; do
         got=$(meter "agr_crash_m$a")
         [ "$got" == "$want" ] && break
@@ -593,7 +595,7 @@ exec 7>"$WORK/a.in"
 a_sql() { printf '%s\n' "$@" >&7; }
 # a_read FILE: what the session wrote there (it closes the file first)
 a_read() {
-    local deadline=$(( $(date +%s) + 60 ))
+    local deadline=$(wait_deadline 60)
     until [ -s "$1" ] || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.1; done
     cat "$1" 2>/dev/null
 }

@@ -217,13 +217,13 @@ log_off=0
 [ -n "$log" ] && [ -r "$log" ] && log_off=$(stat -c %s "$log")
 
 # --- run ---------------------------------------------------------------------------------
-wait_up() {
-    local i
-    for i in $(seq 1 120); do
-        "$EM_PGBIN/pg_isready" -q -d "$FZDB" >/dev/null 2>&1 && q -d "$FZDB" -c "SELECT 1" >/dev/null 2>&1 && return 0
+wait_up() {   # until the server accepts connections (after a crash: recovery)
+    local deadline
+    deadline=$(wait_deadline 60)
+    until "$EM_PGBIN/pg_isready" -q -d "$FZDB" >/dev/null 2>&1 && q -d "$FZDB" -c "SELECT 1" >/dev/null 2>&1; do
+        [ "$(date +%s)" -ge "$deadline" ] && return 1
         sleep 0.5
     done
-    return 1
 }
 
 BROKEN=()          # calls that kill their batch (a crash, a cancel) on their own

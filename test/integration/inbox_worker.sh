@@ -13,6 +13,18 @@
 source "$(dirname "$0")/tap.sh"
 DB=postgres
 P="q -d postgres"
+# first_row SECONDS SQL: the first non-empty answer of SQL, polled (a
+# statement that finds its row only between the worker's attempts)
+first_row() {
+    local deadline got
+    deadline=$(wait_deadline "$1")
+    while :; do
+        got=$($P -F ' ' -c "$2" 2>/dev/null)
+        [ -n "$got" ] && { echo "$got"; return 0; }
+        [ "$(date +%s)" -ge "$deadline" ] && return 1
+        sleep 0.2
+    done
+}
 
 $P -c "CREATE EXTENSION IF NOT EXISTS earmark" >/dev/null
 $P >/dev/null <<'SQL'
@@ -59,8 +71,11 @@ is "$($P -c "SELECT count(*) FROM iw_effects WHERE what = 'ok'")" 1 "its effect 
 got=$(wait_for 15 "SELECT status FROM earmark.inbox_event WHERE dedupe_key = 'b'" failed)
 is "$got" failed "a handler error fails its event"
 is "$($P -c "SELECT last_error FROM earmark.inbox_event WHERE dedupe_key = 'b'")" "the handler broke halfway" "the error is kept"
-is "$($P -c "SELECT next_attempt_at - updated_at FROM earmark.inbox_event WHERE dedupe_key = 'b'")" "00:00:05" \
-   "the first failure waits 5 s"
+# the worker may have tried it again meanwhile: the wait is read with the
+# attempt it follows (5 s after the first, 30 s after the second, ...)
+waits=(- 00:00:05 00:00:30 00:02:00 00:10:00 01:00:00)
+read -r n w <<<"$(first_row 60 "SELECT attempts, next_attempt_at - updated_at FROM earmark.inbox_event WHERE dedupe_key = 'b' AND status = 'failed'")"
+is "$n $w" "$n ${waits[${n:-0}]:-?}" "a failure waits by its attempt (attempt ${n:-?}: ${w:-?})"
 is "$($P -c "SELECT count(*) FROM iw_effects WHERE what = 'half'")" 0 "the failed handler's insert was rolled back"
 is "$($P -c "SELECT coalesce(plan, 'none') FROM earmark.account WHERE account = 'iw'")" none \
    "the failed handler's update was rolled back"
@@ -68,9 +83,11 @@ got=$(wait_for 15 "SELECT status || ': ' || result FROM earmark.inbox_event WHER
 is "$got" "ignored: nothing to do for c" "a handler may ignore its event, with the reason kept"
 is "$($P -c "SELECT status FROM earmark.inbox_event WHERE dedupe_key = 'd'")" received "an event without a handler is left for the applications"
 is "$($P -c "SELECT dedupe_key FROM earmark_inbox_claim(10)")" d "and an application's claim gets it"
-sleep 6
-is "$($P -c "SELECT attempts || ' ' || status FROM earmark.inbox_event WHERE dedupe_key = 'b'")" "2 failed" \
-   "the failed event was tried again after its wait, and failed again"
+# its wait has passed: written into the row (next_attempt_at), not waited for
+n=$(first_row 60 "UPDATE earmark.inbox_event SET next_attempt_at = clock_timestamp() - interval '1 millisecond'
+                  WHERE dedupe_key = 'b' AND status = 'failed' RETURNING attempts")
+got=$(wait_for 60 "SELECT attempts || ' ' || status FROM earmark.inbox_event WHERE dedupe_key = 'b'" "$((${n:-0} + 1)) failed")
+is "$got" "$((${n:-0} + 1)) failed" "the failed event was tried again once its wait had passed, and failed again"
 
 # a handler runs as its owner: a role that cannot read earmark's tables
 $P >/dev/null <<'SQL'
@@ -185,8 +202,10 @@ is "$got" applied "... and only its event: the other event of the batch is appli
 $P -c "SELECT earmark_inbox_receive('t', 'ok-3', 'iw.ok', '{}')" >/dev/null
 got=$(wait_for 15 "SELECT status FROM earmark.inbox_event WHERE dedupe_key = 'ok-3'" applied)
 is "$got" applied "after the read-only handler the worker still applies events (its setting did not outlive its event)"
-JOB=$($P -c "SELECT job_id FROM earmark_reserve('iw', 10, 'iw-sweep-$RANDOM', lease => '1 second')")
-got=$(wait_for 15 "SELECT status FROM earmark.job WHERE job_id = $JOB" expired)
+JOB=$($P -c "SELECT job_id FROM earmark_reserve('iw', 10, 'iw-sweep-$RANDOM', lease => '1 hour')")
+# (its lease has passed: written into the row, not waited for)
+$P -c "UPDATE earmark.job SET lease_until = clock_timestamp() - interval '1 millisecond' WHERE job_id = $JOB" >/dev/null
+got=$(wait_for 60 "SELECT status FROM earmark.job WHERE job_id = $JOB" expired)
 is "$got" expired "... and still sweeps expired holds"
 
 $P >/dev/null <<'SQL'

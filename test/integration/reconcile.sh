@@ -40,7 +40,8 @@ python3 "$ROOT/test/fake_provider.py" --port-file "$WORK/port" --log "$WORK/requ
     --client-id rec-test --client-secret rec-secret &
 FAKE_PID=$!
 # (a loaded machine may take seconds to start python)
-for i in $(seq 1 300); do [ -s "$WORK/port" ] && break; sleep 0.1; done
+deadline=$(wait_deadline 60)
+until [ -s "$WORK/port" ] || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.1; done
 BASE="http://127.0.0.1:$(cat "$WORK/port")"
 control() { curl -s -X POST "$BASE/_control" -H 'Content-Type: application/json' -d "$1" >/dev/null; }
 meter() { curl -s "$BASE/_state" | python3 -c "import json,sys; print(json.load(sys.stdin)['kinde_meters'].get('$1|default', -1))"; }
@@ -51,11 +52,12 @@ chown postgres "$WORK/secrets" 2>/dev/null || sudo chown postgres "$WORK/secrets
 chmod 600 "$WORK/secrets" 2>/dev/null || sudo chmod 600 "$WORK/secrets"
 
 q -c "CREATE EXTENSION IF NOT EXISTS earmark" >/dev/null
-q -c "ALTER SYSTEM SET earmark.provider = 'kinde'" -c "ALTER SYSTEM SET earmark.kinde_domain = '$BASE'" \
-  -c "ALTER SYSTEM SET earmark.provider_client_id = 'rec-test'" \
-  -c "ALTER SYSTEM SET earmark.provider_secrets_file = '$WORK/secrets'" \
-  -c "ALTER SYSTEM SET earmark.report_interval = '1s'" -c "SELECT pg_reload_conf()" >/dev/null
-wait_for 10 "SHOW earmark.provider" kinde >/dev/null
+# (the worker must run with them before the first usage is marked: on the
+# local provider it would report it to earmark.local_meter)
+reload_conf "ALTER SYSTEM SET earmark.provider = 'kinde'" "ALTER SYSTEM SET earmark.kinde_domain = '$BASE'" \
+            "ALTER SYSTEM SET earmark.provider_client_id = 'rec-test'" \
+            "ALTER SYSTEM SET earmark.provider_secrets_file = '$WORK/secrets'" \
+            "ALTER SYSTEM SET earmark.report_interval = '1s'"
 # a clean slate for this script's accounts (it may run twice on one cluster)
 q -c "CREATE TEMP TABLE gone AS SELECT budget_id FROM earmark.budget WHERE account LIKE 'rec%'" \
   -c "DELETE FROM earmark.ledger WHERE budget_id IN (SELECT budget_id FROM gone)" \
@@ -70,11 +72,14 @@ q -c "CREATE TEMP TABLE gone AS SELECT budget_id FROM earmark.budget WHERE accou
 # --- the meter 426 behind --------------------------------------------------
 q -c "SELECT earmark_set_account('rec_a', NULL, 'cus_ra', 'agr_ra')" -c "SELECT earmark_set_limit('rec_a', NULL)" \
   -c "SELECT earmark_record_usage('rec_a', 8031, 'run-1')" >/dev/null
-for i in $(seq 1 75); do [ "$(meter agr_ra)" = 8031 ] && break; sleep 0.2; done
+deadline=$(wait_deadline 60)
+until [ "$(meter agr_ra)" = 8031 ] || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.2; done
 is "$(meter agr_ra)" 8031 "the reporter sent 8,031"
-# stop the reporter, then 426 more arrive: the meter is behind
-q -c "ALTER SYSTEM SET earmark.report_interval = '1h'" -c "SELECT pg_reload_conf()" >/dev/null
-sleep 1.5
+# stop the reporter (waited for until the worker runs with an interval of
+# an hour: it reported a moment ago, so its next report is an hour away),
+# then 426 more arrive: the meter is behind
+wait_for 60 "SELECT count(*) FROM earmark.meter_mark m JOIN earmark.budget b USING (account, budget_id) WHERE b.account = 'rec_a'" 0 >/dev/null
+reload_conf "ALTER SYSTEM SET earmark.report_interval = '1h'"
 q -c "SELECT earmark_record_usage('rec_a', 426, 'run-2')" >/dev/null
 row=$(q -F ' ' -c "SELECT verdict, ledger_total, last_sent, provider_total, repaired_to, read_back FROM earmark_reconcile('rec_a')")
 is "$row" "repaired 8457 8031 8031 8457 8457" "426 behind (under-billed): repaired to 8,457 and read back"
@@ -141,13 +146,14 @@ q -c "SELECT earmark_set_account('rec_l', NULL, 'cus_rl', 'agr_rl')" -c "SELECT 
 control '{"set_meter": {"agreement": "agr_rl", "feature": "default", "value": 5}}'
 bid=$(q -c "SELECT budget_id FROM earmark.budget WHERE account = 'rec_l' AND feature = 'default'")
 q -c "UPDATE earmark.budget SET used = used + 40 WHERE budget_id = $bid" >/dev/null
-control '{"hang": {"count": 1, "seconds": 50, "path": "/api/v1/billing/meter_usage", "method": "POST"}}'
+control '{"hang": {"count": 1, "seconds": 600, "path": "/api/v1/billing/meter_usage", "method": "POST"}}'  # (until released)
 PGOPTIONS="$PGOPTIONS -c earmark.http_timeout=60000" q -F ' ' \
     -c "SELECT feature, verdict, counters_rebuilt, coalesce(read_back::text, 'none') FROM earmark_reconcile('rec_l') ORDER BY feature" \
     >"$WORK/rec_l.out" 2>"$WORK/rec_l.err" &
 rec_pid=$!
 in_flight() { curl -s "$BASE/_state" | python3 -c "import json,sys; print(len(json.load(sys.stdin)['in_flight']))"; }
-for i in $(seq 1 150); do [ "$(in_flight)" = 1 ] && break; sleep 0.2; done
+deadline=$(wait_deadline 60)
+until [ "$(in_flight)" = 1 ] || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.2; done
 is "$(in_flight)" 1 "the images cycle's repair write is waiting on the provider"
 is "$(sqlstate "SELECT 1 FROM earmark.budget WHERE budget_id = $bid FOR UPDATE NOWAIT")" ok \
    "meanwhile the default cycle's budget row is not locked"
@@ -159,8 +165,7 @@ sed 's/^/# /' "$WORK/rec_l.err"
 is "$(q -c "SELECT used FROM earmark_budget('rec_l')")" 5 "the rebuilt counters equal the ledger"
 
 # --- a meter that does not take the repair: the evidence says so -------------
-q -c "ALTER SYSTEM SET earmark.provider = 'local'" -c "SELECT pg_reload_conf()" >/dev/null
-wait_for 10 "SHOW earmark.provider" local >/dev/null
+reload_conf "ALTER SYSTEM SET earmark.provider = 'local'"
 # (a trigger on the local meter keeps the default feature's total off by one)
 q -c "CREATE FUNCTION public.off_by_one() RETURNS trigger LANGUAGE plpgsql AS \$\$ BEGIN IF NEW.feature = 'default' THEN NEW.total := NEW.total - 1; END IF; RETURN NEW; END \$\$" \
   -c "CREATE TRIGGER off_by_one BEFORE INSERT OR UPDATE ON earmark.local_meter FOR EACH ROW EXECUTE FUNCTION public.off_by_one()" \
@@ -182,11 +187,12 @@ if q -c "SHOW shared_preload_libraries" | grep -q pg_cron; then
     q -c "UPDATE earmark.local_meter SET total = total - 3 WHERE account = 'rec_b' AND feature = 'default'" >/dev/null
     before=$(evidence rec_b)
     q -c "SELECT cron.schedule('earmark-reconcile-test', '* * * * *', \$\$SELECT count(*) FROM earmark_reconcile('rec_b')\$\$)" >/dev/null
-    got=$(wait_for 80 "SELECT count(*) FROM earmark.evidence WHERE account = 'rec_b'" "$((before + 1))")
+    # (pg_cron runs it at the next full minute)
+    got=$(wait_for 180 "SELECT count(*) FROM earmark.evidence WHERE account = 'rec_b'" "$((before + 1))")
     is "$got" "$((before + 1))" "pg_cron ran the scheduled reconcile, which stored new evidence"
     is "$(q -c "SELECT verdict || ' ' || read_back FROM earmark.evidence WHERE account = 'rec_b' AND feature = 'default' ORDER BY evidence_id DESC LIMIT 1")" \
        "repaired 10" "... repairing the drift it found"
-    got=$(wait_for 10 "SELECT status FROM cron.job_run_details d JOIN cron.job j USING (jobid) WHERE j.jobname = 'earmark-reconcile-test' ORDER BY runid DESC LIMIT 1" succeeded)
+    got=$(wait_for 60 "SELECT status FROM cron.job_run_details d JOIN cron.job j USING (jobid) WHERE j.jobname = 'earmark-reconcile-test' ORDER BY runid DESC LIMIT 1" succeeded)
     is "$got" succeeded "pg_cron recorded the run as succeeded"
 else
     ok 1 "pg_cron is in shared_preload_libraries of the test cluster"  # not ok

@@ -8,6 +8,16 @@ set -uo pipefail
 EM_PGBIN=${EM_PGBIN:-/usr/lib/postgresql/15/bin}
 _tap_n=0
 _tap_failed=0
+# EM_WAIT_SCALE: every deadline of a wait (wait_for, reload_conf, the
+# scripts' own polls through wait_deadline) is multiplied by it.  A
+# deadline only bounds how long a wait for a state may take before the step
+# fails; the slower the server, the longer it must be.  Under valgrind
+# (scripts/test.sh starts the server through EM_PG_WRAPPER) every process
+# is 20-50 times slower, crash recovery after kill -9 among them, so it is
+# 10 there unless set.
+EM_WAIT_SCALE=${EM_WAIT_SCALE:-$([ -n "${EM_PG_WRAPPER:-}" ] && echo 10 || echo 1)}
+# wait_deadline SECONDS: the epoch second a wait of SECONDS (scaled) ends
+wait_deadline() { echo $(( $(date +%s) + $1 * EM_WAIT_SCALE )); }
 
 q() { "$EM_PGBIN/psql" -X -A -t -q -v ON_ERROR_STOP=1 "$@"; }
 
@@ -31,8 +41,11 @@ is() {   # is GOT EXPECTED DESCRIPTION
 diag() { echo "# $*"; }
 
 # wait_for SECONDS SQL EXPECTED: poll until the query returns EXPECTED
+# (SECONDS scaled by EM_WAIT_SCALE; a server that refuses connections, as
+# during crash recovery, is polled on)
 wait_for() {
-    local deadline=$(( $(date +%s) + $1 )) got
+    local deadline got
+    deadline=$(wait_deadline "$1")
     while :; do
         got=$(q -d "${DB:-postgres}" -c "$2" 2>/dev/null || true)
         [ "$got" == "$3" ] && { echo "$got"; return 0; }
@@ -56,4 +69,57 @@ sqlstate() {
 done_testing() {
     echo "1..$_tap_n"
     [ "$_tap_failed" -eq 0 ]
+}
+
+# reload_conf SQL...: run the statements (ALTER SYSTEM ...), reload the
+# configuration and wait until the earmark worker runs with it.  A new
+# session sees a reloaded setting at once; the worker rereads it only at
+# the top of its next round, which may come after a slow provider call.
+# It applies inbox events in every round, after that reread, so a probe
+# event whose handler returns the worker's pg_conf_load_time() shows it:
+# once a probe reports a load time after the reload, every later step sees
+# the worker on the new settings.  The first probe is stored in the
+# reload's own transaction, visible from the round the reload wakes; a
+# worker that sleeps long (a long earmark.sweep_interval) and missed it is
+# woken with another reload after a while (a liveness step only).  Returns
+# 1 if the worker did not get there within EM_RELOAD_WAIT seconds (180,
+# scaled by EM_WAIT_SCALE).
+reload_conf() {
+    local args=() s since key n=0 got poke deadline
+    for s in "$@"; do args+=(-c "$s"); done
+    q -d postgres >/dev/null <<'SQL' || return 1
+CREATE OR REPLACE FUNCTION public.tap_conf_probe(e earmark.inbox_event) RETURNS text
+    LANGUAGE sql AS 'SELECT pg_catalog.pg_conf_load_time()::text';
+SELECT earmark_inbox_set_handler('tap.conf_probe', 'public.tap_conf_probe(earmark.inbox_event)');
+SQL
+    key="tap-conf-$$-$RANDOM-$n"
+    since=$(q -d postgres "${args[@]}" -c "SELECT clock_timestamp()" -c "BEGIN" \
+              -c "SELECT earmark_inbox_receive('tap', '$key', 'tap.conf_probe', '{}') IS NOT NULL" \
+              -c "SELECT pg_reload_conf()" -c "COMMIT") || return 1
+    since=${since%%$'\n'*}
+    deadline=$(wait_deadline "${EM_RELOAD_WAIT:-180}")
+    poke=$(( $(date +%s) + 10 ))
+    while :; do
+        got=$(q -d postgres -c "SELECT status || ' ' || (result::timestamptz >= '$since')
+                                  FROM earmark.inbox_event WHERE source = 'tap' AND dedupe_key = '$key'" 2>/dev/null)
+        case $got in
+            "applied true") break ;;
+            applied*|failed*|dead*)
+                # applied in a round that began before the reload: ask again
+                n=$((n + 1)); key="tap-conf-$$-$RANDOM-$n"
+                q -d postgres -c "SELECT earmark_inbox_receive('tap', '$key', 'tap.conf_probe', '{}')" >/dev/null ;;
+        esac
+        if [ "$(date +%s)" -ge "$deadline" ]; then got=timeout; break; fi
+        if [ "$(date +%s)" -ge "$poke" ]; then
+            q -d postgres -c "SELECT pg_reload_conf()" >/dev/null
+            poke=$(( $(date +%s) + 10 ))
+        fi
+        sleep 0.2
+    done
+    q -d postgres >/dev/null <<'SQL'
+SELECT earmark_inbox_set_handler('tap.conf_probe', NULL);
+DELETE FROM earmark.inbox_event WHERE source = 'tap' AND event_type = 'tap.conf_probe';
+DROP FUNCTION public.tap_conf_probe(earmark.inbox_event);
+SQL
+    [ "$got" = "applied true" ] || { echo "# reload_conf: the worker did not reread its configuration ($got)" >&2; return 1; }
 }

@@ -15,13 +15,25 @@ pass_lease() {
 }
 
 worker_pid() { q -d postgres -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'earmark worker'"; }
-server_up() {
-    local i
-    for i in $(seq 1 120); do
-        q -d postgres -c "SELECT 1" >/dev/null 2>&1 && return 0
-        sleep 0.5
-    done
-    return 1
+# worker_setting NAME: the setting as the worker's own session has it (an
+# inbox event whose handler the worker runs returns it; a reload wakes a
+# worker that sleeps a long earmark.sweep_interval for it)
+worker_setting() {
+    local key="setting-$$-$RANDOM"
+    q -d postgres >/dev/null <<'SQL'
+CREATE OR REPLACE FUNCTION public.w_setting(e earmark.inbox_event) RETURNS text
+    LANGUAGE sql AS $$SELECT pg_catalog.current_setting(e.payload ->> 'name')$$;
+SELECT earmark_inbox_set_handler('w.setting', 'public.w_setting(earmark.inbox_event)');
+SQL
+    q -d postgres -c "SELECT earmark_inbox_receive('w', '$key', 'w.setting', jsonb_build_object('name', '$1'))" \
+                 -c "SELECT pg_reload_conf()" >/dev/null
+    wait_for 60 "SELECT status FROM earmark.inbox_event WHERE dedupe_key = '$key'" applied >/dev/null
+    q -d postgres -c "SELECT result FROM earmark.inbox_event WHERE dedupe_key = '$key'"
+}
+# worker_asleep: the worker waits on its latch between rounds (a wait of
+# earmark.sweep_interval), not in the middle of a round
+worker_asleep() {
+    wait_for 60 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND wait_event = 'Extension'" 1 >/dev/null
 }
 
 q -d postgres -c "CREATE EXTENSION IF NOT EXISTS earmark" >/dev/null
@@ -41,30 +53,35 @@ is "$(q -d postgres -c "SELECT used || '/' || held FROM earmark_budget('w')")" "
 is "$(q -d postgres -c "SELECT status FROM earmark_settle('w', $job, 40000)")" "expired" "the late settle is ignored"
 is "$(q -d postgres -c "SELECT sum(units) FROM earmark.ledger")" "1234" "one ledger row, at the recorded use"
 
-# 2. SIGHUP: a new sweep interval is read on reload
-q -d postgres -c "ALTER SYSTEM SET earmark.sweep_interval = '1h'" -c "SELECT pg_reload_conf()" >/dev/null
-sleep 3
+# 2. SIGHUP: a new sweep interval is read on reload.  Waited for by states,
+#    not time: the worker runs with the new setting (reload_conf, and its
+#    own session shows it), then it sleeps between rounds; a lease passed
+#    while it sleeps an hour is not swept until a reload wakes it.
+reload_conf "ALTER SYSTEM SET earmark.sweep_interval = '1h'"
+is "$(worker_setting earmark.sweep_interval)" 1h "after SIGHUP the worker's own session has sweep_interval = 1h"
+worker_asleep
 job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 10, 'slow', lease => '1 hour')")
 pass_lease "$job"
-sleep 3
 is "$(q -d postgres -c "SELECT status FROM earmark.job WHERE job_id = $job")" "running" \
-   "with sweep_interval = 1h the worker has not swept yet (the charge path still treats it as dead)"
+   "while the worker sleeps its hour it has not swept (the charge path still treats it as dead)"
 is "$(q -d postgres -c "SELECT status FROM earmark_charge('w', $job, 1)")" "expired" "an unswept expired hold is dead for charge"
-q -d postgres -c "ALTER SYSTEM SET earmark.sweep_interval = '100ms'" -c "SELECT pg_reload_conf()" >/dev/null
+reload_conf "ALTER SYSTEM SET earmark.sweep_interval = '100ms'"
 got=$(wait_for 10 "SELECT status FROM earmark.job WHERE job_id = $job" expired)
 is "$got" expired "after SIGHUP with 100ms the worker sweeps it"
 
-# 3. DEBUG1 log of what was swept
-q -d postgres -c "ALTER SYSTEM SET log_min_messages = 'debug1'" -c "SELECT pg_reload_conf()" >/dev/null
+# 3. DEBUG1 log of what was swept (the worker runs with debug1 before the
+#    hold's lease passes)
+reload_conf "ALTER SYSTEM SET log_min_messages = 'debug1'"
 job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 10, 'logged', lease => '1 hour')")
 pass_lease "$job"
 wait_for 10 "SELECT status FROM earmark.job WHERE job_id = $job" expired >/dev/null
 logged=1
-for i in $(seq 1 100); do
+deadline=$(wait_deadline 20)
+while [ "$(date +%s)" -lt "$deadline" ]; do
     grep -q "earmark: swept 1 expired holds" "$EM_BASE/server.log" && { logged=0; break; }
     sleep 0.2
 done
-q -d postgres -c "ALTER SYSTEM RESET log_min_messages" -c "SELECT pg_reload_conf()" >/dev/null
+reload_conf "ALTER SYSTEM RESET log_min_messages"
 ok $logged "the worker logs what it swept at DEBUG1"
 
 # 4. SIGTERM: the worker exits and the postmaster starts it again
@@ -86,10 +103,11 @@ q -d postgres -c "SELECT charged FROM earmark_charge('crash', $dead, 77)" >/dev/
 before=$(q -d postgres -c "SELECT used || '/' || held FROM earmark_budget('crash')")
 old=$(worker_pid)
 kill -9 "$old"
-sleep 1
-server_up
-ok $? "the server accepts connections again after the worker was killed with SIGKILL"
-new=$(wait_for 30 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND pid <> $old" 1)
+# the postmaster resets the cluster: connections fail until crash recovery
+# is done, which wait_for polls through
+got=$(wait_for 120 "SELECT 1" 1)
+is "$got" 1 "the server accepts connections again after the worker was killed with SIGKILL"
+new=$(wait_for 120 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND pid <> $old" 1)
 is "$new" 1 "the worker runs again after kill -9"
 is "$(q -d postgres -c "SELECT count(*) || ' ' || count(*) FILTER (WHERE status = 'completed') FROM earmark.job WHERE account = 'crash' AND idempotency_key LIKE 'c%'")" \
    "20 10" "every committed reserve and settle survived the crash"
@@ -100,7 +118,7 @@ is "$got" "expired 77" "the restarted worker sweeps a hold whose lease passed"
 is "$(q -d postgres -c "SELECT used || '/' || held FROM earmark_budget('crash')")" "187/10000" \
    "after the sweep: used 110 + 77, held 15000 - 5000"
 
-q -d postgres -c "ALTER SYSTEM RESET earmark.sweep_interval" -c "SELECT pg_reload_conf()" >/dev/null
+reload_conf "ALTER SYSTEM RESET earmark.sweep_interval"
 
 # 6. settings of a session, the database or the role never reach the
 #    worker's transactions: each one is READ COMMITTED and READ WRITE.
@@ -114,7 +132,7 @@ reset_db_settings() {
         -c "ALTER SYSTEM RESET earmark.report_interval" -c "SELECT pg_reload_conf()" >/dev/null 2>&1
 }
 trap reset_db_settings EXIT
-q -d postgres -c "ALTER SYSTEM SET earmark.report_interval = '1s'" -c "SELECT pg_reload_conf()" >/dev/null
+reload_conf "ALTER SYSTEM SET earmark.report_interval = '1s'"
 q -d postgres >/dev/null <<'SQL'
 DROP FUNCTION IF EXISTS public.w_sets_session(earmark.inbox_event);
 CREATE FUNCTION public.w_sets_session(e earmark.inbox_event) RETURNS text LANGUAGE plpgsql AS $$
@@ -164,7 +182,8 @@ unset PGOPTIONS
 old=$(worker_pid)
 q -d postgres -c "SELECT pg_terminate_backend($old)" >/dev/null
 wait_for 20 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND pid <> $old" 1 >/dev/null
-q -d postgres -c "SELECT earmark_inbox_set_handler('w.sets_session', NULL)" -c "DROP FUNCTION public.w_sets_session(earmark.inbox_event)" >/dev/null
+q -d postgres -c "SELECT earmark_inbox_set_handler('w.sets_session', NULL)" -c "DROP FUNCTION public.w_sets_session(earmark.inbox_event)" \
+  -c "SELECT earmark_inbox_set_handler('w.setting', NULL)" -c "DROP FUNCTION public.w_setting(earmark.inbox_event)" >/dev/null
 
 # 7. without shared_preload_libraries CREATE EXTENSION warns, with the fix,
 # and the functions still work (no worker)
