@@ -89,7 +89,7 @@ pass_lease() {
     q -c "UPDATE earmark.job SET lease_until = clock_timestamp() - interval '1 millisecond' WHERE job_id = $1" >/dev/null
 }
 METER=/api/v1/billing/meter_usage
-ledger() { q -c "SELECT coalesce(sum(l.units), 0) FROM earmark.ledger l JOIN earmark.budget b USING (budget_id) WHERE b.account = '$1'"; }
+ledger() { q -c "SELECT coalesce(sum(l.units), 0) FROM earmark.ledger l JOIN earmark.budget b USING (account, budget_id) WHERE b.account = '$1'"; }
 
 # wait_meter SECONDS AGREEMENT EXPECTED
 wait_meter() {
@@ -150,9 +150,9 @@ q -c "SELECT earmark_set_account('notch', NULL, 'cus_n', 'agr_n')" -c "SELECT ea
 echo "SELECT earmark_record_usage('notch', 1, 'click-' || nextval('notch_click'));" >"$WORK/click.sql"
 "$EM_PGBIN/pgbench" -n -c 100 -j 4 -t 50 -f "$WORK/click.sql" postgres >"$WORK/pgbench.log" 2>&1
 ok $? "pgbench: 100 connections x 50 usage rows ran without an error" || sed 's/^/# /' "$WORK/pgbench.log" | tail -5
-is "$(q -c "SELECT count(*) || ' ' || sum(units) FROM earmark.ledger l JOIN earmark.budget b USING (budget_id) WHERE b.account = 'notch'")" \
+is "$(q -c "SELECT count(*) || ' ' || sum(units) FROM earmark.ledger l JOIN earmark.budget b USING (account, budget_id) WHERE b.account = 'notch'")" \
    "5000 5000" "all 5,000 usage rows were recorded, once each"
-shards=$(q -c "SELECT count(*) FROM earmark.usage_shard u JOIN earmark.budget b USING (budget_id) WHERE b.account = 'notch'")
+shards=$(q -c "SELECT count(*) FROM earmark.usage_shard u JOIN earmark.budget b USING (account, budget_id) WHERE b.account = 'notch'")
 ok "$(( shards > 16 ? 0 : 1 ))" "the writers spread over the counter shards ($shards of 64 used)"
 got=$(wait_meter 20 agr_n 5000)
 is "$got" 5000 "the meter reads 5,000"
@@ -197,7 +197,7 @@ pass_lease "$job"
 got=$(wait_for 60 "SELECT status FROM earmark.job WHERE job_id = $job" expired)
 is "$got $(in_flight "$METER")" "expired 1" "a lease that passed meanwhile was swept while the provider hung"
 control '{"release": true}'
-got=$(wait_for 60 "SELECT count(*) FROM earmark.meter_mark m JOIN earmark.budget b USING (budget_id) WHERE b.account = 'm_acct'" 0)
+got=$(wait_for 60 "SELECT count(*) FROM earmark.meter_mark m JOIN earmark.budget b USING (account, budget_id) WHERE b.account = 'm_acct'" 0)
 is "$got $(meter agr_m)" "0 52" "released, the send was answered and the total is on the meter"
 
 # --- a provider that hangs past earmark.http_timeout: the send gives up --------
@@ -233,7 +233,7 @@ new=$(wait_for 120 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = '
 is "$new" 1 "the postmaster restarted the worker after kill -9"
 # the mark of the cycle survives the crash (its send did not commit) and
 # goes once the restarted worker's send was taken
-got=$(wait_for 60 "SELECT count(*) FROM earmark.meter_mark m JOIN earmark.budget b USING (budget_id) WHERE b.account = 'm_acct'" 0)
+got=$(wait_for 60 "SELECT count(*) FROM earmark.meter_mark m JOIN earmark.budget b USING (account, budget_id) WHERE b.account = 'm_acct'" 0)
 is "$got $(meter agr_m)" "0 55" "the restarted worker sent the cycle: nothing was lost"
 is "$(ledger m_acct)" 55 "the ledger kept every committed row"
 is "$(q -c "SELECT verdict FROM earmark_reconcile('m_acct')")" match "reconcile after the crash: match"
@@ -293,7 +293,7 @@ secrets_file 644 "token = btok" "hmac_secret = $HMAC"
 got=$(wait_for 10 "SELECT error LIKE '%readable by no one else%' FROM earmark.send_log WHERE account = 'h_acct' AND NOT ok ORDER BY send_id DESC LIMIT 1" t)
 is "$got" t "a secrets file others may read is refused, and no request is made"
 secrets_file 600 "token = btok" "hmac_secret = $HMAC"
-got=$(wait_for 10 "SELECT count(*) FROM earmark.meter_mark m JOIN earmark.budget b USING (budget_id) WHERE b.account = 'h_acct'" 0)
+got=$(wait_for 10 "SELECT count(*) FROM earmark.meter_mark m JOIN earmark.budget b USING (account, budget_id) WHERE b.account = 'h_acct'" 0)
 is "$got" 0 "with the right key again the cycle is sent"
 
 # --- answers earmark refuses (providers.md): each is one failed read ----------
@@ -452,7 +452,7 @@ ok "$([ -n "$first_mem" ] && [ -n "$second_mem" ] && [ $((second_mem - first_mem
    "the worker's memory did not grow over ten failing passes ($first_mem -> $second_mem bytes)"
 is "$(worker)" "$wpid" "the same worker throughout"
 control '{"fail": {"count": 0}, "slow": {"ms": 0}}'
-got=$(wait_for 30 "SELECT count(*) FROM earmark.meter_mark m JOIN earmark.budget b USING (budget_id) WHERE b.account LIKE 'mem_%'" 0)
+got=$(wait_for 30 "SELECT count(*) FROM earmark.meter_mark m JOIN earmark.budget b USING (account, budget_id) WHERE b.account LIKE 'mem_%'" 0)
 is "$got" 0 "once the provider answers, the cycles are sent"
 
 # --- secrets ------------------------------------------------------------------

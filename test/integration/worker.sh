@@ -153,7 +153,7 @@ q -d postgres -c "SELECT charged FROM earmark_charge('w', $job, 3)" >/dev/null
 pass_lease "$job"
 got=$(wait_for 15 "SELECT status || ' ' || charged FROM earmark.job WHERE job_id = $job" "expired 3")
 is "$got" "expired 3" "after that handler the worker still sweeps"
-ledger_w() { q -d postgres -c "SELECT sum(l.units) FROM earmark.ledger l JOIN earmark.budget b USING (budget_id) WHERE b.account = 'w'"; }
+ledger_w() { q -d postgres -c "SELECT sum(l.units) FROM earmark.ledger l JOIN earmark.budget b USING (account, budget_id) WHERE b.account = 'w'"; }
 q -d postgres -c "SELECT earmark_record_usage('w', 2, 'after-handler')" >/dev/null
 got=$(wait_for 15 "SELECT total FROM earmark.local_meter WHERE account = 'w'" "$(ledger_w)")
 is "$got" "$(ledger_w)" "... and reports the new total"
