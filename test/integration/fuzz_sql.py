@@ -1017,6 +1017,10 @@ KINDS = {
     "earmark_report": {"max_cycles": "count_nullable"},
     "earmark_refresh_limits": {"account": "account"},
     "earmark_reconcile": {"account": "account_nullable", "feature": "feature_nullable"},
+    # the worker's own step: NULL cycle_account (the cycle is gone), error
+    # (it went through) and feature (with no cycle) are what it passes
+    "earmark.report_cycle": {"account": "account", "cycle_account": "account_nullable",
+                             "error": "free_text_nullable", "feature": "feature_nullable"},
 }
 
 # a NULL of these means something (unlimited, now, keep, the setting, remove)
@@ -1091,12 +1095,14 @@ class Gen:
             if v.sql == NULL and kind.endswith("_nullable"):
                 v.cls = "null-ok"
             return v
-        if kind == "free_text":
+        if kind in ("free_text", "free_text_nullable"):
             if not bad:
                 return Val(q(c.pick(["applied", "why", "boom", "x"])))
             v = c.bad_text()
             if v.cls in ("empty", "long", "edge", "huge"):
                 v.cls += "-text"        # not a name: no length rule
+            if v.sql == NULL and kind == "free_text_nullable":
+                v.cls = "null-ok"
             return v
         if kind == "outcome":
             if not bad:
@@ -1341,7 +1347,7 @@ INSERT INTO fuzz.ref SELECT 'job:cancelled', job_id FROM earmark_reserve('fz_a',
 SELECT earmark_settle('fz_a', (SELECT val::bigint FROM fuzz.ref WHERE name = 'job:cancelled'), 0, 'cancelled');
 INSERT INTO fuzz.ref SELECT 'job:expired_lease', job_id FROM earmark_reserve('fz_a', 700, 'expired', lease => '1 microsecond');
 INSERT INTO fuzz.ref SELECT 'job:f1job', job_id FROM earmark_reserve('fz_a', 100, 'f1job', 'f1', '1 day');
-SELECT earmark_reserve('fz_esc', 100, 'esc-slow');
+SELECT earmark_reserve('fz_esc', 100, 'esc-slow', lease => '1 day');
 INSERT INTO fuzz.ref SELECT 'job:slot', job_id FROM earmark_reserve('fz_esc', 100, 'esc-slot', lease => '1 day');
 -- 2^62 settled and 2^62 held on an unlimited account: a settle of the second at its hold
 -- would pass bigint's end
