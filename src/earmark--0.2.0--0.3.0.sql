@@ -863,3 +863,12 @@ LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 30
 SET search_path = pg_catalog, pg_temp;
 REVOKE ALL ON FUNCTION earmark_inbox_claim_plan(int, boolean) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION earmark_inbox_claim_plan(int, boolean) TO earmark_admin;
+
+-- ---------------------------------------------------------------------
+-- The ledger's primary key is led by (account, budget_id), which the cycle
+-- totals read, so ledger_budget (the same prefix) goes: one index write
+-- fewer per ledger row.
+-- ---------------------------------------------------------------------
+ALTER TABLE earmark.ledger DROP CONSTRAINT ledger_pkey;
+ALTER TABLE earmark.ledger ADD PRIMARY KEY (account, budget_id, entry_id);
+DROP INDEX earmark.ledger_budget;

@@ -32,7 +32,9 @@
  *	  no budget lock meanwhile, and admissions go on.
  *
  *	  Every statement names the account (account = $1 on every relation),
- *	  so that on Citus it runs on the account's shard alone.  A lease end
+ *	  so that on Citus it runs on the account's shard alone; the one
+ *	  statement of several writes (a settlement's budget, ledger row and
+ *	  mark, settle_budget_local) runs only on a single node.  A lease end
  *	  computed from a column is done in UTC timestamps, which Citus accepts
  *	  in an UPDATE (timestamptz + interval is only STABLE).
  *
@@ -75,6 +77,17 @@ PG_FUNCTION_INFO_V1(earmark_sweep_account);
  */
 #define LEASE_FROM(param) \
 	"GREATEST(lease_until, (((" param " AT TIME ZONE 'UTC') + lease) AT TIME ZONE 'UTC'))"
+
+/*
+ * The status tests of the statements that name a job by (account, job_id).
+ * Written so that the planner cannot match them with job_open's predicate
+ * (status IN ('running', 'capped')): otherwise it may plan the look-up on
+ * job_open (it does on a table not analyzed yet), which reads every open
+ * hold of the account to find one, instead of the primary key's one entry.
+ * (status || '' is status; the planner does not see through it.)
+ */
+#define JOB_OPEN "(status || '') IN ('running', 'capped')"
+#define JOB_RUNNING "(status || '') = 'running'"
 
 /* ---------------------------------------------------------------------
  * Helpers
@@ -830,7 +843,7 @@ read_job(text *account, int64 job_id, Job *j)
 static EmStatement charge_fits = {
 	"UPDATE earmark.job SET used = used + $3, last_step = coalesce($4, last_step), "
 	"       lease_until = " LEASE_FROM("$5") " "
-	"WHERE account = $1 AND job_id = $2 AND status = 'running' AND lease_until >= $5 "
+	"WHERE account = $1 AND job_id = $2 AND " JOB_RUNNING " AND lease_until >= $5 "
 	"  AND $3 <= amount - used AND ($4 IS NULL OR last_step IS NULL OR $4 > last_step) "
 	"RETURNING amount - used",
 	5, {TEXTOID, INT8OID, INT8OID, INT8OID, TIMESTAMPTZOID}
@@ -954,7 +967,7 @@ earmark_charge(PG_FUNCTION_ARGS)
  */
 static EmStatement heartbeat_job = {
 	"UPDATE earmark.job SET lease_until = " LEASE_FROM("$3") " "
-	"WHERE account = $1 AND job_id = $2 AND status IN ('running', 'capped') AND lease_until >= $3 "
+	"WHERE account = $1 AND job_id = $2 AND " JOB_OPEN " AND lease_until >= $3 "
 	"RETURNING lease_until",
 	3, {TEXTOID, INT8OID, TIMESTAMPTZOID}
 };
@@ -1006,12 +1019,12 @@ earmark_heartbeat(PG_FUNCTION_ARGS)
  */
 
 /*
- * A settlement: the budget (or a slot), the job, its ledger row and the
+ * A settlement: the job, the budget (or a slot), its ledger row and the
  * cycle's meter mark, one single-table statement after another, each
  * naming the account, so that on Citus each runs on the account's shard
  * alone (a statement of several writes is planned in steps whose
- * intermediate results go to every node).  The job row is already locked
- * (read_job).  The budget is written first: the ledger row and the mark
+ * intermediate results go to every node).  The job row is written, and
+ * so locked, first (settle_job, below), then the budget: the ledger row and the mark
  * come only after its update, whose lock they depend on; a mark inserted
  * before the budget lock was granted would be held, uncommitted, while
  * waiting for it (a deadlock with any holder of the budget row that
@@ -1057,12 +1070,6 @@ static EmStatement settle_slot = {
 	"UPDATE earmark.budget_slot SET held = held - $4, used = used + $5, room = room + ($4 - $5) "
 	"WHERE account = $1 AND budget_id = $2 AND slot = $3",
 	5, {TEXTOID, INT8OID, INT4OID, INT8OID, INT8OID}
-};
-
-static EmStatement settle_job_row = {
-	"UPDATE earmark.job SET status = $3, settled_at = $4, charged = $5, released = $6 "
-	"WHERE account = $1 AND job_id = $2",
-	6, {TEXTOID, INT8OID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID}
 };
 
 static EmStatement settle_ledger = {
@@ -1131,7 +1138,30 @@ settle_release(text *account, Job *j, Settle *s)
 	return SPI_processed > 0;
 }
 
-/* the settlement's statements, for a job read and locked as *j */
+/*
+ * The same for a hold in the budget row on a single node: the release,
+ * the ledger row and the mark in one statement (two statements fewer).
+ * The ledger row and the mark are written only after the budget row's
+ * update, which they depend on: l reads b and the main statement reads l,
+ * so b runs first.  Not on Citus, which plans a statement of several
+ * writes in steps whose intermediate results go to every node: there
+ * write_settlement's statements run one after another.
+ */
+static EmStatement settle_budget_local = {
+	"WITH b AS (UPDATE earmark.budget SET held = held - $3, used = used + $4 "
+	"           WHERE account = $1 AND budget_id = $2 RETURNING 1),"
+	" l AS (INSERT INTO earmark.ledger (account, budget_id, units, job_id, occurred_at) "
+	"       SELECT $1, $2, $4, $5, $6 WHERE $4 > 0 AND EXISTS (SELECT 1 FROM b) RETURNING 1) "
+	"INSERT INTO earmark.meter_mark (account, budget_id) "
+	"SELECT $1, $2 WHERE EXISTS (SELECT 1 FROM l) ON CONFLICT DO NOTHING",
+	6, {TEXTOID, INT8OID, INT8OID, INT8OID, INT8OID, TIMESTAMPTZOID}
+};
+
+/*
+ * What follows from a settlement written by settle_job (the job row is
+ * locked): the release into the budget or a slot, the ledger row and the
+ * cycle's mark.
+ */
 static void
 write_settlement(text *account, int64 job_id, Job *j, Settle *s, TimestampTz now)
 {
@@ -1140,24 +1170,110 @@ write_settlement(text *account, int64 job_id, Job *j, Settle *s, TimestampTz now
 
 	if (s->charged > 0)
 		em_mark_lock(j->budget_id); /* see budget.c */
+	if (!(j->has_slot && j->has_gen) && !em_distributed())
+	{
+		args[0] = PointerGetDatum(account);
+		args[1] = Int64GetDatum(j->budget_id);
+		args[2] = Int64GetDatum(j->amount);
+		args[3] = Int64GetDatum(s->charged);
+		args[4] = Int64GetDatum(job_id);
+		args[5] = TimestampTzGetDatum(now);
+		em_exec(&settle_budget_local, args, NULL, 0);
+		return;
+	}
 	wrote_budget = settle_release(account, j, s);
-
-	args[0] = PointerGetDatum(account);
-	args[1] = Int64GetDatum(job_id);
-	args[2] = CStringGetTextDatum(s->status);
-	args[3] = TimestampTzGetDatum(now);
-	args[4] = Int64GetDatum(s->charged);
-	args[5] = Int64GetDatum(s->released);
-	em_exec(&settle_job_row, args, NULL, 0);
 	if (s->charged <= 0 || !wrote_budget)
 		return;
 
+	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(j->budget_id);
 	args[2] = Int64GetDatum(s->charged);
 	args[3] = Int64GetDatum(job_id);
 	args[4] = TimestampTzGetDatum(now);
 	em_exec(&settle_ledger, args, NULL, 0);
 	em_mark_cycle(account, j->budget_id);
+}
+
+/*
+ * The job's settlement in one UPDATE, which takes the row lock itself
+ * instead of a locking read and an update (a statement and a WAL record
+ * fewer): the status, the charge and the release are computed from the
+ * row as the lock finds it.  A lease that has passed settles as the
+ * sweeper would, at the recorded use; otherwise at $5, or at the recorded
+ * use when $5 is NULL; never more than the hold.  Under READ COMMITTED an
+ * UPDATE that waited for a concurrent charge, settle or expiry re-checks
+ * its conditions on the row that transaction left (and computes from it):
+ * a job settled meanwhile matches nothing, and settle_closed answers.
+ * RETURNING gives the new row's numbers and what the release needs.
+ */
+static EmStatement settle_job = {
+	"UPDATE earmark.job SET "
+	"       status = CASE WHEN lease_until < $3 THEN 'expired' ELSE $4 END, "
+	"       settled_at = $3, "
+	"       charged = LEAST(CASE WHEN lease_until < $3 OR $5 IS NULL THEN used ELSE $5 END, amount), "
+	"       released = amount - LEAST(CASE WHEN lease_until < $3 OR $5 IS NULL THEN used ELSE $5 END, amount) "
+	"WHERE account = $1 AND job_id = $2 AND " JOB_OPEN " "
+	"RETURNING budget_id, amount, status, charged, released, slot, gen",
+	5, {TEXTOID, INT8OID, TIMESTAMPTZOID, TEXTOID, INT8OID}
+};
+enum
+{
+	SJ_BUDGET_ID = 1, SJ_AMOUNT, SJ_STATUS, SJ_CHARGED, SJ_RELEASED, SJ_SLOT, SJ_GEN
+};
+
+/* a job settle_job did not match: settled already, or unknown */
+static EmStatement job_status = {
+	"SELECT status FROM earmark.job WHERE account = $1 AND job_id = $2",
+	2, {TEXTOID, INT8OID}
+};
+
+/*
+ * Settle the job (settle_job) and write what follows from it; *s is the
+ * answer.  A job found closed answers its status, charging and releasing
+ * nothing.  (Its status never goes back to open; the loop only covers a
+ * job that a concurrent reserve committed between the two statements,
+ * under an id the caller cannot have been given yet.)
+ */
+static void
+settle_job_now(text *account, int64 job_id, bool has_used, int64 used,
+			   const char *outcome, TimestampTz now, Settle *s)
+{
+	Datum		args[5];
+	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+	bool		isnull;
+	Job			j;
+	Datum		d;
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(job_id);
+	args[2] = TimestampTzGetDatum(now);
+	args[3] = CStringGetTextDatum(outcome);
+	args[4] = Int64GetDatum(used);
+	nulls[4] = has_used ? ' ' : 'n';
+	for (;;)
+	{
+		em_exec(&settle_job, args, nulls, 1);
+		if (SPI_processed == 1)
+			break;
+		em_exec(&job_status, args, NULL, 1);
+		if (SPI_processed == 0)
+			unknown_job(account, job_id);
+		s->status = status_const(TextDatumGetCString(em_get(0, 1, &isnull)));
+		if (!is_open(s->status))
+			return;
+	}
+	memset(&j, 0, sizeof(j));
+	j.budget_id = em_get_int64(0, SJ_BUDGET_ID, 0);
+	j.amount = em_get_int64(0, SJ_AMOUNT, 0);
+	s->status = status_const(TextDatumGetCString(em_get(0, SJ_STATUS, &isnull)));
+	s->charged = em_get_int64(0, SJ_CHARGED, 0);
+	s->released = em_get_int64(0, SJ_RELEASED, 0);
+	(void) em_get(0, SJ_SLOT, &isnull);
+	j.has_slot = !isnull;
+	d = em_get(0, SJ_GEN, &isnull);
+	j.has_gen = !isnull;
+	j.gen = isnull ? 0 : DatumGetInt64(d);
+	write_settlement(account, job_id, &j, s, now);
 }
 
 Datum
@@ -1169,7 +1285,6 @@ earmark_settle(PG_FUNCTION_ARGS)
 	int64		used_arg;
 	char	   *outcome;
 	TimestampTz now = GetCurrentTimestamp();
-	Job			j;
 	Settle		s = {0, 0, NULL};
 	Datum		values[3];
 	bool		rnulls[3] = {false, false, false};
@@ -1198,24 +1313,7 @@ earmark_settle(PG_FUNCTION_ARGS)
 	em_require_account_local(account);
 
 	SPI_connect();
-	read_job(account, job_id, &j);
-	s.status = j.status;
-	if (is_open(j.status))
-	{
-		if (j.lease_until < now)
-		{
-			/* too late: settled as the sweeper would, at the recorded use */
-			s.status = "expired";
-			s.charged = Min(j.used, j.amount);
-		}
-		else
-		{
-			s.status = status_const(outcome);
-			s.charged = Min(has_used ? used_arg : j.used, j.amount);
-		}
-		s.released = j.amount - s.charged;
-		write_settlement(account, job_id, &j, &s, now);
-	}
+	settle_job_now(account, job_id, has_used, used_arg, outcome, now, &s);
 	SPI_finish();
 
 	values[0] = Int64GetDatum(s.charged);
@@ -1467,26 +1565,9 @@ void
 em_settle_one(text *account, int64 job_id, bool has_used, int64 used,
 			  const char *outcome, TimestampTz now, EmSettleAnswer *out)
 {
-	Job			j;
 	Settle		s = {0, 0, NULL};
 
-	read_job(account, job_id, &j);
-	s.status = j.status;
-	if (is_open(j.status))
-	{
-		if (j.lease_until < now)
-		{
-			s.status = "expired";
-			s.charged = Min(j.used, j.amount);
-		}
-		else
-		{
-			s.status = status_const(outcome);
-			s.charged = Min(has_used ? used : j.used, j.amount);
-		}
-		s.released = j.amount - s.charged;
-		write_settlement(account, job_id, &j, &s, now);
-	}
+	settle_job_now(account, job_id, has_used, used, outcome, now, &s);
 	out->charged = s.charged;
 	out->released = s.released;
 	out->status = s.status;
