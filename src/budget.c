@@ -237,6 +237,12 @@ static EmStatement lock_dead_jobs = {
 };
 
 /* the rows are locked: no re-check is needed, and none could fail */
+/* the columns of expire_locked_jobs */
+enum
+{
+	EJ_JOB_ID = 1, EJ_AMOUNT, EJ_USED
+};
+
 static EmStatement expire_locked_jobs = {
 	"UPDATE earmark.job SET status = 'expired', settled_at = $3, charged = used, "
 	"       released = amount - used "
@@ -332,9 +338,9 @@ em_budget_expire(text *account, int64 budget_id, TimestampTz now, int max,
 	used = palloc(sizeof(int64) * Max(expired, 1));
 	for (i = 0; i < expired; i++)
 	{
-		job_ids[i] = em_get_int64(i, 1, 0);
-		*released += em_get_int64(i, 2, 0);
-		used[i] = em_get_int64(i, 3, 0);
+		job_ids[i] = em_get_int64(i, EJ_JOB_ID, 0);
+		*released += em_get_int64(i, EJ_AMOUNT, 0);	/* the whole hold leaves held */
+		used[i] = em_get_int64(i, EJ_USED, 0);
 		*charged += used[i];
 	}
 

@@ -1329,6 +1329,12 @@ earmark_settle(PG_FUNCTION_ARGS)
  */
 
 /* the budgets with dead holds, the longest dead first */
+/* the columns of expired_budgets */
+enum
+{
+	EB_ACCOUNT = 1, EB_BUDGET_ID
+};
+
 static EmStatement expired_budgets = {
 	"SELECT account, budget_id FROM earmark.job "
 	"WHERE status IN ('running', 'capped') AND lease_until < $1 "
@@ -1490,8 +1496,8 @@ em_sweep(int max_jobs, bool wait_first)
 	{
 		bool		isnull;
 
-		accounts[i] = DatumGetTextPCopy(em_get(i, 1, &isnull));
-		budgets[i] = em_get_int64(i, 2, 0);
+		accounts[i] = DatumGetTextPCopy(em_get(i, EB_ACCOUNT, &isnull));
+		budgets[i] = em_get_int64(i, EB_BUDGET_ID, 0);
 	}
 	if (em_distributed())
 		return sweep_distributed(accounts, nbudgets, max_jobs);

@@ -219,6 +219,12 @@ is_admin(Oid role)
  * A delivery in one statement: the event (a copy only counts itself, from
  * xmax = 0 we learn which) and its receipt.
  */
+/* the columns of store_event */
+enum
+{
+	SE_EVENT_ID = 1, SE_INSERTED
+};
+
 static EmStatement store_event = {
 	"WITH e AS ("
 	"  INSERT INTO earmark.inbox_event AS e "
@@ -237,6 +243,12 @@ static EmStatement store_event = {
  * key of a genuine event to come; or to a type whose handler takes only
  * verified events.
  */
+/* the columns of unverified_refused */
+enum
+{
+	UR_VERIFIED_SOURCE = 1, UR_STRICT_HANDLER
+};
+
 static EmStatement unverified_refused = {
 	"SELECT ($1 = 'kinde' OR EXISTS (SELECT 1 FROM earmark.webhook_secret s WHERE s.source = $1)), "
 	"       (SELECT h.handler::oid FROM earmark.inbox_handler h "
@@ -254,14 +266,14 @@ check_unverified(text *source, text *event_type)
 	args[0] = PointerGetDatum(source);
 	args[1] = PointerGetDatum(event_type);
 	em_exec(&unverified_refused, args, NULL, 1);
-	if (DatumGetBool(em_get(0, 1, &isnull)))
+	if (DatumGetBool(em_get(0, UR_VERIFIED_SOURCE, &isnull)))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("source \"%s\" takes only verified events", text_to_cstring(source)),
 				 errdetail("Its events come through a signed intake (earmark_inbox_receive_signed, "
 						   "earmark_inbox_receive_kinde); an unverified event could take the key of a genuine one."),
 				 errhint("Store your own events under a source of your own, or as a member of earmark_admin.")));
-	handler = em_get(0, 2, &isnull);
+	handler = em_get(0, UR_STRICT_HANDLER, &isnull);
 	if (!isnull)
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
@@ -330,8 +342,8 @@ em_inbox_store_verified(text *source, text *dedupe_key, text *event_type,
 	if (verified_by == NULL)
 		nulls[6] = 'n';
 	em_exec(&store_event, args, nulls, 1);
-	*event_id = em_get_int64(0, 1, 0);
-	*inserted = DatumGetBool(em_get(0, 2, &isnull));
+	*event_id = em_get_int64(0, SE_EVENT_ID, 0);
+	*inserted = DatumGetBool(em_get(0, SE_INSERTED, &isnull));
 }
 
 /* an unverified store (earmark.h's older entry point) */
@@ -617,6 +629,12 @@ earmark_inbox_claim_plan(PG_FUNCTION_ARGS)
  * complete, ignore, fail, replay
  * ---------------------------------------------------------------------
  */
+/* the columns of lock_event */
+enum
+{
+	LV_STATUS = 1, LV_ATTEMPTS, LV_ACCOUNT
+};
+
 static EmStatement lock_event = {
 	"SELECT status, attempts, account FROM earmark.inbox_event WHERE event_id = $1 FOR UPDATE",
 	1, {INT8OID}
@@ -653,11 +671,11 @@ lock_event_row(int64 event_id, int *attempts, char **account)
 		ereport(ERROR,
 				(errcode(ERRCODE_EARMARK_UNKNOWN_EVENT),
 				 errmsg("inbox event " INT64_FORMAT " does not exist", event_id)));
-	s = TextDatumGetCString(em_get(0, 1, &isnull));
-	*attempts = DatumGetInt32(em_get(0, 2, &isnull));
+	s = TextDatumGetCString(em_get(0, LV_STATUS, &isnull));
+	*attempts = DatumGetInt32(em_get(0, LV_ATTEMPTS, &isnull));
 	if (account)
 	{
-		acc = em_get(0, 3, &isnull);
+		acc = em_get(0, LV_ACCOUNT, &isnull);
 		*account = isnull ? NULL : TextDatumGetCString(acc);
 	}
 	for (i = 0; i < (int) lengthof(statuses); i++)
@@ -997,6 +1015,12 @@ earmark_inbox_set_handler(PG_FUNCTION_ARGS)
  * The worker's part: apply one event with its handler
  * ---------------------------------------------------------------------
  */
+/* the columns of event_for_handler */
+enum
+{
+	EH_ROW = 1, EH_HANDLER, EH_STATUS, EH_ATTEMPTS, EH_MAY_RUN
+};
+
 static EmStatement event_for_handler = {
 	"SELECT e, h.handler, e.status, e.attempts, "
 	"       e.verified_by IS NOT NULL OR h.accepts_unverified "
@@ -1119,14 +1143,14 @@ em_inbox_apply(int64 event_id, int attempts)
 	em_exec(&event_for_handler, &arg, NULL, 1);
 	if (SPI_processed == 0)
 		return NULL;
-	st = TextDatumGetCString(em_get(0, 3, &isnull));
+	st = TextDatumGetCString(em_get(0, EH_STATUS, &isnull));
 	if (strcmp(st, "processing") != 0 ||
-		DatumGetInt32(em_get(0, 4, &isnull)) != attempts)
+		DatumGetInt32(em_get(0, EH_ATTEMPTS, &isnull)) != attempts)
 		return NULL;
-	handler = DatumGetObjectId(em_get(0, 2, &isnull));
-	if (!DatumGetBool(em_get(0, 5, &isnull)))
+	handler = DatumGetObjectId(em_get(0, EH_HANDLER, &isnull));
+	if (!DatumGetBool(em_get(0, EH_MAY_RUN, &isnull)))
 		return refuse_unverified(event_id, handler);
-	row = SPI_datumTransfer(em_get(0, 1, &isnull), false, -1);
+	row = SPI_datumTransfer(em_get(0, EH_ROW, &isnull), false, -1);
 	owner = handler_owner(handler);
 
 	GetUserIdAndSecContext(&save_userid, &save_sec);

@@ -62,6 +62,12 @@ static EmStatement advisory_shared = {
 };
 
 /* the key's row if it exists: a repeat adds nothing */
+/* the columns of key_row */
+enum
+{
+	KR_UNITS = 1, KR_FEATURE
+};
+
 static EmStatement key_row = {
 	"SELECT l.units, b.feature FROM earmark.ledger l "
 	"JOIN earmark.budget b ON b.account = l.account AND b.budget_id = l.budget_id "
@@ -170,8 +176,8 @@ repeat_of_key(text *account, text *key, int64 units, text *feature)
 	em_exec(&key_row, args, NULL, 1);
 	if (SPI_processed == 0)
 		return false;
-	old_units = em_get_int64(0, 1, 0);
-	old_feature = TextDatumGetCString(em_get(0, 2, &isnull));
+	old_units = em_get_int64(0, KR_UNITS, 0);
+	old_feature = TextDatumGetCString(em_get(0, KR_FEATURE, &isnull));
 	if (old_units != units || strcmp(old_feature, text_to_cstring(feature)) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_EARMARK_IDEMPOTENCY_CONFLICT),
