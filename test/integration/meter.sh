@@ -206,7 +206,7 @@ is "$got $(meter agr_m)" "0 52" "released, the send was answered and the total i
 # failure, and the cycle is sent again on a later pass.
 set_conf earmark.http_timeout 3000
 control '{"hang": {"count": 1, "seconds": 600, "path": "/api/v1/billing/meter_usage"}}'
-q -c "INSERT INTO earmark.meter_mark (budget_id) SELECT budget_id FROM earmark.budget WHERE account = 'm_acct'" >/dev/null
+q -c "INSERT INTO earmark.meter_mark (account, budget_id) SELECT account, budget_id FROM earmark.budget WHERE account = 'm_acct'" >/dev/null
 got=$(wait_for 60 "SELECT string_agg(coalesce(http_status::text, '-') || ':' || ok, ',' ORDER BY send_id) FROM earmark.send_log WHERE account = 'm_acct' AND total = 52 AND send_id > $sends_from" \
       "200:true,-:false,200:true")
 is "$got" "200:true,-:false,200:true" "after the timeout the total was sent again"
