@@ -87,6 +87,8 @@ ab_stop() {
 ab_run() {     # ab_run LABEL SCENARIO: one measured run; prints tps|cpu|wal
     BENCH_ESCROW=0
     [ -z "$BENCH_ESCROW_SLOTS" ] || BENCH_ESCROW=$(bench_has_escrow)
+    # (a build's bench_lib.sh without per-scenario session options)
+    declare -gA BENCH_OPTS
     bench_scenarios
     local args=()
     read -r -a args <<<"${BENCH_ARGS[$2]}"
