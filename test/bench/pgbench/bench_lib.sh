@@ -79,9 +79,20 @@ SQL
 bench_scenarios() {
     local n
     declare -gA BENCH_NAME BENCH_ARGS
+    declare -gA BENCH_OPTS
     BENCH_SCEN=(em_hot ref_hot)
     BENCH_NAME[em_hot]="earmark, 1 hot account"
     BENCH_ARGS[em_hot]="earmark_hot.sql -D account=hot"
+    # the hot account with the rate limit on at a rate never reached (its
+    # cost, not its cap), no escrow: issue 13's target 2.  Only where the
+    # caller passes BENCH_OPTS to pgbench's sessions (gate.sh, ab.sh):
+    # BENCH_RATE_SCEN=1
+    if [ "${BENCH_RATE_SCEN:-0}" = 1 ]; then
+        BENCH_SCEN+=(em_hot_rate)
+        BENCH_NAME[em_hot_rate]="earmark, 1 hot account, rate limit on (10^8 a minute)"
+        BENCH_ARGS[em_hot_rate]="earmark_hot.sql -D account=hot"
+        BENCH_OPTS[em_hot_rate]="-c earmark.rate_limit=100000000"
+    fi
     BENCH_NAME[ref_hot]="reference (PL/pgSQL), 1 hot account"
     BENCH_ARGS[ref_hot]="ref_hot.sql -D account=hot"
     if [ "$BENCH_ESCROW" = 1 ]; then
