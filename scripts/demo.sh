@@ -30,8 +30,12 @@ em_psql -d postgres -c "CREATE DATABASE $DEMO_DB"
 em_psql -d "$DEMO_DB" -c "CREATE EXTENSION earmark"
 
 em_log "compiling the lab program"
-gcc -std=c11 -O2 -Wall -Wextra -Werror -I"$("$EM_PGBIN/pg_config" --includedir)" \
-    "$EM_ROOT/test/lab/earmark_lab.c" -L"$("$EM_PGBIN/pg_config" --libdir)" -lpq -lpthread \
+# the headers and libpq of the system's PostgreSQL: a private copy of it
+# (EM_PREFIX) holds the server's programs and libraries only
+PGC=/usr/lib/postgresql/15/bin/pg_config
+[ -x "$PGC" ] || PGC="$EM_PGBIN/pg_config"
+gcc -std=c11 -O2 -Wall -Wextra -Werror -I"$("$PGC" --includedir)" \
+    "$EM_ROOT/test/lab/earmark_lab.c" -L"$("$PGC" --libdir)" -lpq -lpthread \
     -o "$DEMO_TMP/earmark_lab"
 
 em_log "running the lab and the load (database $DEMO_DB)"
