@@ -94,7 +94,7 @@ is "$new" 1 "after SIGTERM the worker is restarted"
 #    nothing committed is lost and sweeping resumes
 q -d postgres -c "SELECT earmark_set_limit('crash', 100000)" >/dev/null
 for i in $(seq 1 20); do
-    j=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('crash', 1000, 'c$i')")
+    j=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('crash', 1000, 'c$i', lease => '1 hour')")
     q -d postgres -c "SELECT charged FROM earmark_charge('crash', $j, $i)" >/dev/null
     [ $((i % 2)) -eq 0 ] && q -d postgres -c "SELECT charged FROM earmark_settle('crash', $j)" >/dev/null
 done
