@@ -234,7 +234,7 @@ GRANT EXECUTE ON FUNCTION earmark_refresh_limits(text) TO earmark_user;
 GRANT EXECUTE ON FUNCTION earmark_report(int), earmark_reconcile(text, text) TO earmark_admin;
 
 ------------------------------------------------------------------------------
--- Invariant check (DESIGN §4)
+-- Invariant check (docs/design.md, "Invariants")
 ------------------------------------------------------------------------------
 
 -- One row per violated invariant; none when the books are sound.  Reads

@@ -71,7 +71,7 @@ CREATE TABLE earmark.budget (
     cycle_end   timestamptz NOT NULL,
     used        bigint NOT NULL DEFAULT 0,
     held        bigint NOT NULL DEFAULT 0,
-    -- escrow (DESIGN §5): slots > 0 splits the budget's free room into
+    -- escrow (docs/design.md, "Escrow for hot accounts"): slots > 0 splits the budget's free room into
     -- that many earmark.budget_slot rows.  used and held above then count
     -- only what passed outside the slots; slot_lim and slot_gen are the
     -- limit and generation of the last rebalance.
