@@ -5,9 +5,10 @@
  *	  when earmark is in shared_preload_libraries, asks for its shared
  *	  memory and registers the launcher (launcher.c).
  *
- *	  Shared memory: three areas, asked for and made here, owned by the
+ *	  Shared memory: four areas, asked for and made here, owned by the
  *	  files that use them: the cooldowns (cooldown.c), the admission rate
- *	  limit (ratelimit.c) and the launcher's slots (launcher.c).  They are
+ *	  limit (ratelimit.c), automatic escrow's contention counts
+ *	  (contention.c) and the launcher's slots (launcher.c).  They are
  *	  made under AddinShmemInitLock, the one lock this file takes.
  *	  Loaded without preloading, there is none of them.
  *
@@ -20,6 +21,7 @@
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
 
+#include "contention.h"
 #include "cooldown.h"
 #include "launcher.h"
 #include "ratelimit.h"
@@ -39,6 +41,7 @@ em_shmem_request(void)
 		prev_shmem_request_hook();
 	RequestAddinShmemSpace(MAXALIGN(em_cooldown_shmem_size()));
 	RequestAddinShmemSpace(MAXALIGN(em_rate_shmem_size()));
+	RequestAddinShmemSpace(MAXALIGN(em_contention_shmem_size()));
 	RequestAddinShmemSpace(MAXALIGN(em_launcher_shmem_size()));
 }
 
@@ -50,6 +53,7 @@ em_shmem_startup(void)
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 	em_cooldown_shmem_init();
 	em_rate_shmem_init();
+	em_contention_shmem_init();
 	em_launcher_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }

@@ -622,15 +622,37 @@ static EmStatement set_account_slots = {
 	2, {TEXTOID, INT4OID}
 };
 
+/* the account's budgets of cycles not ended, or only budget $3 */
 static EmStatement set_budget_slots = {
-	"UPDATE earmark.budget SET slots = $2 WHERE account = $1 AND cycle_end > pg_catalog.now()",
-	2, {TEXTOID, INT4OID}
+	"UPDATE earmark.budget SET slots = $2 "
+	"WHERE account = $1 AND cycle_end > pg_catalog.now() AND budget_id = coalesce($3, budget_id)",
+	3, {TEXTOID, INT4OID, INT8OID}
 };
 
 /*
+ * Give a budget this many slots (budget_id 0: every budget of the account
+ * whose cycle has not ended).  The next admission that finds no free slot
+ * rebalances into the new number, under the budget row's lock; slots
+ * beyond it are drained.  earmark_set_escrow, and automatic escrow for
+ * the one budget whose row the caller holds (gate.c).
+ */
+void
+em_escrow_set_slots(text *account, int64 budget_id, int slots)
+{
+	Datum		args[3];
+	char		nulls[3] = {' ', ' ', ' '};
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int32GetDatum(slots);
+	args[2] = Int64GetDatum(budget_id);
+	nulls[2] = budget_id == 0 ? 'n' : ' ';
+	em_exec(&set_budget_slots, args, nulls, 0);
+}
+
+/*
  * Split the account's budgets into this many slots (0: no escrow).  The
- * next admission that finds no free slot rebalances into the new number;
- * slots beyond it are drained.
+ * number is the account's own (escrow_slots, NULL when never set), and
+ * wins over automatic escrow from then on, 0 included.
  */
 Datum
 earmark_set_escrow(PG_FUNCTION_ARGS)
@@ -655,7 +677,7 @@ earmark_set_escrow(PG_FUNCTION_ARGS)
 	args[0] = PointerGetDatum(account);
 	args[1] = Int32GetDatum(slots);
 	/* budget rows before the account row: the order reserve keeps */
-	em_exec(&set_budget_slots, args, NULL, 0);
+	em_escrow_set_slots(account, 0, slots);
 	em_exec(&set_account_slots, args, NULL, 0);
 	if (SPI_processed == 0)
 		ereport(ERROR,

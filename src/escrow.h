@@ -26,5 +26,6 @@ extern EmAdmit em_escrow_fast(EmHold *h, TimestampTz cycle_start, int slots,
 							  EscrowNumbers *numbers);
 extern EmAdmit em_escrow_rebalance(EmHold *h, EmBudget *b, int64 *remaining);
 extern int	em_random_slot(int slots);
+extern void em_escrow_set_slots(text *account, int64 budget_id, int slots);
 
 #endif							/* EARMARK_ESCROW_H */

@@ -16,7 +16,9 @@
  *	    rate limit then updates the account row: budget before account, as
  *	    in earmark_set_account.  Creating a cycle's budget row first takes
  *	    the account's advisory lock shared (see account.c).  Escrow's fast
- *	    path locks one slot, never waiting (escrow.c).
+ *	    path locks one slot, never waiting (escrow.c).  Automatic escrow
+ *	    gives slots to the budget row reserve holds (contention.c counts
+ *	    the reserves queued on it, under a spinlock, no lock).
  *	  - sweep locks a budget row (earmark_sweep waits only for the first
  *	    budget of a call, the worker for none: SKIP LOCKED), then its dead
  *	    job rows with SKIP LOCKED.
@@ -54,6 +56,7 @@
 #include "account.h"
 #include "budget.h"
 #include "cluster.h"
+#include "contention.h"
 #include "earmark.h"
 #include "escrow.h"
 #include "gate.h"
@@ -173,6 +176,7 @@ typedef struct Reserve
 	bool		has_anchor;
 	TimestampTz anchor;
 	int			escrow_slots;
+	bool		auto_escrow;	/* no own number: contention may give slots */
 	EmBudget	b;
 	Admission  *result;
 	bool		rate_counted;	/* the rate limit counted this call */
@@ -185,14 +189,14 @@ typedef struct Reserve
  * not exist (so its limit is unknown).
  */
 static EmStatement reserve_start = {
-	"SELECT a.cycle_anchor, coalesce(a.escrow_slots, $4), a.limits_fetched_at, "
+	"SELECT a.cycle_anchor, a.escrow_slots, a.limits_fetched_at, "
 	"       a.limits_wanted_at IS NOT NULL, l.account IS NOT NULL, l.source, "
 	"       j.job_id, j.amount, j.feature, j.budget_id, l.lim "
 	"FROM earmark.account a "
 	"LEFT JOIN earmark.account_limit l ON l.account = a.account AND l.feature = $3 "
 	"LEFT JOIN earmark.job j ON j.account = a.account AND j.idempotency_key = $2 "
 	"WHERE a.account = $1",
-	4, {TEXTOID, TEXTOID, TEXTOID, INT4OID}
+	3, {TEXTOID, TEXTOID, TEXTOID}
 };
 enum
 {
@@ -318,7 +322,7 @@ static bool
 start_reserve(Reserve *r)
 {
 	Admission  *result = r->result;
-	Datum		args[4];
+	Datum		args[3];
 	bool		isnull;
 	EmLimitAge	age;
 	Datum		d;
@@ -328,7 +332,6 @@ start_reserve(Reserve *r)
 	args[0] = PointerGetDatum(r->h.account);
 	args[1] = PointerGetDatum(r->h.key);
 	args[2] = PointerGetDatum(r->h.feature);
-	args[3] = Int32GetDatum(earmark_escrow_slots);
 	em_exec(&reserve_start, args, NULL, 1);
 	if (SPI_processed == 0)
 	{
@@ -363,7 +366,10 @@ start_reserve(Reserve *r)
 	d = em_get(0, RS_ANCHOR, &isnull);
 	r->has_anchor = !isnull;
 	r->anchor = isnull ? 0 : DatumGetTimestampTz(d);
-	r->escrow_slots = (int) em_get_int64(0, RS_ESCROW_SLOTS, 0);
+	/* the account's own number (0 included) wins over automatic escrow */
+	(void) em_get(0, RS_ESCROW_SLOTS, &isnull);
+	r->escrow_slots = (int) em_get_int64(0, RS_ESCROW_SLOTS, earmark_escrow_slots);
+	r->auto_escrow = isnull && earmark_auto_escrow_slots > 0;
 	d = em_get(0, RS_LIM, &isnull);
 	result->unlimited = isnull;
 	r->no_budget_remaining = isnull ? 0 : DatumGetInt64(d);
@@ -375,8 +381,10 @@ start_reserve(Reserve *r)
  * the budget row.  Not under REPEATABLE READ or SERIALIZABLE: the fast path
  * reads the limit and the recorded usage without a lock, in the
  * transaction's snapshot, which may be older than a lower limit or usage
- * committed before this call; the slow path checks them.  True when the
- * reserve is answered.
+ * committed before this call; the slow path checks them.  Only for a
+ * budget with slots: the account's number, or automatic escrow's flag
+ * (contention.c), so that a budget without slots pays no statement here.
+ * True when the reserve is answered.
  */
 static bool
 fast_path(Reserve *r)
@@ -386,7 +394,10 @@ fast_path(Reserve *r)
 	EscrowNumbers n;
 	int64		held;
 
-	if (r->escrow_slots <= 0 || IsolationUsesXactSnapshot())
+	if (IsolationUsesXactSnapshot())
+		return false;
+	if (r->escrow_slots <= 0 &&
+		!(r->auto_escrow && em_contention_escrowed(r->h.account, r->h.feature)))
 		return false;
 	em_cycle_bounds(r->anchor, r->has_anchor, r->h.now, &start, &end);
 	switch (em_escrow_fast(&r->h, start, r->escrow_slots, &n))
@@ -663,14 +674,40 @@ rate_limited(Reserve *r)
 	return true;
 }
 
+/*
+ * Automatic escrow, with the budget row locked: when enough reserves are
+ * queued on it (this one included, contention.c), give the budget slots,
+ * as earmark_set_escrow would; the rebalance below cuts them under this
+ * lock, so the limit stays as exact as with slots given by hand.  Also
+ * tells the fast path whether the budget has slots.
+ */
+static void
+auto_escrow(Reserve *r)
+{
+	bool		escrowed = r->b.slots > 0;
+	int			inside = em_contention_inside(escrowed);
+
+	if (escrowed || inside < earmark_auto_escrow_contenders)
+		return;
+	em_escrow_set_slots(r->h.account, r->b.budget_id, earmark_auto_escrow_slots);
+	r->b.slots = earmark_auto_escrow_slots;
+	(void) em_contention_inside(true);
+}
+
 static void
 do_reserve(Reserve *r)
 {
 	int64		remaining = 0;
 	EmAdmit		a;
 
-	if (start_reserve(r) || rate_limited(r) || fast_path(r) || !lock_cycle(r))
+	if (start_reserve(r) || rate_limited(r) || fast_path(r))
 		return;
+	if (r->auto_escrow)
+		em_contention_enter(r->h.account, r->h.feature);
+	if (!lock_cycle(r))
+		return;
+	if (r->auto_escrow)
+		auto_escrow(r);
 	if (r->b.slots > 0 || r->b.slot_gen > 0)
 	{
 		/* an escrow budget: the slow path rebalances its slots */
@@ -687,6 +724,7 @@ do_reserve(Reserve *r)
  * do_reserve, and the rate limit's count given back unless it admitted a
  * new job: also when it raises (an amount that would pass the largest
  * bigint, a serialization failure), or bad input would use up the rate.
+ * The slow path's contention count is taken back either way.
  */
 static void
 reserve_counted(Reserve *r)
@@ -697,11 +735,13 @@ reserve_counted(Reserve *r)
 	}
 	PG_CATCH();
 	{
+		em_contention_leave();
 		if (r->rate_counted)
 			em_rate_give_back(r->h.account);
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
+	em_contention_leave();
 	if (r->rate_counted && !(r->result->admitted && r->result->reason == NULL))
 		em_rate_give_back(r->h.account);
 }

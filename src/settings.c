@@ -39,6 +39,8 @@ int			earmark_rate_limit = 120;
 int			earmark_rate_accounts = 65536;
 int			earmark_debug_rate_clock_shift_s = 0;
 int			earmark_escrow_slots = 0;
+int			earmark_auto_escrow_slots = 64;
+int			earmark_auto_escrow_contenders = 3;
 
 /* webhooks */
 int			earmark_webhook_tolerance_s = 300;
@@ -180,6 +182,24 @@ em_define_admission_settings(void)
 							"Slots let admissions on one hot account run in parallel; see earmark_set_escrow.",
 							&earmark_escrow_slots,
 							0, 0, EARMARK_MAX_SLOTS,
+							PGC_SUSET,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("earmark.auto_escrow_slots",
+							"Escrow slots a contended budget gets by itself, when its account has no number of its own (0: never).",
+							"A budget is contended when earmark.auto_escrow_contenders reserves queue on its row; earmark_set_escrow wins.",
+							&earmark_auto_escrow_slots,
+							64, 0, EARMARK_MAX_SLOTS,
+							PGC_SUSET,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("earmark.auto_escrow_contenders",
+							"Reserves on a budget row's lock at once (the holder included) that make the budget contended.",
+							"Needs earmark in shared_preload_libraries; see earmark.auto_escrow_slots.",
+							&earmark_auto_escrow_contenders,
+							3, 1, 10000,
 							PGC_SUSET,
 							0,
 							NULL, NULL, NULL);

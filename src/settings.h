@@ -39,6 +39,8 @@ extern int	earmark_rate_limit;
 extern int	earmark_rate_accounts;	/* fixed at server start when preloaded */
 extern int	earmark_debug_rate_clock_shift_s;
 extern int	earmark_escrow_slots;	/* the default slots of a new budget */
+extern int	earmark_auto_escrow_slots;	/* slots of a contended budget */
+extern int	earmark_auto_escrow_contenders; /* reserves queued: contended */
 
 /* ---------------------------------------------------------------------
  * Webhooks (intake.c, inbox.c)
