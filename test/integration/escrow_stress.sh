@@ -24,9 +24,13 @@
 # (A then B, B then A), then settling the two jobs.  No transaction may fail
 # (a deadlock would be counted by pgbench as a failed transaction).
 #
+# Phase 3: automatic escrow: a hot account with no escrow call gets its
+# slots under load, and the limit and books hold (below).
+#
 # ESCROW_STRESS_SECONDS / ESCROW_STRESS_CLIENTS / ESCROW_STRESS_LIMIT /
 # ESCROW_STRESS_LEASE override phase 1's run (the length of a round,
-# clients, limit, lease in seconds).
+# clients, limit, lease in seconds); ESCROW_STRESS_AUTO_LIMIT and
+# ESCROW_STRESS_AUTO_CLIENTS phase 3's.
 
 source "$(dirname "$0")/tap.sh"
 DB=earmark_stress
@@ -301,5 +305,65 @@ is "$(qd -c "SELECT count(*) FROM (VALUES ('pair_a'), ('pair_b')) a(account), ea
              WHERE eb.used <> (SELECT coalesce(sum(units), 0) FROM earmark.ledger l JOIN earmark.budget b USING (budget_id) WHERE b.account = a.account)
                 OR eb.held <> (SELECT coalesce(sum(amount), 0) FROM earmark.job j WHERE j.account = a.account AND j.status IN ('running', 'capped'))")" 0 \
    "phase 2: used and held of both accounts match the ledger and the open holds"
+
+# ---------------------------------------------------------------------------
+# Phase 3: automatic escrow.  Account "auto" (limit AUTO_LIMIT) has no
+# escrow call: AUTO_CLIENTS clients queue on its budget row until the
+# reserve holding it gives the budget earmark.auto_escrow_slots (64)
+# slots; the rate limit is on at a rate never reached (as the benchmark's
+# hot account).  Each transaction reserves 1..500, then settles at half in
+# its own transaction; the limit is reached during the run.  In rounds of
+# PAIR_SECS until the budget got its slots, jobs went through them and
+# reserves were refused (10 rounds at most).  The sampler checks the books
+# as in phase 1.
+AUTO_LIMIT=${ESCROW_STRESS_AUTO_LIMIT:-100000}
+AUTO_CLIENTS=${ESCROW_STRESS_AUTO_CLIENTS:-30}
+qd -c "SELECT earmark_set_limit('auto', $AUTO_LIMIT)" >/dev/null
+ok $? "account auto: limit $AUTO_LIMIT, no escrow call"
+cat >"$TMP/auto.sql" <<'EOF'
+\set amt random(1, 500)
+WITH r AS (SELECT * FROM earmark_reserve('auto', :amt, 'a' || nextval('stress_key'), lease => '30 seconds')),
+     x AS (INSERT INTO stress_refusal SELECT 'auto', :amt, r.reason FROM r WHERE NOT r.admitted)
+SELECT coalesce((SELECT job_id FROM r), 0) AS jid \gset
+\if :jid > 0
+SELECT status FROM earmark_settle('auto', :jid, :amt / 2);
+\endif
+EOF
+start_sampler auto
+rc=0
+failed=0
+rounds=0
+while :; do
+    rounds=$((rounds + 1))
+    PGOPTIONS='-c earmark.rate_limit=100000000' "$PGBENCH" -n -d "$DB" -c "$AUTO_CLIENTS" -j 4 -T "$PAIR_SECS" \
+        -f "$TMP/auto.sql" >"$TMP/bench3.out" 2>"$TMP/bench3.err" || rc=1
+    if grep -q 'aborted' "$TMP/bench3.err"; then rc=1; fi
+    [ "$rc" != 0 ] && grep -m 5 -i 'error\|abort' "$TMP/bench3.err" | sed 's/^/# /'
+    failed=$((failed + $(pgbench_failed "$TMP/bench3.out")))
+    auto_slots=$(num "$(qd -c "SELECT coalesce(max(slots), 0) FROM earmark.budget WHERE account = 'auto'")")
+    auto_in_slots=$(num "$(qd -c "SELECT count(*) FROM earmark.job WHERE account = 'auto' AND slot IS NOT NULL")")
+    auto_refused=$(num "$(qd -c "SELECT count(*) FROM stress_refusal WHERE account = 'auto'")")
+    [ "$rc" != 0 ] && break
+    [ "$auto_slots" -gt 0 ] && [ "$auto_in_slots" -gt 0 ] && [ "$auto_refused" -gt 0 ] && break
+    [ "$rounds" -ge 10 ] && break
+done
+stop_sampler
+is "$rc" 0 "phase 3: pgbench ran to the end (no client aborted)"
+is "$failed" 0 "phase 3: no failed transaction"
+bad=$(grep -vc '^t t t ' "$TMP/samples")
+is "$bad" 0 "phase 3: no sample over the limit or with books off ($(cat "$TMP/samples" 2>/dev/null | grep -c .) samples)"
+is "$(qd -c "SELECT coalesce(escrow_slots, -1) FROM earmark.account WHERE account = 'auto'")" -1 \
+   "phase 3: the account has no escrow number of its own"
+is "$auto_slots" 64 "phase 3: the contended budget got earmark.auto_escrow_slots slots by itself"
+diag "phase 3: $auto_in_slots jobs through slots, $auto_refused refused, $rounds rounds"
+ok "$(( auto_in_slots > 0 ? 0 : 1 ))" "phase 3: jobs were admitted through the automatic slots"
+ok "$(( auto_refused > 0 ? 0 : 1 ))" "phase 3: the limit was reached: some reserves were refused"
+read -r used held lim <<<"$(qd -F ' ' -c "SELECT used, held, lim FROM earmark_budget('auto')")"
+diag "phase 3: limit $lim, used $used, held $held"
+ok "$(( used + held <= lim ? 0 : 1 ))" "phase 3: used + held <= limit at the end"
+is "$used" "$(qd -c "SELECT coalesce(sum(units), 0) FROM earmark.ledger WHERE account = 'auto'")" \
+   "phase 3: used over budget and slots equals the ledger sum"
+is "$held" "$(qd -c "SELECT coalesce(sum(amount), 0) FROM earmark.job WHERE account = 'auto' AND status IN ('running', 'capped')")" \
+   "phase 3: held over budget and slots equals the open holds"
 
 done_testing
