@@ -305,9 +305,9 @@ event_budget(UsageBatch *ub, UsageEvent *e, bool has_anchor, TimestampTz anchor)
 /*
  * Write the pending events: their cycles' mark locks (shared, as a single
  * call takes it), then one statement (em_entry_keys, entries.c: the rows,
- * one counter row per cycle and the cycles' marks).  An event whose key another
- * transaction wrote meanwhile is a repeat of it (or EM001), as in a single
- * call.
+ * one counter row per cycle and the cycles' marks).  An event whose key
+ * another transaction wrote meanwhile is a repeat of it (or EM001), as in
+ * a single call.
  */
 static void
 flush_pending(UsageBatch *ub)

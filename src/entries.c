@@ -17,9 +17,10 @@
  *	  Locks: none of its own.  A key's row waits, on the ledger's unique
  *	  index, for a concurrent writer of the same key; the single-node
  *	  settlement updates (and so locks) the budget row.  The callers hold
- *	  what these rows need: the cycle's mark lock, shared, before a
- *	  statement that may find the mark there (budget.c), and a job's row
- *	  lock before its row is written (gate.c, budget.c).
+ *	  what the rows need: the cycle's mark lock, shared, taken before any
+ *	  row is written (budget.c: the reporter never deletes a mark whose
+ *	  usage it has not seen), and the job row's lock before a job's row
+ *	  (gate.c, budget.c).
  *
  *	  Every statement names the account (account = $1 on every relation),
  *	  so that on Citus it runs on the account's shard alone; the statements
