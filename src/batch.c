@@ -21,12 +21,16 @@
  *
  *	  record_usage takes the account's advisory lock (shared) once, looks
  *	  every key up in one statement, and writes the new events' ledger rows,
- *	  counters and marks in one statement per run of events (ledger.c's
- *	  record_row, for many rows: the cycle's mark lock in share mode, then one
+ *	  counters and marks in one statement per run of events (entries.c's
+ *	  key row, for many rows: the cycle's mark lock in share mode, then one
  *	  counter row per cycle).  What has to see the events before it goes
  *	  through the single call's steps after the events before it are
  *	  written: a correction (its check against the cycle's total), and a key
  *	  repeated within the batch (its repeat check).
+ *
+ *	  Tables: earmark.ledger (the batch's keys looked up here; its rows,
+ *	  with their counters and marks, written through entries.c); the rest
+ *	  through the single calls' steps (gate.c, ledger.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -45,9 +49,9 @@
 #include "budget.h"
 #include "cluster.h"
 #include "earmark.h"
+#include "entries.h"
 #include "gate.h"
 #include "ledger.h"
-#include "settings.h"
 #include "spi.h"
 
 PG_FUNCTION_INFO_V1(earmark_record_usage_many);
@@ -203,31 +207,6 @@ static EmStatement keys_known = {
 	2, {TEXTOID, TEXTARRAYOID}
 };
 
-/*
- * The new events' ledger rows, one counter row per cycle and the cycles'
- * marks, in one statement: record_row of ledger.c for many rows.  It
- * returns the position (in the arrays) of each row it wrote; a key another
- * transaction wrote meanwhile is waited for and skipped.
- */
-static EmStatement record_rows = {
-	"WITH e AS (SELECT * FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::bigint[]), "
-	"                                    pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::timestamptz[])) "
-	"           WITH ORDINALITY AS e (budget_id, units, entry_key, occurred_at, n)),"
-	" l AS (INSERT INTO earmark.ledger (account, budget_id, units, entry_key, occurred_at, recorded_at)"
-	"       SELECT $1, e.budget_id, e.units, e.entry_key, e.occurred_at, $7 FROM e ORDER BY e.n"
-	"       ON CONFLICT (account, entry_key) WHERE entry_key IS NOT NULL DO NOTHING"
-	"       RETURNING budget_id, units, entry_key),"
-	" c AS (INSERT INTO earmark.usage_shard AS u (account, budget_id, shard, units)"
-	"       SELECT $1, l.budget_id, $6, pg_catalog.sum(l.units)::bigint FROM l GROUP BY l.budget_id"
-	"       ON CONFLICT (account, budget_id, shard) DO UPDATE SET units = u.units + excluded.units"
-	"       RETURNING budget_id),"
-	" m AS (INSERT INTO earmark.meter_mark (account, budget_id)"
-	"       SELECT $1, c.budget_id FROM c ON CONFLICT DO NOTHING) "
-	"SELECT e.n FROM e JOIN l ON l.entry_key = e.entry_key",
-	7, {TEXTOID, INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, INT4OID,
-	TIMESTAMPTZOID}
-};
-
 static int
 text_cmp(text *a, text *b)
 {
@@ -325,9 +304,10 @@ event_budget(UsageBatch *ub, UsageEvent *e, bool has_anchor, TimestampTz anchor)
 
 /*
  * Write the pending events: their cycles' mark locks (shared, as a single
- * call takes it), then one statement.  An event whose key another
- * transaction wrote meanwhile is a repeat of it (or EM001), as in a single
- * call.
+ * call takes it), then one statement (em_entry_keys, entries.c: the rows,
+ * one counter row per cycle and the cycles' marks).  An event whose key
+ * another transaction wrote meanwhile is a repeat of it (or EM001), as in
+ * a single call.
  */
 static void
 flush_pending(UsageBatch *ub)
@@ -337,8 +317,7 @@ flush_pending(UsageBatch *ub)
 	Datum	   *units;
 	Datum	   *keys;
 	Datum	   *times;
-	Datum		args[7];
-	uint64		r;
+	bool	   *written;
 	int			i;
 
 	if (n == 0)
@@ -348,6 +327,7 @@ flush_pending(UsageBatch *ub)
 	units = palloc(sizeof(Datum) * n);
 	keys = palloc(sizeof(Datum) * n);
 	times = palloc(sizeof(Datum) * n);
+	written = palloc(sizeof(bool) * n);
 	for (i = 0; i < n; i++)
 	{
 		UsageEvent *e = &ub->ev[ub->pending[i]];
@@ -359,18 +339,15 @@ flush_pending(UsageBatch *ub)
 	}
 	for (i = 0; i < ub->nbudgets; i++)
 		em_mark_lock(ub->budgets[i].budget_id);
-	args[0] = PointerGetDatum(ub->account);
-	args[1] = PointerGetDatum(construct_array(budget_ids, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-	args[2] = PointerGetDatum(construct_array(units, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-	args[3] = PointerGetDatum(construct_array(keys, n, TEXTOID, -1, false, TYPALIGN_INT));
-	args[4] = PointerGetDatum(construct_array(times, n, TIMESTAMPTZOID, 8, FLOAT8PASSBYVAL,
-											  TYPALIGN_DOUBLE));
-	args[5] = Int32GetDatum((int32) pg_prng_uint64_range(&pg_global_prng_state, 0,
-														 EARMARK_USAGE_SHARDS - 1));
-	args[6] = TimestampTzGetDatum(ub->now);
-	em_exec(&record_rows, args, NULL, 0);
-	for (r = 0; r < SPI_processed; r++)
-		ub->ev[ub->pending[em_get_int64((int) r, 1, 0) - 1]].recorded = true;
+	em_entry_keys(ub->account, n, budget_ids, units, keys, times,
+				  (int32) pg_prng_uint64_range(&pg_global_prng_state, 0,
+											   EARMARK_USAGE_SHARDS - 1),
+				  ub->now, written);
+	for (i = 0; i < n; i++)
+	{
+		if (written[i])
+			ub->ev[ub->pending[i]].recorded = true;
+	}
 
 	/* keys a concurrent transaction wrote first: the same usage, or EM001 */
 	for (i = 0; i < n; i++)
@@ -510,28 +487,6 @@ earmark_record_usage_many(PG_FUNCTION_ARGS)
  * ---------------------------------------------------------------------
  */
 
-/* the lease for every job of the call: earmark_reserve's rule */
-static Interval *
-batch_lease(FunctionCallInfo fcinfo, int argno, TimestampTz now)
-{
-	Interval   *lease;
-
-	if (PG_ARGISNULL(argno))
-	{
-		lease = palloc0(sizeof(Interval));
-		lease->time = (int64) earmark_lease_s * USECS_PER_SEC;
-		return lease;
-	}
-	lease = PG_GETARG_INTERVAL_P(argno);
-	if (DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
-												TimestampTzGetDatum(now),
-												IntervalPGetDatum(lease))) <= now)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lease must be longer than zero")));
-	return lease;
-}
-
 Datum
 earmark_reserve_many(PG_FUNCTION_ARGS)
 {
@@ -557,7 +512,8 @@ earmark_reserve_many(PG_FUNCTION_ARGS)
 	features = arg_array(fcinfo, 3, "features", TEXTOID, false);
 	same_length(&amounts, "amounts", &keys, "idempotency_keys");
 	same_length(&amounts, "amounts", &features, "features");
-	lease = batch_lease(fcinfo, 4, GetCurrentTimestamp());
+	/* the lease for every job of the call: earmark_reserve's rule */
+	lease = em_arg_lease(fcinfo, 4, GetCurrentTimestamp());
 	amount = palloc(sizeof(int64) * Max(amounts.n, 1));
 	key = palloc(sizeof(text *) * Max(amounts.n, 1));
 	feature = palloc(sizeof(text *) * Max(amounts.n, 1));

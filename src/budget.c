@@ -8,7 +8,8 @@
  *	  ledger (ledger.c) creates budget rows and takes mark locks here too.
  *
  *	  Tables: earmark.budget, earmark.job (inserted and expired here),
- *	  earmark.ledger and earmark.meter_mark (an expiry's rows).
+ *	  earmark.ledger (an expiry's rows, written through entries.c) and
+ *	  earmark.meter_mark (its mark).
  *
  *	  Locks: the budget row FOR UPDATE (em_budget_lock; the callers hold
  *	  it for the rest of their transaction); dead job rows FOR UPDATE SKIP
@@ -43,6 +44,7 @@
 
 #include "budget.h"
 #include "earmark.h"
+#include "entries.h"
 #include "settings.h"
 #include "spi.h"
 
@@ -251,12 +253,6 @@ static EmStatement expire_locked_jobs = {
 	3, {TEXTOID, INT8ARRAYOID, TIMESTAMPTZOID}
 };
 
-static EmStatement expiry_ledger = {
-	"INSERT INTO earmark.ledger (account, budget_id, units, job_id, occurred_at) "
-	"VALUES ($1, $2, $3, $4, $5)",
-	5, {TEXTOID, INT8OID, INT8OID, INT8OID, TIMESTAMPTZOID}
-};
-
 static EmStatement insert_mark = {
 	"INSERT INTO earmark.meter_mark (account, budget_id) VALUES ($1, $2) "
 	"ON CONFLICT DO NOTHING",
@@ -309,7 +305,7 @@ int64
 em_budget_expire(text *account, int64 budget_id, TimestampTz now, int max,
 				 bool wait, int64 *released, int64 *charged)
 {
-	Datum		args[5];
+	Datum		args[3];
 	Datum	   *ids;
 	int			n;
 	int			i;
@@ -344,16 +340,11 @@ em_budget_expire(text *account, int64 budget_id, TimestampTz now, int max,
 		*charged += used[i];
 	}
 
-	args[0] = PointerGetDatum(account);
-	args[1] = Int64GetDatum(budget_id);
-	args[4] = TimestampTzGetDatum(now);
 	for (i = 0; i < expired; i++)
 	{
 		if (used[i] <= 0)
 			continue;
-		args[2] = Int64GetDatum(used[i]);
-		args[3] = Int64GetDatum(job_ids[i]);
-		em_exec(&expiry_ledger, args, NULL, 0);
+		em_entry_job(account, budget_id, used[i], job_ids[i], now);
 		wrote = true;
 	}
 	if (wrote)

@@ -53,7 +53,7 @@
 
 /* first key of the advisory locks earmark takes ("earm") */
 #define EARMARK_ADVISORY_CLASS	0x6561726d
-/* first key of the meter mark locks ("emmk"), see ledger.c */
+/* first key of the meter mark locks ("emmk"), see budget.c */
 #define EARMARK_MARK_CLASS		0x656d6d6b
 
 #endif							/* EARMARK_H */

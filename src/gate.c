@@ -6,8 +6,9 @@
  *
  *	  Tables: earmark.job (the holds), earmark.budget (through budget.c,
  *	  and a settlement's held and used), earmark.budget_slot (a settlement
- *	  of a hold taken from a slot), earmark.ledger and earmark.meter_mark
- *	  (a row and a mark per settlement that charged something).
+ *	  of a hold taken from a slot), earmark.ledger (through entries.c) and
+ *	  earmark.meter_mark (a row and a mark per settlement that charged
+ *	  something).
  *
  *	  Locks, and why they cannot deadlock among themselves:
  *	  - reserve locks the budget row FOR UPDATE (check and hold in one
@@ -36,7 +37,7 @@
  *	  Every statement names the account (account = $1 on every relation),
  *	  so that on Citus it runs on the account's shard alone; the one
  *	  statement of several writes (a settlement's budget, ledger row and
- *	  mark, settle_budget_local) runs only on a single node.  A lease end
+ *	  mark, em_entry_settle_local) runs only on a single node.  A lease end
  *	  computed from a column is done in UTC timestamps, which Citus accepts
  *	  in an UPDATE (timestamptz + interval is only STABLE).
  *
@@ -58,6 +59,7 @@
 #include "cluster.h"
 #include "contention.h"
 #include "earmark.h"
+#include "entries.h"
 #include "escrow.h"
 #include "gate.h"
 #include "limit_cache.h"
@@ -746,9 +748,9 @@ reserve_counted(Reserve *r)
 		em_rate_give_back(r->h.account);
 }
 
-/* the lease argument, or earmark.lease */
-static Interval *
-arg_lease(FunctionCallInfo fcinfo, int argno, TimestampTz now)
+/* the lease argument, or earmark.lease (also earmark_reserve_many's) */
+Interval *
+em_arg_lease(FunctionCallInfo fcinfo, int argno, TimestampTz now)
 {
 	Interval   *lease;
 
@@ -783,7 +785,7 @@ earmark_reserve(PG_FUNCTION_ARGS)
 	r.h.feature = em_arg_name(fcinfo, 3, "feature");
 	r.h.now = GetCurrentTimestamp();
 	check_positive(r.h.amount, "amount");
-	r.h.lease = arg_lease(fcinfo, 4, r.h.now);
+	r.h.lease = em_arg_lease(fcinfo, 4, r.h.now);
 	r.h.lease_until = add_interval(r.h.now, r.h.lease);
 	r.result = &result;
 	em_require_account_local(r.h.account);
@@ -1112,12 +1114,6 @@ static EmStatement settle_slot = {
 	5, {TEXTOID, INT8OID, INT4OID, INT8OID, INT8OID}
 };
 
-static EmStatement settle_ledger = {
-	"INSERT INTO earmark.ledger (account, budget_id, units, job_id, occurred_at) "
-	"VALUES ($1, $2, $3, $4, $5)",
-	5, {TEXTOID, INT8OID, INT8OID, INT8OID, TIMESTAMPTZOID}
-};
-
 static EmStatement budget_slot_count = {
 	"SELECT slots FROM earmark.budget WHERE account = $1 AND budget_id = $2",
 	2, {TEXTOID, INT8OID}
@@ -1179,58 +1175,32 @@ settle_release(text *account, Job *j, Settle *s)
 }
 
 /*
- * The same for a hold in the budget row on a single node: the release,
- * the ledger row and the mark in one statement (two statements fewer).
- * The ledger row and the mark are written only after the budget row's
- * update, which they depend on: l reads b and the main statement reads l,
- * so b runs first.  Not on Citus, which plans a statement of several
- * writes in steps whose intermediate results go to every node: there
- * write_settlement's statements run one after another.
- */
-static EmStatement settle_budget_local = {
-	"WITH b AS (UPDATE earmark.budget SET held = held - $3, used = used + $4 "
-	"           WHERE account = $1 AND budget_id = $2 RETURNING 1),"
-	" l AS (INSERT INTO earmark.ledger (account, budget_id, units, job_id, occurred_at) "
-	"       SELECT $1, $2, $4, $5, $6 WHERE $4 > 0 AND EXISTS (SELECT 1 FROM b) RETURNING 1) "
-	"INSERT INTO earmark.meter_mark (account, budget_id) "
-	"SELECT $1, $2 WHERE EXISTS (SELECT 1 FROM l) ON CONFLICT DO NOTHING",
-	6, {TEXTOID, INT8OID, INT8OID, INT8OID, INT8OID, TIMESTAMPTZOID}
-};
-
-/*
  * What follows from a settlement written by settle_job (the job row is
  * locked): the release into the budget or a slot, the ledger row and the
- * cycle's mark.
+ * cycle's mark.  A hold in the budget row on a single node settles in one
+ * statement (em_entry_settle_local, entries.c: two statements fewer); not
+ * on Citus, which plans a statement of several writes in steps whose
+ * intermediate results go to every node: there the statements run one
+ * after another.
  */
 static void
 write_settlement(text *account, int64 job_id, Job *j, Settle *s, TimestampTz now)
 {
-	Datum		args[6];
 	bool		wrote_budget;
 
 	if (s->charged > 0)
 		em_mark_lock(j->budget_id); /* see budget.c */
 	if (!(j->has_slot && j->has_gen) && !em_distributed())
 	{
-		args[0] = PointerGetDatum(account);
-		args[1] = Int64GetDatum(j->budget_id);
-		args[2] = Int64GetDatum(j->amount);
-		args[3] = Int64GetDatum(s->charged);
-		args[4] = Int64GetDatum(job_id);
-		args[5] = TimestampTzGetDatum(now);
-		em_exec(&settle_budget_local, args, NULL, 0);
+		em_entry_settle_local(account, j->budget_id, j->amount, s->charged,
+							  job_id, now);
 		return;
 	}
 	wrote_budget = settle_release(account, j, s);
 	if (s->charged <= 0 || !wrote_budget)
 		return;
 
-	args[0] = PointerGetDatum(account);
-	args[1] = Int64GetDatum(j->budget_id);
-	args[2] = Int64GetDatum(s->charged);
-	args[3] = Int64GetDatum(job_id);
-	args[4] = TimestampTzGetDatum(now);
-	em_exec(&settle_ledger, args, NULL, 0);
+	em_entry_job(account, j->budget_id, s->charged, job_id, now);
 	em_mark_cycle(account, j->budget_id);
 }
 

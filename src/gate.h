@@ -12,6 +12,7 @@
 #include "postgres.h"
 
 #include "datatype/timestamp.h"
+#include "fmgr.h"
 
 /*
  * Settle up to max_jobs holds whose lease has passed, in the caller's SPI
@@ -46,5 +47,11 @@ extern void em_reserve_one(text *account, int64 amount, text *key, text *feature
 						   Interval *lease, TimestampTz now, EmReserveAnswer *out);
 extern void em_settle_one(text *account, int64 job_id, bool has_used, int64 used,
 						  const char *outcome, TimestampTz now, EmSettleAnswer *out);
+
+/*
+ * A reserve's lease argument: a positive interval, or earmark.lease when
+ * it is NULL (earmark_reserve's and earmark_reserve_many's).
+ */
+extern Interval *em_arg_lease(FunctionCallInfo fcinfo, int argno, TimestampTz now);
 
 #endif							/* EARMARK_GATE_H */

@@ -4,8 +4,8 @@
  *	  The usage ledger's writers and its counters: earmark_record_usage,
  *	  the cycle's meter mark, and a cycle's total read without a scan.
  *
- *	  Tables: earmark.ledger (append-only; keyed rows from here, job rows
- *	  from gate.c), earmark.usage_shard (64 counter rows per cycle),
+ *	  Tables: earmark.ledger (a key's row read here, written through
+ *	  entries.c), earmark.usage_shard (64 counter rows per cycle),
  *	  earmark.meter_mark, and earmark.budget rows, which are created here
  *	  on a cycle's first usage but not locked (a positive record touches no
  *	  budget row: that is what keeps many writers on one account apart).
@@ -43,6 +43,7 @@
 #include "budget.h"
 #include "cluster.h"
 #include "earmark.h"
+#include "entries.h"
 #include "ledger.h"
 #include "spi.h"
 
@@ -102,19 +103,12 @@ static EmStatement cycle_total = {
 };
 
 /*
- * The row, its counter and the cycle's mark: one single-table statement
- * after another, each naming the account, so that on Citus each runs on
- * the account's shard alone.  Nothing after the row when its key is
- * already taken (a concurrent writer of the same key is waited for by the
- * unique index, then conflicts).
+ * The row (entries.c), its counter and the cycle's mark: one single-table
+ * statement after another, each naming the account, so that on Citus each
+ * runs on the account's shard alone.  Nothing after the row when its key
+ * is already taken (a concurrent writer of the same key is waited for by
+ * the unique index, then conflicts).
  */
-static EmStatement record_row = {
-	"INSERT INTO earmark.ledger (account, budget_id, units, entry_key, occurred_at, recorded_at) "
-	"VALUES ($1, $2, $3, $4, $5, $6) "
-	"ON CONFLICT (account, entry_key) WHERE entry_key IS NOT NULL DO NOTHING",
-	6, {TEXTOID, INT8OID, INT8OID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
-};
-
 static EmStatement count_in_shard = {
 	"INSERT INTO earmark.usage_shard AS u (account, budget_id, shard, units) "
 	"VALUES ($1, $2, $3, $4) "
@@ -294,18 +288,13 @@ static bool
 write_usage(text *account, int64 budget_id, int64 units, text *key,
 			TimestampTz occurred_at, TimestampTz now)
 {
-	Datum		args[6];
+	Datum		args[4];
 
 	em_mark_lock(budget_id);
+	if (!em_entry_key(account, budget_id, units, key, occurred_at, now))
+		return false;
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
-	args[2] = Int64GetDatum(units);
-	args[3] = PointerGetDatum(key);
-	args[4] = TimestampTzGetDatum(occurred_at);
-	args[5] = TimestampTzGetDatum(now);
-	em_exec(&record_row, args, NULL, 0);
-	if (SPI_processed == 0)
-		return false;
 	args[2] = Int32GetDatum((int32) pg_prng_uint64_range(&pg_global_prng_state, 0,
 														 EARMARK_USAGE_SHARDS - 1));
 	args[3] = Int64GetDatum(units);

@@ -17,7 +17,9 @@
 #
 # Settings (environment, before ct_start):
 #   CT_PORT      the coordinator's port (default 55660); worker i listens on
-#                CT_PORT + i
+#                CT_PORT + i.  Where another program listens on one of
+#                these TCP ports, ct_start moves the block up (in steps of
+#                10) to the first free one and says so.
 #   CT_WORKERS   the number of workers (default 2)
 #   CT_PRELOAD   shared_preload_libraries (default 'citus'; Citus must come
 #                first, e.g. 'citus,earmark')
@@ -52,6 +54,42 @@ ct_require_citus() {
 }
 
 ct_port() { echo $((CT_PORT + $1)); }
+
+# ct_ports_free FIRST COUNT: whether COUNT TCP ports from FIRST can be bound
+# on 127.0.0.1, with SO_REUSEADDR as the postmaster binds them (so only a
+# listener, not a closed connection in TIME_WAIT, makes a port taken)
+ct_ports_free() {
+    python3 - "$1" "$2" <<'PY'
+import socket, sys
+first, count = int(sys.argv[1]), int(sys.argv[2])
+for port in range(first, first + count):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("127.0.0.1", port))
+        s.listen(1)
+    except OSError:
+        sys.exit(1)
+    finally:
+        s.close()
+PY
+}
+
+# ct_pick_ports: CT_PORT, or the first block of CT_WORKERS + 1 free ports
+# above it: the nodes listen on loopback TCP, where any program of the
+# machine may hold a port (a fixed port once failed a run this way)
+ct_pick_ports() {
+    local try first=$CT_PORT
+    for try in $(seq 0 49); do
+        if ct_ports_free "$CT_PORT" $((CT_WORKERS + 1)); then
+            [ "$CT_PORT" = "$first" ] || ct_log "ports $first.. are taken: the cluster listens on $CT_PORT.. instead"
+            return 0
+        fi
+        CT_PORT=$((CT_PORT + 10))
+    done
+    ct_log "no block of $((CT_WORKERS + 1)) free ports from $first to $CT_PORT"
+    return 1
+}
 ct_dir() { echo "$CT_BASE/n$1"; }
 ct_host() { echo "$CT_BASE/n$1/sock"; }
 
@@ -142,6 +180,7 @@ ct_start() {
     CT_BASE=$(mktemp -d /tmp/earmark-citus.XXXXXX)
     chmod 755 "$CT_BASE"
     trap ct_stop EXIT
+    ct_pick_ports || return 1
     for n in $(seq 0 "$CT_WORKERS"); do
         ct_init_node "$n" "$@" || return 1
         ct_start_node "$n" || return 1

@@ -1,0 +1,176 @@
+/*-------------------------------------------------------------------------
+ *
+ * entries.c
+ *	  The ledger's rows and their SQL: every statement that writes
+ *	  earmark.ledger.  A job's row (a settlement, gate.c; an expiry,
+ *	  budget.c), a key's row (earmark_record_usage, ledger.c), many keys'
+ *	  rows (earmark_record_usage_many, batch.c), and a settlement on a
+ *	  single node (gate.c).  What a row means, and when one is written, is
+ *	  its caller's; the statements are here, so that the ledger's columns
+ *	  and its key's conflict rule are written once.
+ *
+ *	  Tables: earmark.ledger (append-only); in the statements that write a
+ *	  row with what goes with it, earmark.usage_shard and earmark.meter_mark
+ *	  (the batch's counters and marks) and earmark.budget (a settlement's
+ *	  held and used).
+ *
+ *	  Locks: none of its own.  A key's row waits, on the ledger's unique
+ *	  index, for a concurrent writer of the same key; the single-node
+ *	  settlement updates (and so locks) the budget row.  The callers hold
+ *	  what the rows need: the cycle's mark lock, shared, taken before any
+ *	  row is written (budget.c: the reporter never deletes a mark whose
+ *	  usage it has not seen), and the job row's lock before a job's row
+ *	  (gate.c, budget.c).
+ *
+ *	  Every statement names the account (account = $1 on every relation),
+ *	  so that on Citus it runs on the account's shard alone; the statements
+ *	  of several writes run where their callers say (the settlement only
+ *	  on a single node).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "utils/array.h"
+#include "utils/timestamp.h"
+
+#include "entries.h"
+#include "spi.h"
+
+static EmStatement job_row = {
+	"INSERT INTO earmark.ledger (account, budget_id, units, job_id, occurred_at) "
+	"VALUES ($1, $2, $3, $4, $5)",
+	5, {TEXTOID, INT8OID, INT8OID, INT8OID, TIMESTAMPTZOID}
+};
+
+/*
+ * Nothing when the key is already taken (a concurrent writer of the same
+ * key is waited for by the unique index, then conflicts).
+ */
+static EmStatement key_row = {
+	"INSERT INTO earmark.ledger (account, budget_id, units, entry_key, occurred_at, recorded_at) "
+	"VALUES ($1, $2, $3, $4, $5, $6) "
+	"ON CONFLICT (account, entry_key) WHERE entry_key IS NOT NULL DO NOTHING",
+	6, {TEXTOID, INT8OID, INT8OID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+};
+
+/*
+ * The keys' rows, one counter row per cycle and the cycles' marks, in one
+ * statement: key_row for many rows.  It returns the position (in the
+ * arrays) of each row it wrote; a key another transaction wrote meanwhile
+ * is waited for and skipped.
+ */
+static EmStatement key_rows = {
+	"WITH e AS (SELECT * FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::bigint[]), "
+	"                                    pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::timestamptz[])) "
+	"           WITH ORDINALITY AS e (budget_id, units, entry_key, occurred_at, n)),"
+	" l AS (INSERT INTO earmark.ledger (account, budget_id, units, entry_key, occurred_at, recorded_at)"
+	"       SELECT $1, e.budget_id, e.units, e.entry_key, e.occurred_at, $7 FROM e ORDER BY e.n"
+	"       ON CONFLICT (account, entry_key) WHERE entry_key IS NOT NULL DO NOTHING"
+	"       RETURNING budget_id, units, entry_key),"
+	" c AS (INSERT INTO earmark.usage_shard AS u (account, budget_id, shard, units)"
+	"       SELECT $1, l.budget_id, $6, pg_catalog.sum(l.units)::bigint FROM l GROUP BY l.budget_id"
+	"       ON CONFLICT (account, budget_id, shard) DO UPDATE SET units = u.units + excluded.units"
+	"       RETURNING budget_id),"
+	" m AS (INSERT INTO earmark.meter_mark (account, budget_id)"
+	"       SELECT $1, c.budget_id FROM c ON CONFLICT DO NOTHING) "
+	"SELECT e.n FROM e JOIN l ON l.entry_key = e.entry_key",
+	7, {TEXTOID, INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, INT4OID,
+	TIMESTAMPTZOID}
+};
+
+/*
+ * A settlement of a hold in the budget row, on a single node: the
+ * release, the job's row and the mark in one statement (two statements
+ * fewer than gate.c's one after another).  The row and the mark are
+ * written only after the budget row's update, which they depend on: l
+ * reads b and the main statement reads l, so b runs first.  Not on Citus,
+ * which plans a statement of several writes in steps whose intermediate
+ * results go to every node.
+ */
+static EmStatement settle_local = {
+	"WITH b AS (UPDATE earmark.budget SET held = held - $3, used = used + $4 "
+	"           WHERE account = $1 AND budget_id = $2 RETURNING 1),"
+	" l AS (INSERT INTO earmark.ledger (account, budget_id, units, job_id, occurred_at) "
+	"       SELECT $1, $2, $4, $5, $6 WHERE $4 > 0 AND EXISTS (SELECT 1 FROM b) RETURNING 1) "
+	"INSERT INTO earmark.meter_mark (account, budget_id) "
+	"SELECT $1, $2 WHERE EXISTS (SELECT 1 FROM l) ON CONFLICT DO NOTHING",
+	6, {TEXTOID, INT8OID, INT8OID, INT8OID, INT8OID, TIMESTAMPTZOID}
+};
+
+void
+em_entry_job(text *account, int64 budget_id, int64 units, int64 job_id,
+			 TimestampTz at)
+{
+	Datum		args[5];
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	args[2] = Int64GetDatum(units);
+	args[3] = Int64GetDatum(job_id);
+	args[4] = TimestampTzGetDatum(at);
+	em_exec(&job_row, args, NULL, 0);
+}
+
+bool
+em_entry_key(text *account, int64 budget_id, int64 units, text *key,
+			 TimestampTz occurred_at, TimestampTz recorded_at)
+{
+	Datum		args[6];
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	args[2] = Int64GetDatum(units);
+	args[3] = PointerGetDatum(key);
+	args[4] = TimestampTzGetDatum(occurred_at);
+	args[5] = TimestampTzGetDatum(recorded_at);
+	em_exec(&key_row, args, NULL, 0);
+	return SPI_processed > 0;
+}
+
+/* a one-dimensional array of n Datums of a fixed-length, by-value type */
+static Datum
+int8_like_array(Datum *values, int n, Oid type)
+{
+	return PointerGetDatum(construct_array(values, n, type, 8, FLOAT8PASSBYVAL,
+										   TYPALIGN_DOUBLE));
+}
+
+void
+em_entry_keys(text *account, int n, Datum *budget_ids, Datum *units,
+			  Datum *keys, Datum *occurred_at, int32 shard,
+			  TimestampTz recorded_at, bool *written)
+{
+	Datum		args[7];
+	uint64		r;
+	int			i;
+
+	args[0] = PointerGetDatum(account);
+	args[1] = int8_like_array(budget_ids, n, INT8OID);
+	args[2] = int8_like_array(units, n, INT8OID);
+	args[3] = PointerGetDatum(construct_array(keys, n, TEXTOID, -1, false, TYPALIGN_INT));
+	args[4] = int8_like_array(occurred_at, n, TIMESTAMPTZOID);
+	args[5] = Int32GetDatum(shard);
+	args[6] = TimestampTzGetDatum(recorded_at);
+	em_exec(&key_rows, args, NULL, 0);
+	for (i = 0; i < n; i++)
+		written[i] = false;
+	for (r = 0; r < SPI_processed; r++)
+		written[em_get_int64((int) r, 1, 0) - 1] = true;
+}
+
+void
+em_entry_settle_local(text *account, int64 budget_id, int64 amount,
+					  int64 charged, int64 job_id, TimestampTz at)
+{
+	Datum		args[6];
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	args[2] = Int64GetDatum(amount);
+	args[3] = Int64GetDatum(charged);
+	args[4] = Int64GetDatum(job_id);
+	args[5] = TimestampTzGetDatum(at);
+	em_exec(&settle_local, args, NULL, 0);
+}
