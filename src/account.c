@@ -174,6 +174,23 @@ static EmStatement lock_account_anchor = {
 	2, {TEXTOID, INT4OID}
 };
 
+/*
+ * The account's advisory lock, exclusive, until the transaction ends: no
+ * reserve is creating one of its budget rows meanwhile (a reserve takes
+ * it shared for that), so a budget row created later reads what this
+ * transaction writes to the account.  For earmark_set_account and
+ * earmark_set_escrow; inside SPI.
+ */
+void
+em_account_lock(text *account)
+{
+	Datum		args[2];
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int32GetDatum(EARMARK_ADVISORY_CLASS);
+	em_exec(&lock_account_anchor, args, NULL, 0);
+}
+
 static EmStatement lock_account_row = {
 	"SELECT cycle_anchor FROM earmark.account WHERE account = $1 FOR UPDATE",
 	1, {TEXTOID}
@@ -326,8 +343,7 @@ earmark_set_account(PG_FUNCTION_ARGS)
 
 	SPI_connect();
 	values[0] = PointerGetDatum(account);
-	values[1] = Int32GetDatum(EARMARK_ADVISORY_CLASS);
-	em_exec(&lock_account_anchor, values, NULL, 0);
+	em_account_lock(account);
 	em_exec(&upsert_account, values, NULL, 0);
 	if (has_anchor)
 		em_exec(&lock_account_budgets, values, NULL, 0);

@@ -16,4 +16,7 @@
 extern void em_cycle_bounds(TimestampTz anchor, bool has_anchor, TimestampTz at,
 							TimestampTz *start, TimestampTz *end);
 
+/* the account's advisory lock, exclusive (inside SPI) */
+extern void em_account_lock(text *account);
+
 #endif							/* EARMARK_ACCOUNT_H */

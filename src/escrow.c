@@ -55,6 +55,11 @@
  *	    row would queue the fast path behind every rebalance.
  *	  - the sweeper and reserve's reclaim expire holds into the budget row,
  *	    which they hold; they touch no slot.
+ *	  - earmark_set_escrow takes the account's advisory lock exclusive (as
+ *	    earmark_set_account; reserve takes it shared only to create a
+ *	    cycle's budget row), then the budget rows, then the account row.
+ *	    Automatic escrow (gate.c) reads the account's own number again
+ *	    once it holds the budget row, so a number set while it waited wins.
  *
  *	  Generations: a hold taken from a slot records the generation it was
  *	  taken in (job.gen), and its settlement returns room only to a free
@@ -79,6 +84,7 @@
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 
+#include "account.h"
 #include "budget.h"
 #include "cluster.h"
 #include "escrow.h"
@@ -676,7 +682,14 @@ earmark_set_escrow(PG_FUNCTION_ARGS)
 	SPI_connect();
 	args[0] = PointerGetDatum(account);
 	args[1] = Int32GetDatum(slots);
-	/* budget rows before the account row: the order reserve keeps */
+	/*
+	 * The account's advisory lock first, as earmark_set_account: a reserve
+	 * creating a cycle's budget row (under that lock, shared) has then
+	 * committed, so the update below finds its row, and one that creates a
+	 * row later reads the new number.  Then budget rows before the account
+	 * row: the order reserve keeps.
+	 */
+	em_account_lock(account);
 	em_escrow_set_slots(account, 0, slots);
 	em_exec(&set_account_slots, args, NULL, 0);
 	if (SPI_processed == 0)

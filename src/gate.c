@@ -683,6 +683,28 @@ rate_limited(Reserve *r)
  * lock, so the limit stays as exact as with slots given by hand.  Also
  * tells the fast path whether the budget has slots.
  */
+static EmStatement own_escrow_number = {
+	"SELECT escrow_slots IS NOT NULL FROM earmark.account WHERE account = $1",
+	1, {TEXTOID}
+};
+
+/*
+ * Whether the account has its own number of slots now: read in a new
+ * snapshot, after the budget row's lock was granted, because
+ * start_reserve read it before this reserve waited, and an
+ * earmark_set_escrow that committed meanwhile must win.
+ */
+static bool
+own_escrow_number_now(Reserve *r)
+{
+	Datum		args[1];
+	bool		isnull;
+
+	args[0] = PointerGetDatum(r->h.account);
+	em_exec(&own_escrow_number, args, NULL, 1);
+	return SPI_processed == 1 && DatumGetBool(em_get(0, 1, &isnull));
+}
+
 static void
 auto_escrow(Reserve *r)
 {
@@ -690,6 +712,15 @@ auto_escrow(Reserve *r)
 	int			inside = em_contention_inside(escrowed);
 
 	if (escrowed || inside < earmark_auto_escrow_contenders)
+		return;
+
+	/*
+	 * Not under REPEATABLE READ or SERIALIZABLE: the account's number would
+	 * be read in the transaction's snapshot, older than an
+	 * earmark_set_escrow it must not undo (and the fast path, which the
+	 * slots are for, does not run there).
+	 */
+	if (IsolationUsesXactSnapshot() || own_escrow_number_now(r))
 		return;
 	em_escrow_set_slots(r->h.account, r->b.budget_id, earmark_auto_escrow_slots);
 	r->b.slots = earmark_auto_escrow_slots;
