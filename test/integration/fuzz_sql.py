@@ -1025,7 +1025,7 @@ KINDS = {
 
 # a NULL of these means something (unlimited, now, keep, the setting, remove)
 NULLABLE_KINDS = {"lim", "step", "used", "ts_nullable", "lease", "provider_nullable", "account_nullable",
-                  "feature_nullable", "count_nullable", "handler"}
+                  "feature_nullable", "count_nullable", "free_text_nullable", "handler"}
 # text of 1 to 255 characters (api.md Conventions, inbox.md Functions)
 NAME_KINDS = {"account", "feature", "key", "source", "event_type", "provider_nullable", "account_nullable",
               "feature_nullable"}
