@@ -55,8 +55,9 @@
 # BENCH_HISTORY (50000 settled jobs loaded first in each system),
 # BENCH_WARMUP (3 s), BENCH_THREADS (pgbench -j, 2),
 # BENCH_ROUNDS (1): run every scenario that many times, interleaved, and
-# report the median (a busy machine: 3).  About 6-7 minutes with the
-# defaults on 2 cores.
+# report the median (a busy machine: 3); BENCH_GATE (1): 0 runs no gate
+# scenario, only the data load and the sweeper.  About 6-7 minutes with
+# the defaults on 2 cores.
 
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 
@@ -66,6 +67,7 @@ CLIENTS=${BENCH_CLIENTS:-50}
 SWEEP_JOBS=${BENCH_SWEEP_JOBS:-100000}
 SYNC_MODES=${BENCH_SYNC:-"on off"}
 ROUNDS=${BENCH_ROUNDS:-1}
+GATE=${BENCH_GATE:-1}
 
 BENCH_RATE_SCEN=${BENCH_RATE_SCEN:-1}
 em_setup
@@ -81,6 +83,7 @@ bench_load
 # --- gate scenarios -----------------------------------------------------
 declare -A TPS LAT WAITS CPU WAL
 SCEN=("${BENCH_SCEN[@]}")
+[ "$GATE" = 1 ] || SCEN=()     # BENCH_GATE=0: the sweeper alone
 
 declare -A ALL_TPS
 for round in $(seq 1 "$ROUNDS"); do
@@ -174,6 +177,14 @@ bq "SELECT pg_reload_conf()" >/dev/null
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # --- the table ------------------------------------------------------------
+sweeper_table() {
+    echo
+    echo "| sweeper | result | target |"
+    echo "| --- | ---: | --- |"
+    echo "| $SWEEP_JOBS holds with a passed lease, on 100 accounts, made by earmark_reserve calls, 1,000 a transaction | ${MAKE_S} s | |"
+    echo "| swept by earmark_sweep(10000) x $SWEEP_CALLS calls, a transaction each | **${SWEEP_S} s** ($(bench_mark "$SWEEP_S" "<" 5)) | < 5 s |"
+    echo "| afterwards: open holds, accounts with held <> 0 (earmark_budget) | $open, $held (books $([ "$SWEEP_OK" = yes ] && echo right || echo WRONG)) | 0, 0 |"
+}
 read -r -a modes <<<"$SYNC_MODES"
 tps() { echo "${TPS[$1,$2]:-n/a}"; }
 # table_head FIRST COLUMN ALIGN [LAST]: a markdown table's header, one
@@ -204,6 +215,11 @@ echo "earmark gate benchmark, $STARTED; PostgreSQL $(bq 'SHOW server_version'), 
 echo "$CLIENTS clients, $SECS s per scenario$([ "$ROUNDS" -gt 1 ] && echo ", median of $ROUNDS interleaved rounds"), pgbench -M prepared; a job = reserve + charge + settle"
 echo "(three transactions); limits 10^15, earmark.rate_limit = 0; fsync on; earmark $(git -C "$EM_ROOT" describe --always --dirty 2>/dev/null || echo '(no git)')."
 echo "Load average (1, 5, 15 min) before: $LOAD_BEFORE; after: $LOAD_AFTER."
+if [ "$GATE" != 1 ]; then
+    echo "BENCH_GATE=$GATE: no gate scenario was run, only the data load and the sweeper."
+    sweeper_table
+    exit 0
+fi
 [ "$BENCH_ESCROW" = 1 ] || echo "Escrow: earmark_set_escrow(text,int) is missing in this build; its scenarios were skipped."
 [ -z "${BENCH_BOOKS_BAD:-}" ] || echo "**Books wrong after: ${BENCH_BOOKS_BAD}** (see the log above)."
 echo
@@ -301,9 +317,4 @@ if [ -n "${BENCH_NAME[floor_many]:-}" ]; then
         case $s in em_*|ref_*) share_row "${BENCH_NAME[$s]} / design floor" "$s" floor_design ;; esac
     done
 fi
-echo
-echo "| sweeper | result | target |"
-echo "| --- | ---: | --- |"
-echo "| $SWEEP_JOBS holds with a passed lease, on 100 accounts, made by earmark_reserve calls, 1,000 a transaction | ${MAKE_S} s | |"
-echo "| swept by earmark_sweep(10000) x $SWEEP_CALLS calls, a transaction each | **${SWEEP_S} s** ($(bench_mark "$SWEEP_S" "<" 5)) | < 5 s |"
-echo "| afterwards: open holds, accounts with held <> 0 (earmark_budget) | $open, $held (books $([ "$SWEEP_OK" = yes ] && echo right || echo WRONG)) | 0, 0 |"
+sweeper_table
