@@ -44,7 +44,13 @@
 # then earmark_sweep(10000) in its own transaction, again and again until
 # it returns 0, timed by the wall clock; afterwards held must be 0 on
 # every account (earmark_budget, escrow slots included) and no hold may
-# be open.
+# be open.  BENCH_SWEEP_USE=N (default 0, holds that used nothing): each
+# hold is charged N units right after its reserve (earmark_charge), with a
+# 2 s lease instead (a 1 ms one would pass before the charge), and the
+# sweep starts once every lease has passed; an expired hold that used
+# something also writes a ledger row and marks its cycle, so this times
+# that path too.  Afterwards every swept hold must have been charged N and
+# the 100 accounts' used must add up to BENCH_SWEEP_JOBS x N.
 #
 # Prints markdown tables: jobs/s per scenario, cost per job, waits, the
 # ratios the targets name with pass/MISS marks computed from this run's
@@ -55,8 +61,9 @@
 # BENCH_HISTORY (50000 settled jobs loaded first in each system),
 # BENCH_WARMUP (3 s), BENCH_THREADS (pgbench -j, 2),
 # BENCH_ROUNDS (1): run every scenario that many times, interleaved, and
-# report the median (a busy machine: 3).  About 6-7 minutes with the
-# defaults on 2 cores.
+# report the median (a busy machine: 3); BENCH_GATE (1): 0 runs no gate
+# scenario, only the data load and the sweeper.  About 6-7 minutes with
+# the defaults on 2 cores.
 
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 
@@ -64,8 +71,10 @@ PORT=${BENCH_PORT:-55458}
 SECS=${BENCH_SECONDS:-15}
 CLIENTS=${BENCH_CLIENTS:-50}
 SWEEP_JOBS=${BENCH_SWEEP_JOBS:-100000}
+SWEEP_USE=${BENCH_SWEEP_USE:-0}
 SYNC_MODES=${BENCH_SYNC:-"on off"}
 ROUNDS=${BENCH_ROUNDS:-1}
+GATE=${BENCH_GATE:-1}
 
 BENCH_RATE_SCEN=${BENCH_RATE_SCEN:-1}
 em_setup
@@ -81,6 +90,7 @@ bench_load
 # --- gate scenarios -----------------------------------------------------
 declare -A TPS LAT WAITS CPU WAL
 SCEN=("${BENCH_SCEN[@]}")
+[ "$GATE" = 1 ] || SCEN=()     # BENCH_GATE=0: the sweeper alone
 
 declare -A ALL_TPS
 for round in $(seq 1 "$ROUNDS"); do
@@ -107,7 +117,8 @@ for k in "${!ALL_TPS[@]}"; do
 done
 
 # --- sweeper --------------------------------------------------------------
-em_log "sweeper: parking the worker's sweep, making $SWEEP_JOBS holds with a 1 ms lease"
+if [ "$SWEEP_USE" -gt 0 ]; then SWEEP_LEASE='2 seconds'; else SWEEP_LEASE='1 millisecond'; fi
+em_log "sweeper: parking the worker's sweep, making $SWEEP_JOBS holds with a $SWEEP_LEASE lease, each charged $SWEEP_USE"
 bq "ALTER SYSTEM SET earmark.sweep_interval = '1h'" >/dev/null
 bq "SELECT pg_reload_conf()" >/dev/null
 sleep 2     # the worker wakes on the reload, sweeps (nothing), then sleeps 1h
@@ -121,19 +132,30 @@ CREATE PROCEDURE pg_temp.make_holds(n int)
 LANGUAGE plpgsql AS \$\$
 BEGIN
     FOR b IN 0 .. (n - 1) / 1000 LOOP
-        PERFORM earmark_reserve('s' || (i % 100 + 1), 10, 'sweep-' || i,
-                                lease => interval '1 millisecond')
-           FROM generate_series(b * 1000 + 1, least(b * 1000 + 1000, n)) i;
+        IF $SWEEP_USE = 0 THEN
+            PERFORM earmark_reserve('s' || (i % 100 + 1), 10, 'sweep-' || i,
+                                    lease => interval '$SWEEP_LEASE')
+               FROM generate_series(b * 1000 + 1, least(b * 1000 + 1000, n)) i;
+        ELSE
+            PERFORM c.charged
+               FROM generate_series(b * 1000 + 1, least(b * 1000 + 1000, n)) i
+              CROSS JOIN LATERAL earmark_reserve('s' || (i % 100 + 1), 10, 'sweep-' || i,
+                                                 lease => interval '$SWEEP_LEASE') r
+              CROSS JOIN LATERAL earmark_charge('s' || (i % 100 + 1), r.job_id, $SWEEP_USE) c;
+        END IF;
         COMMIT;
     END LOOP;
 END \$\$;
 CALL pg_temp.make_holds($SWEEP_JOBS);
 SQL
 t1=$(date +%s%N)
-made=$(bq "SELECT count(*) FROM earmark.job WHERE idempotency_key LIKE 'sweep-%' AND status = 'running'")
+made=$(bq "SELECT count(*) FROM earmark.job WHERE idempotency_key LIKE 'sweep-%' AND status IN ('running', 'capped')")
 [ "$made" -eq "$SWEEP_JOBS" ] || { em_log "only $made of $SWEEP_JOBS holds admitted"; exit 1; }
 MAKE_S=$(awk -v ns=$((t1 - t0)) 'BEGIN { printf "%.2f", ns / 1e9 }')
-sleep 0.1
+# wait until every lease has passed (1 ms, or 2 s after the last charge)
+until [ "$(bq "SELECT count(*) FROM earmark.job WHERE idempotency_key LIKE 'sweep-%' AND lease_until >= clock_timestamp()")" = 0 ]; do
+    sleep 0.2
+done
 em_psql -d "$BENCH_DB" -c "VACUUM ANALYZE earmark.job" -c "CHECKPOINT" >/dev/null
 em_log "sweeper: earmark_sweep(10000) until 0"
 t0=$(date +%s%N)
@@ -161,10 +183,14 @@ open=$(bq "SELECT count(*) FROM earmark.job WHERE status IN ('running', 'capped'
 # held over each account's budget (earmark_budget adds the escrow slots; a
 # budget row's own held may differ from 0 under escrow while the sum is 0)
 held=$(bq "SELECT count(*) FROM earmark.account a CROSS JOIN LATERAL earmark_budget(a.account) b WHERE b.held <> 0")
+# what the swept holds used: each SWEEP_USE, and the accounts' used the sum
+charged=$(bq "SELECT count(*) FROM earmark.job WHERE idempotency_key LIKE 'sweep-%' AND status = 'expired' AND charged = $SWEEP_USE")
+used=$(bq "SELECT coalesce(sum(b.used), 0) FROM generate_series(1, 100) i CROSS JOIN LATERAL earmark_budget('s' || i) b")
 SWEEP_OK=yes
-if [ "$SWEPT" != "$SWEEP_JOBS" ] || [ "$open" != 0 ] || [ "$held" != 0 ]; then
+if [ "$SWEPT" != "$SWEEP_JOBS" ] || [ "$open" != 0 ] || [ "$held" != 0 ] \
+        || [ "$charged" != "$SWEEP_JOBS" ] || [ "$used" != $((SWEEP_JOBS * SWEEP_USE)) ]; then
     SWEEP_OK=no
-    em_log "SWEEP WRONG: swept $SWEPT of $SWEEP_JOBS; $open holds open; $held accounts with held <> 0:"
+    em_log "SWEEP WRONG: swept $SWEPT of $SWEEP_JOBS; $open holds open; $charged expired at $SWEEP_USE; used $used; $held accounts with held <> 0:"
     bq "SELECT a.account, b.held FROM earmark.account a CROSS JOIN LATERAL earmark_budget(a.account) b WHERE b.held <> 0 LIMIT 5" >&2
 fi
 em_log "budget rows whose own held is not 0 (escrow moves holds between the row and its slots):"
@@ -174,6 +200,15 @@ bq "SELECT pg_reload_conf()" >/dev/null
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # --- the table ------------------------------------------------------------
+sweeper_table() {
+    echo
+    echo "| sweeper | result | target |"
+    echo "| --- | ---: | --- |"
+    echo "| $SWEEP_JOBS holds with a passed lease, on 100 accounts, made by earmark_reserve calls$([ "$SWEEP_USE" -gt 0 ] && echo ", each charged $SWEEP_USE (earmark_charge)"), 1,000 a transaction | ${MAKE_S} s | |"
+    echo "| swept by earmark_sweep(10000) x $SWEEP_CALLS calls, a transaction each | **${SWEEP_S} s** ($(bench_mark "$SWEEP_S" "<" 5)) | < 5 s |"
+    echo "| afterwards: open holds, accounts with held <> 0 (earmark_budget) | $open, $held (books $([ "$SWEEP_OK" = yes ] && echo right || echo WRONG)) | 0, 0 |"
+    [ "$SWEEP_USE" = 0 ] || echo "| afterwards: holds expired at $SWEEP_USE used, the accounts' used | $charged, $used | $SWEEP_JOBS, $((SWEEP_JOBS * SWEEP_USE)) |"
+}
 read -r -a modes <<<"$SYNC_MODES"
 tps() { echo "${TPS[$1,$2]:-n/a}"; }
 # table_head FIRST COLUMN ALIGN [LAST]: a markdown table's header, one
@@ -204,6 +239,11 @@ echo "earmark gate benchmark, $STARTED; PostgreSQL $(bq 'SHOW server_version'), 
 echo "$CLIENTS clients, $SECS s per scenario$([ "$ROUNDS" -gt 1 ] && echo ", median of $ROUNDS interleaved rounds"), pgbench -M prepared; a job = reserve + charge + settle"
 echo "(three transactions); limits 10^15, earmark.rate_limit = 0; fsync on; earmark $(git -C "$EM_ROOT" describe --always --dirty 2>/dev/null || echo '(no git)')."
 echo "Load average (1, 5, 15 min) before: $LOAD_BEFORE; after: $LOAD_AFTER."
+if [ "$GATE" != 1 ]; then
+    echo "BENCH_GATE=$GATE: no gate scenario was run, only the data load and the sweeper."
+    sweeper_table
+    exit 0
+fi
 [ "$BENCH_ESCROW" = 1 ] || echo "Escrow: earmark_set_escrow(text,int) is missing in this build; its scenarios were skipped."
 [ -z "${BENCH_BOOKS_BAD:-}" ] || echo "**Books wrong after: ${BENCH_BOOKS_BAD}** (see the log above)."
 echo
@@ -301,9 +341,4 @@ if [ -n "${BENCH_NAME[floor_many]:-}" ]; then
         case $s in em_*|ref_*) share_row "${BENCH_NAME[$s]} / design floor" "$s" floor_design ;; esac
     done
 fi
-echo
-echo "| sweeper | result | target |"
-echo "| --- | ---: | --- |"
-echo "| $SWEEP_JOBS holds with a passed lease, on 100 accounts, made by earmark_reserve calls, 1,000 a transaction | ${MAKE_S} s | |"
-echo "| swept by earmark_sweep(10000) x $SWEEP_CALLS calls, a transaction each | **${SWEEP_S} s** ($(bench_mark "$SWEEP_S" "<" 5)) | < 5 s |"
-echo "| afterwards: open holds, accounts with held <> 0 (earmark_budget) | $open, $held (books $([ "$SWEEP_OK" = yes ] && echo right || echo WRONG)) | 0, 0 |"
+sweeper_table
