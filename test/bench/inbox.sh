@@ -2,7 +2,7 @@
 # test/bench/inbox.sh: throughput of the webhook inbox, side by side with a
 # plain SKIP LOCKED queue written the usual way (pgmq's send / read /
 # delete), in the same run, on a private throwaway cluster; the targets of
-# docs/inbox.md#benchmark with pass/MISS marks, and the claim's plan.
+# docs/benchmarks.md (the webhook inbox) with pass/MISS marks, and the claim's plan.
 #
 #   sudo bash test/bench/inbox.sh
 #
