@@ -191,6 +191,43 @@ em_account_lock(text *account)
 	em_exec(&lock_account_anchor, args, NULL, 0);
 }
 
+static EmStatement lock_account_shared = {
+	"SELECT pg_catalog.pg_advisory_xact_lock_shared($2, pg_catalog.hashtext($1))",
+	2, {TEXTOID, INT4OID}
+};
+
+/* no row lock: the advisory lock orders this with earmark_set_account */
+static EmStatement account_anchor = {
+	"SELECT cycle_anchor FROM earmark.account WHERE account = $1",
+	1, {TEXTOID}
+};
+
+/*
+ * The account's advisory lock, shared, until the transaction ends, and its
+ * cycle anchor read under it: earmark_set_account (which takes the lock
+ * exclusive) cannot change the anchor under us from here on.  For the
+ * reserve and earmark_record_usage that create a cycle's budget row.
+ * False if the account does not exist; inside SPI.
+ */
+bool
+em_account_anchor_shared(text *account, bool *has_anchor, TimestampTz *anchor)
+{
+	Datum		args[2];
+	bool		isnull;
+	Datum		d;
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int32GetDatum(EARMARK_ADVISORY_CLASS);
+	em_exec(&lock_account_shared, args, NULL, 0);
+	em_exec(&account_anchor, args, NULL, 1);
+	if (SPI_processed == 0)
+		return false;
+	d = em_get(0, 1, &isnull);
+	*has_anchor = !isnull;
+	*anchor = isnull ? 0 : DatumGetTimestampTz(d);
+	return true;
+}
+
 static EmStatement lock_account_row = {
 	"SELECT cycle_anchor FROM earmark.account WHERE account = $1 FOR UPDATE",
 	1, {TEXTOID}

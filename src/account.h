@@ -19,4 +19,8 @@ extern void em_cycle_bounds(TimestampTz anchor, bool has_anchor, TimestampTz at,
 /* the account's advisory lock, exclusive (inside SPI) */
 extern void em_account_lock(text *account);
 
+/* the account's advisory lock, shared, and its anchor; false if no account */
+extern bool em_account_anchor_shared(text *account, bool *has_anchor,
+									 TimestampTz *anchor);
+
 #endif							/* EARMARK_ACCOUNT_H */

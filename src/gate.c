@@ -369,8 +369,8 @@ start_reserve(Reserve *r)
 	r->has_anchor = !isnull;
 	r->anchor = isnull ? 0 : DatumGetTimestampTz(d);
 	/* the account's own number (0 included) wins over automatic escrow */
-	(void) em_get(0, RS_ESCROW_SLOTS, &isnull);
-	r->escrow_slots = (int) em_get_int64(0, RS_ESCROW_SLOTS, earmark_escrow_slots);
+	d = em_get(0, RS_ESCROW_SLOTS, &isnull);
+	r->escrow_slots = isnull ? earmark_escrow_slots : DatumGetInt32(d);
 	r->auto_escrow = isnull && earmark_auto_escrow_slots > 0;
 	d = em_get(0, RS_LIM, &isnull);
 	result->unlimited = isnull;
@@ -422,17 +422,6 @@ fast_path(Reserve *r)
 	}
 }
 
-/* no row lock: the advisory lock orders this with earmark_set_account */
-static EmStatement account_anchor_again = {
-	"SELECT cycle_anchor FROM earmark.account WHERE account = $1",
-	1, {TEXTOID}
-};
-
-static EmStatement advisory_shared = {
-	"SELECT pg_catalog.pg_advisory_xact_lock_shared($2, pg_catalog.hashtext($1))",
-	2, {TEXTOID, INT4OID}
-};
-
 /*
  * Creating a cycle's budget row: hold the account's advisory lock shared
  * so that earmark_set_account cannot change the anchor under us, read the
@@ -441,22 +430,10 @@ static EmStatement advisory_shared = {
 static void
 create_cycle_budget(Reserve *r)
 {
-	Datum		args[2];
-	bool		isnull;
 	TimestampTz start;
 	TimestampTz end;
 
-	args[0] = PointerGetDatum(r->h.account);
-	args[1] = Int32GetDatum(EARMARK_ADVISORY_CLASS);
-	em_exec(&advisory_shared, args, NULL, 0);
-	em_exec(&account_anchor_again, args, NULL, 1);
-	if (SPI_processed == 1)
-	{
-		Datum		d = em_get(0, 1, &isnull);
-
-		r->has_anchor = !isnull;
-		r->anchor = isnull ? 0 : DatumGetTimestampTz(d);
-	}
+	(void) em_account_anchor_shared(r->h.account, &r->has_anchor, &r->anchor);
 	em_cycle_bounds(r->anchor, r->has_anchor, r->h.now, &start, &end);
 	em_budget_create(r->h.account, r->h.feature, start, end);
 	if (!em_budget_lock(r->h.account, r->h.feature, start, &r->b))

@@ -52,16 +52,6 @@ PG_FUNCTION_INFO_V1(earmark_record_usage);
 /* how far ahead of the clock a usage's occurred_at may be */
 #define FUTURE_SLACK_US		(5 * 60 * USECS_PER_SEC)
 
-static EmStatement account_anchor = {
-	"SELECT cycle_anchor FROM earmark.account WHERE account = $1",
-	1, {TEXTOID}
-};
-
-static EmStatement advisory_shared = {
-	"SELECT pg_catalog.pg_advisory_xact_lock_shared($2, pg_catalog.hashtext($1))",
-	2, {TEXTOID, INT4OID}
-};
-
 /* the key's row if it exists: a repeat adds nothing */
 /* the columns of key_row */
 enum
@@ -127,6 +117,11 @@ em_cycle_total(text *account, int64 budget_id, bool *found)
 	*found = SPI_processed == 1;
 	return *found ? em_get_int64(0, 1, 0) : 0;
 }
+
+static EmStatement account_anchor = {
+	"SELECT cycle_anchor FROM earmark.account WHERE account = $1",
+	1, {TEXTOID}
+};
 
 /*
  * Under REPEATABLE READ and SERIALIZABLE the anchor was read in the
@@ -217,22 +212,14 @@ check_usage(int64 units, TimestampTz occurred_at, TimestampTz now)
 static void
 lock_anchor(text *account, bool *has_anchor, TimestampTz *anchor)
 {
-	Datum		args[2];
-	bool		isnull;
-	Datum		d;
+	Datum		args[1];
 
-	args[0] = PointerGetDatum(account);
-	args[1] = Int32GetDatum(EARMARK_ADVISORY_CLASS);
-	em_exec(&advisory_shared, args, NULL, 0);
-	em_exec(&account_anchor, args, NULL, 1);
-	if (SPI_processed == 0)
+	if (!em_account_anchor_shared(account, has_anchor, anchor))
 		ereport(ERROR,
 				(errcode(ERRCODE_EARMARK_UNKNOWN_ACCOUNT),
 				 errmsg("account \"%s\" does not exist", text_to_cstring(account)),
 				 errhint("Create it with earmark_set_account or earmark_set_limit first.")));
-	d = em_get(0, 1, &isnull);
-	*has_anchor = !isnull;
-	*anchor = isnull ? 0 : DatumGetTimestampTz(d);
+	args[0] = PointerGetDatum(account);
 	if (IsolationUsesXactSnapshot())
 		check_anchor_current(args, *has_anchor, *anchor, account);
 }
