@@ -236,3 +236,39 @@ SELECT earmark.apply_plan_change(e) FROM earmark.inbox_event e WHERE event_id = 
 SELECT status, result FROM earmark.inbox_event WHERE event_id = :future;
 SELECT plan, plan_changed_at, lim FROM earmark.account JOIN earmark.account_limit USING (account) WHERE account = 'acme';
 DROP ROLE em_inbox_app;
+
+------------------------------------------------------------------------------
+-- Leases that passed, and what a claim writes
+------------------------------------------------------------------------------
+TRUNCATE earmark.inbox_receipt, earmark.inbox_event RESTART IDENTITY CASCADE;
+SELECT earmark_inbox_set_handler('test.worker', 'note_handler(earmark.inbox_event)');
+-- leases that passed with attempts left, on the last attempt (an
+-- application's event and the worker's), a lease still running, a new event
+INSERT INTO earmark.inbox_event (source, dedupe_key, event_type, payload, occurred_at, status, attempts,
+                                 locked_until, verified_by)
+VALUES ('lease', 'retry', 'test.app', '{}', '2026-10-01 00:01+00', 'processing', 2, now() - interval '1 s', 'admin'),
+       ('lease', 'last', 'test.app', '{}', '2026-10-01 00:02+00', 'processing', 6, now() - interval '1 s', 'admin'),
+       ('lease', 'worker-last', 'test.worker', '{}', '2026-10-01 00:03+00', 'processing', 6, now() - interval '1 s', 'admin'),
+       ('lease', 'worker-retry', 'test.worker', '{}', '2026-10-01 00:04+00', 'processing', 3, now() - interval '1 s', 'admin'),
+       ('lease', 'running', 'test.app', '{}', '2026-10-01 00:05+00', 'processing', 1, now() + interval '1 h', 'admin'),
+       ('lease', 'new', 'test.app', '{}', '2026-10-01 00:06+00', 'received', 0, NULL, 'admin');
+-- the claim takes back the application's passed lease and the new event;
+-- the events whose lease passed on their 6th attempt, of either side, are
+-- marked dead by the claim that meets them, and not returned
+BEGIN;
+SELECT pg_stat_get_xact_tuples_updated('earmark.inbox_event'::regclass) AS updated0,
+       pg_stat_get_xact_tuples_hot_updated('earmark.inbox_event'::regclass) AS hot0 \gset
+SELECT dedupe_key, status, attempts, locked_until > now() AS leased FROM earmark_inbox_claim(10);
+-- a claim changes no indexed column: its two claims are HOT updates (no
+-- index entry), the two burials are not (they leave the due index)
+SELECT pg_stat_get_xact_tuples_updated('earmark.inbox_event'::regclass) - :updated0 AS updated,
+       pg_stat_get_xact_tuples_hot_updated('earmark.inbox_event'::regclass) - :hot0 AS hot_updated;
+COMMIT;
+SELECT dedupe_key, status, attempts, locked_until IS NULL AS unleased, finished, last_error
+  FROM earmark.inbox_event ORDER BY occurred_at;
+-- buried once: nothing is left for the next claim
+SELECT count(*) AS claimed_again FROM earmark_inbox_claim(10);
+-- a completion is not a claim: it leaves the due index
+SELECT earmark_inbox_complete(event_id) FROM earmark.inbox_event WHERE dedupe_key = 'new';
+SELECT dedupe_key, status, finished FROM earmark.inbox_event WHERE dedupe_key = 'new';
+SELECT earmark_inbox_set_handler('test.worker', NULL);

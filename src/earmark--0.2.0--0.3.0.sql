@@ -872,3 +872,18 @@ GRANT EXECUTE ON FUNCTION earmark_inbox_claim_plan(int, boolean) TO earmark_admi
 ALTER TABLE earmark.ledger DROP CONSTRAINT ledger_pkey;
 ALTER TABLE earmark.ledger ADD PRIMARY KEY (account, budget_id, entry_id);
 DROP INDEX earmark.ledger_budget;
+
+-- ---------------------------------------------------------------------------
+-- Inbox: claims as HOT updates (src/inbox.c, docs/inbox.md#benchmark).  The
+-- due index's predicate moves from status to the generated column finished,
+-- which a claim leaves alone; inbox_event_leased goes (a claim finds passed
+-- leases in its walk of inbox_event_due); the fillfactor leaves room on each
+-- page for the claims' new row versions.
+-- ---------------------------------------------------------------------------
+ALTER TABLE earmark.inbox_event
+    ADD COLUMN finished boolean GENERATED ALWAYS AS (status IN ('applied', 'ignored', 'dead')) STORED;
+ALTER TABLE earmark.inbox_event SET (fillfactor = 50);
+DROP INDEX earmark.inbox_event_leased;
+DROP INDEX earmark.inbox_event_due;
+CREATE INDEX inbox_event_due ON earmark.inbox_event (occurred_at, event_id)
+    WHERE NOT finished;

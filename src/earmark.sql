@@ -346,16 +346,20 @@ CREATE TABLE earmark.inbox_event (
     received_at     timestamptz NOT NULL DEFAULT pg_catalog.now(),
     updated_at      timestamptz NOT NULL DEFAULT pg_catalog.now(),
     UNIQUE (source, dedupe_key),
-    verified_by     text CHECK (verified_by IN ('standard_webhooks', 'kinde_jwt', 'admin'))
-);
--- claims read due events in (occurred_at, event_id) order
+    verified_by     text CHECK (verified_by IN ('standard_webhooks', 'kinde_jwt', 'admin')),
+    -- applied, ignored or dead: never claimed again (0.3.0)
+    finished        boolean GENERATED ALWAYS AS (status IN ('applied', 'ignored', 'dead')) STORED
+) WITH (fillfactor = 50);
+-- Claims read due events in (occurred_at, event_id) order.  The predicate
+-- is on finished, which a claim leaves alone, and no index holds status,
+-- attempts or locked_until: a claim changes no indexed column, so its new
+-- row version is a HOT update (no index entry) wherever the page has room,
+-- which the fillfactor keeps for it.  A claim finds passed leases in this
+-- same walk (docs/inbox.md#earmark_inbox_claim).
 CREATE INDEX inbox_event_due ON earmark.inbox_event (occurred_at, event_id)
-    WHERE status IN ('received', 'failed', 'processing');
+    WHERE NOT finished;
 -- (no index on account: nothing in earmark looks events up by account,
 -- and every index costs each receive, claim and completion a write)
--- claims look for leases that passed
-CREATE INDEX inbox_event_leased ON earmark.inbox_event (locked_until)
-    WHERE status = 'processing';
 
 -- Every delivery, copies included.
 CREATE TABLE earmark.inbox_receipt (

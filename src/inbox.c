@@ -416,47 +416,54 @@ earmark_inbox_receive(PG_FUNCTION_ARGS)
  * ---------------------------------------------------------------------
  */
 
-/* an event whose lease passed INBOX_MAX_ATTEMPTS times is dead */
-static EmStatement bury_abandoned = {
-	"UPDATE earmark.inbox_event SET status = 'dead', locked_until = NULL, updated_at = $1, "
-	"  last_error = coalesce(last_error, 'its lease passed on every attempt') "
-	"WHERE status = 'processing' AND locked_until < $1 AND attempts >= $2",
-	2, {TIMESTAMPTZOID, INT4OID}
-};
-
 /*
  * The claim.  The inner SELECT walks the partial index inbox_event_due,
- * whose keys are exactly its ORDER BY and whose predicate its first
- * condition repeats, and LIMIT stops it after the batch: a claim reads
- * the batch plus the rows it skips (events leased to other consumers,
- * failed ones still waiting, the other side's events), never the whole
- * backlog, and sorts only the rows it returns.  The batch size is a
- * literal, not a parameter: the planner then knows how few rows are
- * wanted, and the plan is made once per backend and batch size (a
- * generic plan, see claim_plan), not at every claim.
+ * whose keys are exactly its ORDER BY and whose predicate (NOT finished)
+ * its first condition repeats, and LIMIT stops it after the batch: a
+ * claim reads the batch plus the rows it skips (events leased to other
+ * consumers, failed ones still waiting, the other side's events), never
+ * the whole backlog, and sorts only the rows it returns.  The batch size
+ * is a literal, not a parameter: the planner then knows how few rows are
+ * wanted, and the plan is made once per backend and batch size (a generic
+ * plan, see claim_plan), not at every claim.
+ *
+ * The same walk finds the events whose lease passed: one with attempts
+ * left is claimed again; one whose lease passed on its last attempt (of
+ * either side) is marked dead here, under the same SKIP LOCKED lock, and
+ * left out of what the claim returns (so a claim that buries returns that
+ * many fewer).  No index on locked_until or status is needed for it, and
+ * so the claim's UPDATE changes no indexed column: a HOT update.
  *
  * $1 lease, $2 now, $3: true to claim events whose type has a handler
  * (the worker), false for the others (applications), so that an
  * application's claim never takes an event the worker is meant to apply;
  * $4 the attempts after which an event is dead.
  */
+#define CLAIM_BURIES "e.status = 'processing' AND e.attempts >= $4"
+#define CLAIM_SIDE \
+	"EXISTS (SELECT 1 FROM earmark.inbox_handler h WHERE h.event_type = d.event_type) = $3"
 #define CLAIM_SQL \
 	"WITH c AS (" \
 	"  UPDATE earmark.inbox_event AS e" \
-	"     SET status = 'processing', attempts = e.attempts + 1," \
-	"         locked_until = $2 + $1, updated_at = $2" \
+	"     SET status = CASE WHEN " CLAIM_BURIES " THEN 'dead' ELSE 'processing' END," \
+	"         attempts = CASE WHEN " CLAIM_BURIES " THEN e.attempts ELSE e.attempts + 1 END," \
+	"         locked_until = CASE WHEN " CLAIM_BURIES " THEN NULL ELSE $2 + $1 END," \
+	"         last_error = CASE WHEN " CLAIM_BURIES \
+	"                      THEN coalesce(e.last_error, 'its lease passed on every attempt')" \
+	"                      ELSE e.last_error END," \
+	"         updated_at = $2" \
 	"    FROM (SELECT d.event_id FROM earmark.inbox_event d" \
-	"           WHERE d.status IN ('received', 'failed', 'processing')" \
-	"             AND ((d.status IN ('received', 'failed') AND d.next_attempt_at <= $2)" \
+	"           WHERE NOT d.finished" \
+	"             AND ((d.status IN ('received', 'failed') AND d.next_attempt_at <= $2" \
+	"                   AND d.attempts < $4)" \
 	"                  OR (d.status = 'processing' AND d.locked_until < $2))" \
-	"             AND d.attempts < $4" \
-	"             AND EXISTS (SELECT 1 FROM earmark.inbox_handler h" \
-	"                          WHERE h.event_type = d.event_type) = $3" \
+	"             AND (" CLAIM_SIDE \
+	"                  OR (d.status = 'processing' AND d.attempts >= $4))" \
 	"           ORDER BY d.occurred_at, d.event_id" \
 	"           LIMIT %d FOR UPDATE SKIP LOCKED) AS due" \
 	"   WHERE e.event_id = due.event_id" \
 	"  RETURNING e.*)" \
-	"SELECT * FROM c ORDER BY occurred_at, event_id"
+	"SELECT * FROM c WHERE status = 'processing' ORDER BY occurred_at, event_id"
 
 static const Oid claim_argtypes[4] = {INTERVALOID, TIMESTAMPTZOID, BOOLOID, INT4OID};
 
@@ -507,10 +514,6 @@ em_inbox_claim(int max_events, Interval *lease, bool with_handler)
 	TimestampTz now = GetCurrentTimestamp();
 	MemoryContext cxt = CurrentMemoryContext;
 	int			rc;
-
-	args[0] = TimestampTzGetDatum(now);
-	args[1] = Int32GetDatum(INBOX_MAX_ATTEMPTS);
-	em_exec(&bury_abandoned, args, NULL, 0);
 
 	args[0] = IntervalPGetDatum(lease);
 	args[1] = TimestampTzGetDatum(now);
