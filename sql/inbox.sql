@@ -238,6 +238,30 @@ SELECT plan, plan_changed_at, lim FROM earmark.account JOIN earmark.account_limi
 DROP ROLE em_inbox_app;
 
 ------------------------------------------------------------------------------
+-- status, verified_by and finished: no CHECK constraint, the C code keeps them
+------------------------------------------------------------------------------
+-- every event the calls above stored, claimed and finished has a status,
+-- a verified_by and a finished that agree with the rules
+SELECT count(*) AS events,
+       count(*) FILTER (WHERE status NOT IN ('received', 'processing', 'failed', 'applied', 'ignored', 'dead')
+                           OR verified_by NOT IN ('standard_webhooks', 'kinde_jwt', 'admin')
+                           OR finished <> (status IN ('applied', 'ignored', 'dead'))) AS breaking_a_rule
+  FROM earmark.inbox_event;
+-- a status written by hand that earmark does not know: every call that
+-- reads it refuses (XX001), and claims pass it over
+SELECT event_id AS bogus FROM earmark_inbox_receive('kinde', 'bogus-1', 'customer.note', '{}',
+    '2026-01-01 00:00+00', 'acme') \gset
+UPDATE earmark.inbox_event SET status = 'procesing' WHERE event_id = :bogus;
+SELECT earmark_inbox_complete(:bogus);
+\set VERBOSITY sqlstate
+SELECT earmark_inbox_fail(:bogus, 'x');
+SELECT earmark_inbox_ignore(:bogus, 'x');
+SELECT earmark_inbox_replay(:bogus, 'acme');
+\set VERBOSITY default
+SELECT count(*) AS claimed FROM earmark_inbox_claim(100) WHERE event_id = :bogus;
+SELECT status FROM earmark.inbox_event WHERE event_id = :bogus;
+
+------------------------------------------------------------------------------
 -- Leases that passed, and what a claim writes
 ------------------------------------------------------------------------------
 TRUNCATE earmark.inbox_receipt, earmark.inbox_event RESTART IDENTITY CASCADE;
@@ -272,3 +296,5 @@ SELECT count(*) AS claimed_again FROM earmark_inbox_claim(10);
 SELECT earmark_inbox_complete(event_id) FROM earmark.inbox_event WHERE dedupe_key = 'new';
 SELECT dedupe_key, status, finished FROM earmark.inbox_event WHERE dedupe_key = 'new';
 SELECT earmark_inbox_set_handler('test.worker', NULL);
+SELECT count(*) FILTER (WHERE finished <> (status IN ('applied', 'ignored', 'dead'))) AS finished_wrong
+  FROM earmark.inbox_event;

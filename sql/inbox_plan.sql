@@ -11,11 +11,11 @@ DELETE FROM earmark.inbox_handler WHERE event_type <> 'customer.plan_changed';
 
 -- a backlog: 5,000 events waiting (3 types, one with a handler, out of
 -- arrival order), next to 5,000 finished ones
-INSERT INTO earmark.inbox_event (source, dedupe_key, event_type, payload, occurred_at, status, verified_by)
+INSERT INTO earmark.inbox_event (source, dedupe_key, event_type, payload, occurred_at, status, finished, verified_by)
 SELECT 'plan', 'k' || g,
        (ARRAY['invoice.paid', 'customer.plan_changed', 'user.created'])[g % 3 + 1], '{}',
        '2026-10-01 00:00+00'::timestamptz + ((g * 7919) % 10000) * interval '1 s',
-       CASE WHEN g % 2 = 0 THEN 'received' ELSE 'applied' END, 'admin'
+       CASE WHEN g % 2 = 0 THEN 'received' ELSE 'applied' END, g % 2 = 1, 'admin'
   FROM generate_series(1, 10000) g;
 ANALYZE earmark.inbox_event;
 

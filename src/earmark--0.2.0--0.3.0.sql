@@ -875,13 +875,20 @@ DROP INDEX earmark.ledger_budget;
 
 -- ---------------------------------------------------------------------------
 -- Inbox: claims as HOT updates (src/inbox.c, docs/inbox.md#benchmark).  The
--- due index's predicate moves from status to the generated column finished,
--- which a claim leaves alone; inbox_event_leased goes (a claim finds passed
--- leases in its walk of inbox_event_due); the fillfactor leaves room on each
--- page for the claims' new row versions.
+-- due index's predicate moves from status to finished (status applied,
+-- ignored or dead), which a claim leaves alone; inbox_event_leased goes (a
+-- claim finds passed leases in its walk of inbox_event_due); the fillfactor
+-- leaves room on each page for the claims' new row versions.  The CHECK
+-- constraints on status and verified_by go: only inbox.c writes them, with
+-- its own constants.  (finished is added without a default, then filled,
+-- so that the table has no "missing value" a fresh install's does not have.)
 -- ---------------------------------------------------------------------------
-ALTER TABLE earmark.inbox_event
-    ADD COLUMN finished boolean GENERATED ALWAYS AS (status IN ('applied', 'ignored', 'dead')) STORED;
+ALTER TABLE earmark.inbox_event ADD COLUMN finished boolean;
+UPDATE earmark.inbox_event SET finished = status IN ('applied', 'ignored', 'dead');
+ALTER TABLE earmark.inbox_event ALTER COLUMN finished SET DEFAULT false,
+                                ALTER COLUMN finished SET NOT NULL;
+ALTER TABLE earmark.inbox_event DROP CONSTRAINT inbox_event_status_check,
+                                DROP CONSTRAINT inbox_event_verified_by_check;
 ALTER TABLE earmark.inbox_event SET (fillfactor = 50);
 DROP INDEX earmark.inbox_event_leased;
 DROP INDEX earmark.inbox_event_due;

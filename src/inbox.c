@@ -328,6 +328,11 @@ em_inbox_store_verified(text *source, text *dedupe_key, text *event_type,
 				 errmsg("occurred_at must be a finite timestamp")));
 	if (verified_by == NULL)
 		check_unverified(source, event_type);
+	else if (strcmp(verified_by, EM_VERIFIED_STANDARD_WEBHOOKS) != 0 &&
+			 strcmp(verified_by, EM_VERIFIED_KINDE_JWT) != 0 &&
+			 strcmp(verified_by, EM_VERIFIED_ADMIN) != 0)
+		/* the rule a CHECK constraint would keep (docs/inbox.md#the-event-row) */
+		elog(ERROR, "earmark: unknown verified_by \"%s\"", verified_by);
 	check_not_future(occurred_at, now);
 
 	args[0] = PointerGetDatum(source);
@@ -451,6 +456,7 @@ earmark_inbox_receive(PG_FUNCTION_ARGS)
 	"         last_error = CASE WHEN " CLAIM_BURIES \
 	"                      THEN coalesce(e.last_error, 'its lease passed on every attempt')" \
 	"                      ELSE e.last_error END," \
+	"         finished = (" CLAIM_BURIES ")," \
 	"         updated_at = $2" \
 	"    FROM (SELECT d.event_id FROM earmark.inbox_event d" \
 	"           WHERE NOT d.finished" \
@@ -645,24 +651,44 @@ static EmStatement lock_event = {
 
 static EmStatement finish_event = {
 	"UPDATE earmark.inbox_event SET status = $2, result = $3, last_error = coalesce($4, last_error), "
-	"  next_attempt_at = coalesce($5, next_attempt_at), locked_until = NULL, updated_at = $6 "
+	"  next_attempt_at = coalesce($5, next_attempt_at), locked_until = NULL, updated_at = $6, "
+	"  finished = $7 "
 	"WHERE event_id = $1",
-	6, {INT8OID, TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+	7, {INT8OID, TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, BOOLOID}
 };
 
 static EmStatement requeue_event = {
 	"UPDATE earmark.inbox_event SET status = 'received', attempts = 0, next_attempt_at = $2, "
-	"  locked_until = NULL, result = NULL, updated_at = $2 WHERE event_id = $1",
+	"  locked_until = NULL, result = NULL, updated_at = $2, finished = false WHERE event_id = $1",
 	2, {INT8OID, TIMESTAMPTZOID}
 };
+
+/*
+ * The statuses an event may have, the finished ones last.  inbox_event
+ * has no CHECK constraint on status (docs/inbox.md#the-event-row): this
+ * file writes it, only with these, and set_event_status refuses others.
+ */
+static const char *const statuses[] = {
+	"received", "processing", "failed", "applied", "ignored", "dead"
+};
+#define FIRST_FINISHED	3
+
+/* the index of a status in statuses[], or -1 */
+static int
+status_index(const char *s)
+{
+	int			i;
+
+	for (i = 0; i < (int) lengthof(statuses); i++)
+		if (strcmp(s, statuses[i]) == 0)
+			return i;
+	return -1;
+}
 
 /* lock the event; returns its status (a constant) and attempts */
 static const char *
 lock_event_row(int64 event_id, int *attempts, char **account)
 {
-	static const char *const statuses[] = {
-		"received", "processing", "applied", "ignored", "failed", "dead"
-	};
 	Datum		arg = Int64GetDatum(event_id);
 	bool		isnull;
 	char	   *s;
@@ -681,11 +707,15 @@ lock_event_row(int64 event_id, int *attempts, char **account)
 		acc = em_get(0, LV_ACCOUNT, &isnull);
 		*account = isnull ? NULL : TextDatumGetCString(acc);
 	}
-	for (i = 0; i < (int) lengthof(statuses); i++)
-		if (strcmp(s, statuses[i]) == 0)
-			return statuses[i];
-	elog(ERROR, "earmark: unknown inbox status \"%s\"", s);
-	return NULL;
+	i = status_index(s);
+	if (i < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("inbox event " INT64_FORMAT " has an unknown status \"%s\"", event_id, s),
+				 errdetail("earmark writes only received, processing, failed, applied, ignored and dead; "
+						   "this one was written to earmark.inbox_event by hand."),
+				 errhint("Set status to one of those by hand (and finished to true for applied, ignored or dead).")));
+	return statuses[i];
 }
 
 static void
@@ -703,10 +733,13 @@ static void
 set_event_status(int64 event_id, const char *status, const char *result,
 				 const char *error, bool has_next, int64 retry_after_us)
 {
-	Datum		args[6];
-	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		args[7];
+	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	TimestampTz now = GetCurrentTimestamp();
+	int			i = status_index(status);
 
+	if (i < 0)
+		elog(ERROR, "earmark: cannot set an inbox event's status to \"%s\"", status);
 	args[0] = Int64GetDatum(event_id);
 	args[1] = CStringGetTextDatum(status);
 	args[2] = result ? CStringGetTextDatum(result) : (Datum) 0;
@@ -716,6 +749,7 @@ set_event_status(int64 event_id, const char *status, const char *result,
 	args[4] = TimestampTzGetDatum(now + retry_after_us);
 	nulls[4] = has_next ? ' ' : 'n';
 	args[5] = TimestampTzGetDatum(now);
+	args[6] = BoolGetDatum(i >= FIRST_FINISHED);
 	em_exec(&finish_event, args, nulls, 0);
 }
 
@@ -773,7 +807,8 @@ arg_text(FunctionCallInfo fcinfo, int argno, const char *what)
  * handler).  No row: the caller learns why from complete_slowly.
  */
 static EmStatement complete_claimed = {
-	"UPDATE earmark.inbox_event AS e SET status = 'applied', result = $2, locked_until = NULL, updated_at = $3 "
+	"UPDATE earmark.inbox_event AS e SET status = 'applied', result = $2, locked_until = NULL, updated_at = $3, "
+	"  finished = true "
 	"WHERE e.event_id = $1 AND e.status = 'processing' "
 	"  AND ($4 OR NOT EXISTS (SELECT 1 FROM earmark.inbox_handler h WHERE h.event_type = e.event_type))",
 	4, {INT8OID, TEXTOID, TIMESTAMPTZOID, BOOLOID}
