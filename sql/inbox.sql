@@ -185,7 +185,9 @@ SELECT earmark_inbox_ignore(:plan_evt, 'not today');
 SELECT earmark_inbox_complete(event_id, 'noted by the app ' || dedupe_key) FROM earmark_inbox_claim(10);
 RESET ROLE;
 SELECT dedupe_key, status, result FROM earmark.inbox_event WHERE dedupe_key IN ('wh-7', 'note-1', 'open-1') ORDER BY 1;
-DELETE FROM earmark.inbox_event WHERE dedupe_key = 'wh-7';
+-- (an event deleted by hand takes its receipts with it: no foreign key does)
+WITH d AS (DELETE FROM earmark.inbox_event WHERE dedupe_key = 'wh-7' RETURNING event_id)
+DELETE FROM earmark.inbox_receipt WHERE event_id IN (SELECT event_id FROM d);
 
 -- an unverified plan change that is already stored (the built-in handler
 -- was off while the application stored it) changes nothing: the built-in
@@ -245,7 +247,10 @@ DROP ROLE em_inbox_app;
 SELECT count(*) AS events,
        count(*) FILTER (WHERE status NOT IN ('received', 'processing', 'failed', 'applied', 'ignored', 'dead')
                            OR verified_by NOT IN ('standard_webhooks', 'kinde_jwt', 'admin')
-                           OR finished <> (status IN ('applied', 'ignored', 'dead'))) AS breaking_a_rule
+                           OR finished <> (status IN ('applied', 'ignored', 'dead'))) AS breaking_a_rule,
+       (SELECT count(*) FROM earmark.inbox_receipt r
+         WHERE NOT EXISTS (SELECT 1 FROM earmark.inbox_event e WHERE e.event_id = r.event_id)) AS receipts_without_event,
+       (SELECT count(*) FROM earmark.inbox_receipt) AS receipts
   FROM earmark.inbox_event;
 -- a status written by hand that earmark does not know: every call that
 -- reads it refuses (XX001), and claims pass it over

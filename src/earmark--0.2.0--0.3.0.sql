@@ -894,3 +894,9 @@ DROP INDEX earmark.inbox_event_leased;
 DROP INDEX earmark.inbox_event_due;
 CREATE INDEX inbox_event_due ON earmark.inbox_event (occurred_at, event_id)
     WHERE NOT finished;
+
+-- ---------------------------------------------------------------------------
+-- Inbox: no foreign key from a receipt to its event (src/earmark.sql says
+-- why; docs/inbox.md#the-event-row).
+-- ---------------------------------------------------------------------------
+ALTER TABLE earmark.inbox_receipt DROP CONSTRAINT inbox_receipt_event_id_fkey;
