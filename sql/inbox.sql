@@ -297,6 +297,17 @@ SELECT dedupe_key, status, attempts, locked_until IS NULL AS unleased, finished,
   FROM earmark.inbox_event ORDER BY occurred_at;
 -- buried once: nothing is left for the next claim
 SELECT count(*) AS claimed_again FROM earmark_inbox_claim(10);
+-- a claim whose whole batch was buried claims again: it returns no events
+-- only when none is due (12 events abandoned 6 times before a due one)
+INSERT INTO earmark.inbox_event (source, dedupe_key, event_type, payload, occurred_at, status, attempts,
+                                 locked_until, verified_by)
+SELECT 'lease', 'gone-' || g, 'test.app', '{}', '2026-09-01 00:00+00'::timestamptz + g * interval '1 s',
+       'processing', 6, now() - interval '1 s', 'admin'
+  FROM generate_series(1, 12) g;
+INSERT INTO earmark.inbox_event (source, dedupe_key, event_type, payload, occurred_at, verified_by)
+VALUES ('lease', 'behind', 'test.app', '{}', '2026-09-02 00:00+00', 'admin');
+SELECT dedupe_key, attempts FROM earmark_inbox_claim(10);
+SELECT status, count(*) FROM earmark.inbox_event WHERE dedupe_key LIKE 'gone-%' GROUP BY 1;
 -- a completion is not a claim: it leaves the due index
 SELECT earmark_inbox_complete(event_id) FROM earmark.inbox_event WHERE dedupe_key = 'new';
 SELECT dedupe_key, status, finished FROM earmark.inbox_event WHERE dedupe_key = 'new';

@@ -896,7 +896,8 @@ CREATE INDEX inbox_event_due ON earmark.inbox_event (occurred_at, event_id)
     WHERE NOT finished;
 
 -- ---------------------------------------------------------------------------
--- Inbox: no foreign key from a receipt to its event (src/earmark.sql says
--- why; docs/inbox.md#the-event-row).
+-- Inbox: no foreign key from a receipt to its event, and no index on the
+-- receipts' event_id (src/earmark.sql says why; docs/inbox.md#the-event-row).
 -- ---------------------------------------------------------------------------
 ALTER TABLE earmark.inbox_receipt DROP CONSTRAINT inbox_receipt_event_id_fkey;
+DROP INDEX earmark.inbox_receipt_event;

@@ -435,8 +435,9 @@ earmark_inbox_receive(PG_FUNCTION_ARGS)
  * The same walk finds the events whose lease passed: one with attempts
  * left is claimed again; one whose lease passed on its last attempt (of
  * either side) is marked dead here, under the same SKIP LOCKED lock, and
- * left out of what the claim returns (so a claim that buries returns that
- * many fewer).  No index on locked_until or status is needed for it, and
+ * left out of what the claim returns (keep_claimed): a claim that buries
+ * returns that many fewer, and one that buried its whole batch runs again,
+ * so that a claim returns nothing only when nothing is due.  No index on locked_until or status is needed for it, and
  * so the claim's UPDATE changes no indexed column: a HOT update.
  *
  * $1 lease, $2 now, $3: true to claim events whose type has a handler
@@ -469,7 +470,7 @@ earmark_inbox_receive(PG_FUNCTION_ARGS)
 	"           LIMIT %d FOR UPDATE SKIP LOCKED) AS due" \
 	"   WHERE e.event_id = due.event_id" \
 	"  RETURNING e.*)" \
-	"SELECT * FROM c WHERE status = 'processing' ORDER BY occurred_at, event_id"
+	"SELECT * FROM c ORDER BY occurred_at, event_id"
 
 static const Oid claim_argtypes[4] = {INTERVALOID, TIMESTAMPTZOID, BOOLOID, INT4OID};
 
@@ -512,6 +513,34 @@ claim_plan(int max_events, bool with_handler)
 	return claim_plans[i];
 }
 
+/*
+ * Drop the events the claim buried (status dead) from SPI_tuptable, in
+ * place and in order; returns the number kept, *buried the number dropped.
+ */
+static uint64
+keep_claimed(uint64 *buried)
+{
+	SPITupleTable *t = SPI_tuptable;
+	int			status_col = SPI_fnumber(t->tupdesc, "status");
+	uint64		n = SPI_processed;
+	uint64		kept = 0;
+	uint64		i;
+
+	for (i = 0; i < n; i++)
+	{
+		bool		isnull;
+		char	   *status = TextDatumGetCString(SPI_getbinval(t->vals[i], t->tupdesc,
+															  status_col, &isnull));
+
+		if (strcmp(status, "processing") == 0)
+			t->vals[kept++] = t->vals[i];
+	}
+	*buried = n - kept;
+	t->numvals = kept;
+	SPI_processed = kept;
+	return kept;
+}
+
 /* claim into the caller's SPI connection; returns the number claimed */
 uint64
 em_inbox_claim(int max_events, Interval *lease, bool with_handler)
@@ -519,17 +548,23 @@ em_inbox_claim(int max_events, Interval *lease, bool with_handler)
 	Datum		args[4];
 	TimestampTz now = GetCurrentTimestamp();
 	MemoryContext cxt = CurrentMemoryContext;
+	uint64		n;
+	uint64		buried;
 	int			rc;
 
 	args[0] = IntervalPGetDatum(lease);
 	args[1] = TimestampTzGetDatum(now);
 	args[2] = BoolGetDatum(with_handler);
 	args[3] = Int32GetDatum(INBOX_MAX_ATTEMPTS);
-	rc = SPI_execute_plan(claim_plan(max_events, with_handler), args, NULL, false, 0);
-	MemoryContextSwitchTo(cxt);
-	if (rc < 0)
-		elog(ERROR, "earmark: inbox claim failed: %s", SPI_result_code_string(rc));
-	return SPI_processed;
+	do
+	{
+		rc = SPI_execute_plan(claim_plan(max_events, with_handler), args, NULL, false, 0);
+		MemoryContextSwitchTo(cxt);
+		if (rc < 0)
+			elog(ERROR, "earmark: inbox claim failed: %s", SPI_result_code_string(rc));
+		n = keep_claimed(&buried);
+	} while (n == 0 && buried > 0);
+	return n;
 }
 
 /*
