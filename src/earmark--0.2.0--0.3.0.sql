@@ -878,7 +878,8 @@ DROP INDEX earmark.ledger_budget;
 -- due index's predicate moves from status to finished (status applied,
 -- ignored or dead), which a claim leaves alone; inbox_event_leased goes (a
 -- claim finds passed leases in its walk of inbox_event_due); the fillfactor
--- leaves room on each page for the claims' new row versions.  The CHECK
+-- leaves room on each page for the claims' new row versions (on the pages
+-- written from now on; VACUUM FULL applies it to the old ones).  The CHECK
 -- constraints on status and verified_by go: only inbox.c writes them, with
 -- its own constants.  (finished is added without a default, then filled,
 -- so that the table has no "missing value" a fresh install's does not have.)

@@ -10,7 +10,11 @@
  *	  Locks: receiving takes the event row through INSERT ... ON CONFLICT
  *	  (a copy waits for a concurrent first delivery of the same key, then
  *	  only counts itself).  Claims lock due rows FOR UPDATE SKIP LOCKED, so
- *	  two consumers never wait for each other and never get the same event.
+ *	  two consumers never wait for each other and never get the same event;
+ *	  an event whose lease passed on its last attempt is marked dead under
+ *	  the same lock, by the claim whose walk meets it.  inbox_event has no
+ *	  CHECK constraints: this file is the only writer of status, finished
+ *	  and verified_by, and writes only the values docs/inbox.md lists.
  *	  complete, ignore, fail and replay update one event row.  No inbox
  *	  function touches a gate table, so the inbox and the gate cannot
  *	  deadlock with each other; handlers may call the gate, in their own
@@ -436,9 +440,10 @@ earmark_inbox_receive(PG_FUNCTION_ARGS)
  * left is claimed again; one whose lease passed on its last attempt (of
  * either side) is marked dead here, under the same SKIP LOCKED lock, and
  * left out of what the claim returns (keep_claimed): a claim that buries
- * returns that many fewer, and one that buried its whole batch runs again,
- * so that a claim returns nothing only when nothing is due.  No index on locked_until or status is needed for it, and
- * so the claim's UPDATE changes no indexed column: a HOT update.
+ * returns that many fewer, and one that buried its whole batch runs
+ * again, so that a claim returns nothing only when nothing is due.  No
+ * index on locked_until or status is needed for it, and so the claim's
+ * UPDATE changes no indexed column: a HOT update.
  *
  * $1 lease, $2 now, $3: true to claim events whose type has a handler
  * (the worker), false for the others (applications), so that an
