@@ -224,8 +224,9 @@ em_budget_admit(EmHold *h, EmBudget *b)
  * Expire a locked budget's dead holds, at the use they recorded: lock the
  * dead job rows (SKIP LOCKED: an expiry never waits for a job), expire
  * them (an expired job row with charged > 0 is its own ledger entry,
- * earmark.sql), and mark the cycle if one used something.  One single-table statement after another, each naming the
- * account, so that on Citus each runs on the account's shard alone.  A
+ * earmark.sql), and mark the cycle if one used something.  One
+ * single-table statement after another, each naming the account, so
+ * that on Citus each runs on the account's shard alone.  A
  * hold taken from an escrow slot is expired into the budget row like any
  * other (only the sums count: escrow.c).
  */
