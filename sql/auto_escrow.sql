@@ -8,7 +8,7 @@
 SET client_min_messages = warning;
 SET earmark.rate_limit = 0;
 SET earmark.lease = '1h';
-TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget_slot, earmark.budget,
+TRUNCATE earmark.meter_mark, earmark.ledger_entry, earmark.job, earmark.budget_slot, earmark.budget,
          earmark.usage_shard, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
 
 -- every account's cycle began 14 to 17 days ago: none ends while this runs
@@ -85,5 +85,5 @@ SELECT sum(room) AS room_in_slots FROM earmark.budget_slot WHERE account = 'warm
 SELECT count(*) AS violations FROM earmark_check();
 RESET earmark.auto_escrow_contenders;
 DROP FUNCTION escrow_of(text);
-TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget_slot, earmark.budget,
+TRUNCATE earmark.meter_mark, earmark.ledger_entry, earmark.job, earmark.budget_slot, earmark.budget,
          earmark.usage_shard, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;

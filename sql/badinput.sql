@@ -2,7 +2,7 @@
 -- and changes nothing.
 SET client_min_messages = warning;
 \pset null '<null>'
-TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget_slot, earmark.budget,
+TRUNCATE earmark.meter_mark, earmark.ledger_entry, earmark.job, earmark.budget_slot, earmark.budget,
          earmark.usage_shard, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
 
 SELECT earmark_set_limit('acct', 1000);

@@ -4,7 +4,7 @@
 SET client_min_messages = warning;
 SET timezone = 'UTC';
 \pset null '<null>'
-TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget_slot, earmark.budget,
+TRUNCATE earmark.meter_mark, earmark.ledger_entry, earmark.job, earmark.budget_slot, earmark.budget,
          earmark.usage_shard, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
 
 -- An agreement that started on 20 October at 15:29 UTC.

@@ -6,7 +6,7 @@ SET client_min_messages = warning;
 -- test says so
 SET earmark.lease = '1h';
 \pset null '<null>'
-TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget_slot, earmark.budget,
+TRUNCATE earmark.meter_mark, earmark.ledger_entry, earmark.job, earmark.budget_slot, earmark.budget,
          earmark.usage_shard, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
 
 -- Every account here starts its cycle 14 to 17 days ago (midnight UTC, day
@@ -177,11 +177,13 @@ SELECT earmark_set_limit('rated-2', 1000);
 SELECT admitted, reason FROM earmark_reserve('rated-2', 1, 'rate-1');
 RESET earmark.rate_limit;
 
--- The ledger: one row per settled job that used something, keyed by the
--- job; each changed cycle marked for the meter once.
-SELECT b.account, l.units
+-- The ledger: one entry per settled job that used something, keyed by the
+-- job (the settled job row itself, no row of earmark.ledger_entry); each
+-- changed cycle marked for the meter once.
+SELECT b.account, l.units, l.entry_id IS NULL AS job_row
 FROM earmark.ledger l JOIN earmark.budget b USING (budget_id)
-ORDER BY l.entry_id;
+ORDER BY l.occurred_at, l.job_id;
+SELECT count(*) AS ledger_entry_rows FROM earmark.ledger_entry;
 SELECT b.account FROM earmark.meter_mark m JOIN earmark.budget b USING (budget_id) ORDER BY 1;
 -- invariants: used = ledger sum, held = sum of open holds, used + held <= lim
 -- (but for 'plan', whose limit was lowered under a running hold)

@@ -5,7 +5,7 @@
 SET client_min_messages = warning;
 SET timezone = 'UTC';
 \pset null '<null>'
-TRUNCATE earmark.inbox_receipt, earmark.inbox_event, earmark.meter_mark, earmark.ledger,
+TRUNCATE earmark.inbox_receipt, earmark.inbox_event, earmark.meter_mark, earmark.ledger_entry,
          earmark.job, earmark.budget, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
 DELETE FROM earmark.inbox_handler WHERE event_type <> 'customer.plan_changed';
 

@@ -6,7 +6,7 @@
 -- predicate.  The table is fresh (truncated, not analyzed: the state in
 -- which the planner took job_open), and autovacuum stays off for it here.
 SET client_min_messages = warning;
-TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget_slot, earmark.budget,
+TRUNCATE earmark.meter_mark, earmark.ledger_entry, earmark.job, earmark.budget_slot, earmark.budget,
          earmark.usage_shard, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
 ALTER TABLE earmark.job SET (autovacuum_enabled = false);
 

@@ -14,7 +14,7 @@ SET client_min_messages = warning;
 SET timezone = 'UTC';
 \pset null '<null>'
 TRUNCATE earmark.meter_mark, earmark.meter_send, earmark.meter_review, earmark.local_meter,
-         earmark.evidence, earmark.usage_shard, earmark.ledger, earmark.job, earmark.budget,
+         earmark.evidence, earmark.usage_shard, earmark.ledger_entry, earmark.job, earmark.budget,
          earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
 UPDATE earmark.reporter_state SET blocked_until = NULL;
 

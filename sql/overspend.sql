@@ -12,7 +12,7 @@
 SET client_min_messages = warning;
 SET earmark.rate_limit = 0;
 \pset null '<null>'
-TRUNCATE earmark.meter_mark, earmark.meter_send, earmark.meter_review, earmark.evidence, earmark.ledger,
+TRUNCATE earmark.meter_mark, earmark.meter_send, earmark.meter_review, earmark.evidence, earmark.ledger_entry,
          earmark.job, earmark.budget_slot, earmark.budget, earmark.usage_shard, earmark.account_limit,
          earmark.account RESTART IDENTITY CASCADE;
 
@@ -80,7 +80,7 @@ SELECT admitted, remaining, reason FROM earmark_reserve('low', 1, 'one-more');
 SELECT invariant, account FROM earmark_check() ORDER BY invariant, account;
 
 -- 2. earmark_check() on states the gate must never leave, written by hand
-TRUNCATE earmark.meter_mark, earmark.meter_send, earmark.meter_review, earmark.evidence, earmark.ledger,
+TRUNCATE earmark.meter_mark, earmark.meter_send, earmark.meter_review, earmark.evidence, earmark.ledger_entry,
          earmark.job, earmark.budget_slot, earmark.budget, earmark.usage_shard, earmark.account_limit,
          earmark.account RESTART IDENTITY CASCADE;
 -- ('moved' keeps the calendar month: its part moves the anchor itself)

@@ -10,7 +10,7 @@
 -- comes from a slot.
 SET client_min_messages = warning;
 SET earmark.rate_limit = 0;
-TRUNCATE earmark.meter_mark, earmark.meter_send, earmark.meter_review, earmark.evidence, earmark.ledger,
+TRUNCATE earmark.meter_mark, earmark.meter_send, earmark.meter_review, earmark.evidence, earmark.ledger_entry,
          earmark.job, earmark.budget_slot, earmark.budget, earmark.usage_shard, earmark.account_limit,
          earmark.account RESTART IDENTITY CASCADE;
 

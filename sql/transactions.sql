@@ -3,7 +3,7 @@
 -- transaction rolled back can be used again.
 SET client_min_messages = warning;
 \pset null '<null>'
-TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget_slot, earmark.budget,
+TRUNCATE earmark.meter_mark, earmark.ledger_entry, earmark.job, earmark.budget_slot, earmark.budget,
          earmark.usage_shard, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
 
 -- Every account here starts its cycle 14 to 17 days ago (midnight UTC, day

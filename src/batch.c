@@ -28,7 +28,7 @@
  *	  written: a correction (its check against the cycle's total), and a key
  *	  repeated within the batch (its repeat check).
  *
- *	  Tables: earmark.ledger (the batch's keys looked up here; its rows,
+ *	  Tables: earmark.ledger_entry (the batch's keys looked up here; its rows,
  *	  with their counters and marks, written through entries.c); the rest
  *	  through the single calls' steps (gate.c, ledger.c).
  *
@@ -203,7 +203,7 @@ typedef struct UsageBatch
 
 /* the keys of the batch that the ledger already has */
 static EmStatement keys_known = {
-	"SELECT entry_key FROM earmark.ledger WHERE account = $1 AND entry_key = ANY ($2)",
+	"SELECT entry_key FROM earmark.ledger_entry WHERE account = $1 AND entry_key = ANY ($2)",
 	2, {TEXTOID, TEXTARRAYOID}
 };
 

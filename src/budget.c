@@ -8,8 +8,8 @@
  *	  ledger (ledger.c) creates budget rows and takes mark locks here too.
  *
  *	  Tables: earmark.budget, earmark.job (inserted and expired here),
- *	  earmark.ledger (an expiry's rows, written through entries.c) and
- *	  earmark.meter_mark (its mark).
+ *	  and earmark.meter_mark (an expiry's mark; an expired job row is its
+ *	  own ledger entry, see the view earmark.ledger).
  *
  *	  Locks: the budget row FOR UPDATE (em_budget_lock; the callers hold
  *	  it for the rest of their transaction); dead job rows FOR UPDATE SKIP
@@ -44,7 +44,6 @@
 
 #include "budget.h"
 #include "earmark.h"
-#include "entries.h"
 #include "settings.h"
 #include "spi.h"
 
@@ -224,9 +223,10 @@ em_budget_admit(EmHold *h, EmBudget *b)
 /*
  * Expire a locked budget's dead holds, at the use they recorded: lock the
  * dead job rows (SKIP LOCKED: an expiry never waits for a job), expire
- * them, write a ledger row for each that used something, and mark the
- * cycle.  One single-table statement after another, each naming the
- * account, so that on Citus each runs on the account's shard alone.  A
+ * them (an expired job row with charged > 0 is its own ledger entry,
+ * earmark.sql), and mark the cycle if one used something.  One
+ * single-table statement after another, each naming the account, so
+ * that on Citus each runs on the account's shard alone.  A
  * hold taken from an escrow slot is expired into the budget row like any
  * other (only the sums count: escrow.c).
  */
@@ -310,9 +310,6 @@ em_budget_expire(text *account, int64 budget_id, TimestampTz now, int max,
 	int			n;
 	int			i;
 	int64		expired;
-	int64	   *job_ids;
-	int64	   *used;
-	bool		wrote = false;
 
 	*released = 0;
 	*charged = 0;
@@ -330,24 +327,14 @@ em_budget_expire(text *account, int64 budget_id, TimestampTz now, int max,
 	args[2] = TimestampTzGetDatum(now);
 	em_exec(&expire_locked_jobs, args, NULL, 0);
 	expired = (int64) SPI_processed;
-	job_ids = palloc(sizeof(int64) * Max(expired, 1));
-	used = palloc(sizeof(int64) * Max(expired, 1));
 	for (i = 0; i < expired; i++)
 	{
-		job_ids[i] = em_get_int64(i, EJ_JOB_ID, 0);
 		*released += em_get_int64(i, EJ_AMOUNT, 0);	/* the whole hold leaves held */
-		used[i] = em_get_int64(i, EJ_USED, 0);
-		*charged += used[i];
+		*charged += em_get_int64(i, EJ_USED, 0);
 	}
 
-	for (i = 0; i < expired; i++)
-	{
-		if (used[i] <= 0)
-			continue;
-		em_entry_job(account, budget_id, used[i], job_ids[i], now);
-		wrote = true;
-	}
-	if (wrote)
+	/* the expired job rows (charged = used) are the ledger entries */
+	if (*charged > 0)
 		em_mark_cycle(account, budget_id);
 	return expired;
 }

@@ -316,17 +316,17 @@ SELECT 'used_mismatch', b.account, b.feature, b.cycle_start,
 UNION ALL
 SELECT 'settled_twice', j.account, j.feature, NULL::timestamptz,
        format('job %s (%s) charged %s, its ledger rows add up to %s in %s rows',
-              j.job_id, j.status, j.charged, coalesce(sum(l.units), 0), count(l.entry_id))
+              j.job_id, j.status, j.charged, coalesce(sum(l.units), 0), count(l.budget_id))
   FROM earmark.job j LEFT JOIN earmark.ledger l ON l.account = j.account AND l.job_id = j.job_id
  WHERE j.status NOT IN ('running', 'capped')
  GROUP BY j.account, j.job_id
-HAVING count(l.entry_id) > 1 OR coalesce(sum(l.units), 0) <> coalesce(j.charged, 0)
+HAVING count(l.budget_id) > 1 OR coalesce(sum(l.units), 0) <> coalesce(j.charged, 0)
     OR j.charged IS NULL OR j.settled_at IS NULL
 UNION ALL
 SELECT 'open_job_settled', j.account, j.feature, NULL::timestamptz,
        format('job %s is %s but has a ledger row or a settlement', j.job_id, j.status)
   FROM earmark.job j LEFT JOIN earmark.ledger l ON l.account = j.account AND l.job_id = j.job_id
- WHERE j.status IN ('running', 'capped') AND (j.settled_at IS NOT NULL OR l.entry_id IS NOT NULL)
+ WHERE j.status IN ('running', 'capped') AND (j.settled_at IS NOT NULL OR l.budget_id IS NOT NULL)
 UNION ALL
 SELECT 'charge_over_hold', j.account, j.feature, NULL::timestamptz,
        format('job %s: hold %s, recorded use %s, charged %s, released %s',
@@ -400,7 +400,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     per_account text[] := ARRAY['earmark.account', 'earmark.account_limit', 'earmark.budget',
-        'earmark.budget_slot', 'earmark.job', 'earmark.ledger', 'earmark.usage_shard',
+        'earmark.budget_slot', 'earmark.job', 'earmark.ledger_entry', 'earmark.usage_shard',
         'earmark.meter_mark', 'earmark.meter_send', 'earmark.meter_review', 'earmark.evidence',
         'earmark.local_meter'];
     reference text[] := ARRAY['earmark.plan_limit', 'earmark.webhook_secret'];
@@ -557,7 +557,7 @@ BEGIN
           FROM earmark.budget GROUP BY 1
         UNION ALL
         SELECT entry_id >> 48, 'earmark.entry_id_seq', max(entry_id & 281474976710655)
-          FROM earmark.ledger GROUP BY 1
+          FROM earmark.ledger_entry GROUP BY 1
         UNION ALL
         SELECT send_id >> 48, 'earmark.send_id_seq', max(send_id & 281474976710655)
           FROM earmark.meter_send GROUP BY 1
@@ -902,3 +902,26 @@ CREATE INDEX inbox_event_due ON earmark.inbox_event (occurred_at, event_id)
 -- ---------------------------------------------------------------------------
 ALTER TABLE earmark.inbox_receipt DROP CONSTRAINT inbox_receipt_event_id_fkey;
 DROP INDEX earmark.inbox_receipt_event;
+
+-- ---------------------------------------------------------------------
+-- A settled job is its own ledger entry.  A settlement (or an
+-- expiry) writes its charged units, budget and settled_at into the job
+-- row it updates anyway, and inserts no ledger row.  The table becomes
+-- earmark.ledger_entry (recorded usage, corrections, and the job rows
+-- 0.2.0 wrote, all kept as they are), and earmark.ledger a view of it and
+-- of the settled jobs that charged something and have no row of their own
+-- there: a job 0.2.0 settled counts through its row, once.
+-- ---------------------------------------------------------------------
+ALTER TABLE earmark.ledger RENAME TO ledger_entry;
+CREATE VIEW earmark.ledger AS
+SELECT e.entry_id, e.budget_id, e.units, e.job_id, e.entry_key, e.occurred_at, e.recorded_at,
+       e.account
+  FROM earmark.ledger_entry e
+UNION ALL
+SELECT NULL::bigint, j.budget_id, j.charged, j.job_id, NULL::text, j.settled_at, j.settled_at,
+       j.account
+  FROM earmark.job j
+ WHERE j.charged > 0
+   AND NOT EXISTS (SELECT 1 FROM earmark.ledger_entry o
+                    WHERE o.account = j.account AND o.job_id = j.job_id);
+REVOKE ALL ON earmark.ledger FROM PUBLIC;

@@ -180,28 +180,56 @@ CREATE INDEX account_limits_wanted ON earmark.account (limits_wanted_at)
 CREATE INDEX job_open ON earmark.job (account, budget_id)
     WHERE status IN ('running', 'capped');
 
--- The usage ledger: append-only, the record of what was used.  A settled
--- job writes one row keyed by its job_id; usage that did not pass a hold
--- (earmark_record_usage) is keyed by the caller's idempotency key, unique
--- per account.  A correction is a row with negative units in the cycle it
--- corrects.  Nothing updates or deletes a row.
-CREATE TABLE earmark.ledger (
+-- The usage ledger: append-only, the record of what was used.  It is the
+-- view earmark.ledger below, over two tables that nothing updates or
+-- deletes a ledger row of:
+--  * earmark.ledger_entry: usage that did not pass a hold
+--    (earmark_record_usage), keyed by the caller's idempotency key, unique
+--    per account, and corrections (negative units, in the cycle they
+--    correct); and the rows settled jobs wrote before 0.3.0, keyed by
+--    their job_id;
+--  * earmark.job: since 0.3.0 a settled job that charged something is its
+--    own ledger entry (charged units, budget_id, settled_at): the
+--    settlement already writes that row, so it inserts no second one (a
+--    heap row and two index entries fewer a job).  A settled job's row
+--    never changes again: every UPDATE of earmark.job matches open jobs
+--    only (status 'running' or 'capped'), and nothing deletes a job.
+-- A job with a row of its own in earmark.ledger_entry (settled by 0.2.0)
+-- counts through that row only, so nothing counts twice.
+CREATE TABLE earmark.ledger_entry (
     entry_id        bigint NOT NULL DEFAULT earmark.next_id('earmark.entry_id_seq'),
     budget_id       bigint NOT NULL,
     units           bigint NOT NULL,
-    job_id          bigint,                             -- a settled job's row, or
+    job_id          bigint,                             -- a job's row (0.2.0), or
     entry_key       text,                               -- the caller's key and
     occurred_at     timestamptz NOT NULL,
     recorded_at     timestamptz NOT NULL DEFAULT pg_catalog.now(),
     account         text NOT NULL,                      -- (0.2.0 added it, hence last)
     -- led by (account, budget_id), which the cycle totals read: no index
-    -- of its own for them, one index write fewer per ledger row
-    PRIMARY KEY (account, budget_id, entry_id),
-    UNIQUE (account, job_id)
+    -- of its own for them, one index write fewer per ledger row.  (The
+    -- names are those of 0.2.0's table, renamed by the upgrade.)
+    CONSTRAINT ledger_pkey PRIMARY KEY (account, budget_id, entry_id),
+    CONSTRAINT ledger_account_job_id_key UNIQUE (account, job_id)
 );
-ALTER SEQUENCE earmark.entry_id_seq OWNED BY earmark.ledger.entry_id;
-CREATE UNIQUE INDEX ledger_entry_key ON earmark.ledger (account, entry_key)
+ALTER SEQUENCE earmark.entry_id_seq OWNED BY earmark.ledger_entry.entry_id;
+CREATE UNIQUE INDEX ledger_entry_key ON earmark.ledger_entry (account, entry_key)
     WHERE entry_key IS NOT NULL;
+
+-- The ledger as one relation, with the columns of 0.2.0's table: a settled
+-- job's entry has no entry_id (NULL), and its occurred_at and recorded_at
+-- are its settled_at.  charged is set only by a settlement, so charged > 0
+-- is a settled job that charged something.
+CREATE VIEW earmark.ledger AS
+SELECT e.entry_id, e.budget_id, e.units, e.job_id, e.entry_key, e.occurred_at, e.recorded_at,
+       e.account
+  FROM earmark.ledger_entry e
+UNION ALL
+SELECT NULL::bigint, j.budget_id, j.charged, j.job_id, NULL::text, j.settled_at, j.settled_at,
+       j.account
+  FROM earmark.job j
+ WHERE j.charged > 0
+   AND NOT EXISTS (SELECT 1 FROM earmark.ledger_entry o
+                    WHERE o.account = j.account AND o.job_id = j.job_id);
 
 -- The counters of recorded usage: a cycle's units from earmark_record_usage
 -- split over 64 rows, one picked at random per write, added on read.  So
@@ -1005,7 +1033,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     per_account text[] := ARRAY['earmark.account', 'earmark.account_limit', 'earmark.budget',
-        'earmark.budget_slot', 'earmark.job', 'earmark.ledger', 'earmark.usage_shard',
+        'earmark.budget_slot', 'earmark.job', 'earmark.ledger_entry', 'earmark.usage_shard',
         'earmark.meter_mark', 'earmark.meter_send', 'earmark.meter_review', 'earmark.evidence',
         'earmark.local_meter'];
     reference text[] := ARRAY['earmark.plan_limit', 'earmark.webhook_secret'];
@@ -1162,7 +1190,7 @@ BEGIN
           FROM earmark.budget GROUP BY 1
         UNION ALL
         SELECT entry_id >> 48, 'earmark.entry_id_seq', max(entry_id & 281474976710655)
-          FROM earmark.ledger GROUP BY 1
+          FROM earmark.ledger_entry GROUP BY 1
         UNION ALL
         SELECT send_id >> 48, 'earmark.send_id_seq', max(send_id & 281474976710655)
           FROM earmark.meter_send GROUP BY 1
@@ -1311,17 +1339,17 @@ SELECT 'used_mismatch', b.account, b.feature, b.cycle_start,
 UNION ALL
 SELECT 'settled_twice', j.account, j.feature, NULL::timestamptz,
        format('job %s (%s) charged %s, its ledger rows add up to %s in %s rows',
-              j.job_id, j.status, j.charged, coalesce(sum(l.units), 0), count(l.entry_id))
+              j.job_id, j.status, j.charged, coalesce(sum(l.units), 0), count(l.budget_id))
   FROM earmark.job j LEFT JOIN earmark.ledger l ON l.account = j.account AND l.job_id = j.job_id
  WHERE j.status NOT IN ('running', 'capped')
  GROUP BY j.account, j.job_id
-HAVING count(l.entry_id) > 1 OR coalesce(sum(l.units), 0) <> coalesce(j.charged, 0)
+HAVING count(l.budget_id) > 1 OR coalesce(sum(l.units), 0) <> coalesce(j.charged, 0)
     OR j.charged IS NULL OR j.settled_at IS NULL
 UNION ALL
 SELECT 'open_job_settled', j.account, j.feature, NULL::timestamptz,
        format('job %s is %s but has a ledger row or a settlement', j.job_id, j.status)
   FROM earmark.job j LEFT JOIN earmark.ledger l ON l.account = j.account AND l.job_id = j.job_id
- WHERE j.status IN ('running', 'capped') AND (j.settled_at IS NOT NULL OR l.entry_id IS NOT NULL)
+ WHERE j.status IN ('running', 'capped') AND (j.settled_at IS NOT NULL OR l.budget_id IS NOT NULL)
 UNION ALL
 SELECT 'charge_over_hold', j.account, j.feature, NULL::timestamptz,
        format('job %s: hold %s, recorded use %s, charged %s, released %s',
@@ -1368,7 +1396,7 @@ SELECT pg_catalog.pg_extension_config_dump('earmark.plan_limit', '');
 SELECT pg_catalog.pg_extension_config_dump('earmark.budget', '');
 SELECT pg_catalog.pg_extension_config_dump('earmark.budget_slot', '');
 SELECT pg_catalog.pg_extension_config_dump('earmark.job', '');
-SELECT pg_catalog.pg_extension_config_dump('earmark.ledger', '');
+SELECT pg_catalog.pg_extension_config_dump('earmark.ledger_entry', '');
 SELECT pg_catalog.pg_extension_config_dump('earmark.usage_shard', '');
 SELECT pg_catalog.pg_extension_config_dump('earmark.meter_mark', '');
 SELECT pg_catalog.pg_extension_config_dump('earmark.meter_send', '');

@@ -2,14 +2,16 @@
  *
  * entries.c
  *	  The ledger's rows and their SQL: every statement that writes
- *	  earmark.ledger.  A job's row (a settlement, gate.c; an expiry,
- *	  budget.c), a key's row (earmark_record_usage, ledger.c), many keys'
- *	  rows (earmark_record_usage_many, batch.c), and a settlement on a
- *	  single node (gate.c).  What a row means, and when one is written, is
- *	  its caller's; the statements are here, so that the ledger's columns
- *	  and its key's conflict rule are written once.
+ *	  earmark.ledger_entry.  A key's row (earmark_record_usage, ledger.c),
+ *	  many keys' rows (earmark_record_usage_many, batch.c), and a
+ *	  settlement on a single node (gate.c).  A settled job writes no row
+ *	  here: since 0.3.0 its own job row, which its settlement writes, is its
+ *	  ledger entry (the view earmark.ledger, earmark.sql).  What a row
+ *	  means, and when one is written, is its caller's; the statements are
+ *	  here, so that the ledger's columns and its key's conflict rule are
+ *	  written once.
  *
- *	  Tables: earmark.ledger (append-only); in the statements that write a
+ *	  Tables: earmark.ledger_entry (append-only); in the statements that write a
  *	  row with what goes with it, earmark.usage_shard and earmark.meter_mark
  *	  (the batch's counters and marks) and earmark.budget (a settlement's
  *	  held and used).
@@ -19,8 +21,7 @@
  *	  settlement updates (and so locks) the budget row.  The callers hold
  *	  what the rows need: the cycle's mark lock, shared, taken before any
  *	  row is written (budget.c: the reporter never deletes a mark whose
- *	  usage it has not seen), and the job row's lock before a job's row
- *	  (gate.c, budget.c).
+ *	  usage it has not seen).
  *
  *	  Every statement names the account (account = $1 on every relation),
  *	  so that on Citus it runs on the account's shard alone; the statements
@@ -38,18 +39,12 @@
 #include "entries.h"
 #include "spi.h"
 
-static EmStatement job_row = {
-	"INSERT INTO earmark.ledger (account, budget_id, units, job_id, occurred_at) "
-	"VALUES ($1, $2, $3, $4, $5)",
-	5, {TEXTOID, INT8OID, INT8OID, INT8OID, TIMESTAMPTZOID}
-};
-
 /*
  * Nothing when the key is already taken (a concurrent writer of the same
  * key is waited for by the unique index, then conflicts).
  */
 static EmStatement key_row = {
-	"INSERT INTO earmark.ledger (account, budget_id, units, entry_key, occurred_at, recorded_at) "
+	"INSERT INTO earmark.ledger_entry (account, budget_id, units, entry_key, occurred_at, recorded_at) "
 	"VALUES ($1, $2, $3, $4, $5, $6) "
 	"ON CONFLICT (account, entry_key) WHERE entry_key IS NOT NULL DO NOTHING",
 	6, {TEXTOID, INT8OID, INT8OID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
@@ -65,7 +60,7 @@ static EmStatement key_rows = {
 	"WITH e AS (SELECT * FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::bigint[]), "
 	"                                    pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::timestamptz[])) "
 	"           WITH ORDINALITY AS e (budget_id, units, entry_key, occurred_at, n)),"
-	" l AS (INSERT INTO earmark.ledger (account, budget_id, units, entry_key, occurred_at, recorded_at)"
+	" l AS (INSERT INTO earmark.ledger_entry (account, budget_id, units, entry_key, occurred_at, recorded_at)"
 	"       SELECT $1, e.budget_id, e.units, e.entry_key, e.occurred_at, $7 FROM e ORDER BY e.n"
 	"       ON CONFLICT (account, entry_key) WHERE entry_key IS NOT NULL DO NOTHING"
 	"       RETURNING budget_id, units, entry_key),"
@@ -82,36 +77,20 @@ static EmStatement key_rows = {
 
 /*
  * A settlement of a hold in the budget row, on a single node: the
- * release, the job's row and the mark in one statement (two statements
- * fewer than gate.c's one after another).  The row and the mark are
- * written only after the budget row's update, which they depend on: l
- * reads b and the main statement reads l, so b runs first.  Not on Citus,
- * which plans a statement of several writes in steps whose intermediate
- * results go to every node.
+ * release and the mark in one statement (a statement fewer than gate.c's
+ * one after another).  The mark is written only after the budget row's
+ * update, which it depends on: the main statement reads b, so b runs
+ * first.  (The job row, which the caller's settlement wrote, is the
+ * ledger entry.)  Not on Citus, which plans a statement of several writes
+ * in steps whose intermediate results go to every node.
  */
 static EmStatement settle_local = {
 	"WITH b AS (UPDATE earmark.budget SET held = held - $3, used = used + $4 "
-	"           WHERE account = $1 AND budget_id = $2 RETURNING 1),"
-	" l AS (INSERT INTO earmark.ledger (account, budget_id, units, job_id, occurred_at) "
-	"       SELECT $1, $2, $4, $5, $6 WHERE $4 > 0 AND EXISTS (SELECT 1 FROM b) RETURNING 1) "
+	"           WHERE account = $1 AND budget_id = $2 RETURNING 1) "
 	"INSERT INTO earmark.meter_mark (account, budget_id) "
-	"SELECT $1, $2 WHERE EXISTS (SELECT 1 FROM l) ON CONFLICT DO NOTHING",
-	6, {TEXTOID, INT8OID, INT8OID, INT8OID, INT8OID, TIMESTAMPTZOID}
+	"SELECT $1, $2 WHERE $4 > 0 AND EXISTS (SELECT 1 FROM b) ON CONFLICT DO NOTHING",
+	4, {TEXTOID, INT8OID, INT8OID, INT8OID}
 };
-
-void
-em_entry_job(text *account, int64 budget_id, int64 units, int64 job_id,
-			 TimestampTz at)
-{
-	Datum		args[5];
-
-	args[0] = PointerGetDatum(account);
-	args[1] = Int64GetDatum(budget_id);
-	args[2] = Int64GetDatum(units);
-	args[3] = Int64GetDatum(job_id);
-	args[4] = TimestampTzGetDatum(at);
-	em_exec(&job_row, args, NULL, 0);
-}
 
 bool
 em_entry_key(text *account, int64 budget_id, int64 units, text *key,
@@ -162,15 +141,13 @@ em_entry_keys(text *account, int n, Datum *budget_ids, Datum *units,
 
 void
 em_entry_settle_local(text *account, int64 budget_id, int64 amount,
-					  int64 charged, int64 job_id, TimestampTz at)
+					  int64 charged)
 {
-	Datum		args[6];
+	Datum		args[4];
 
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
 	args[2] = Int64GetDatum(amount);
 	args[3] = Int64GetDatum(charged);
-	args[4] = Int64GetDatum(job_id);
-	args[5] = TimestampTzGetDatum(at);
 	em_exec(&settle_local, args, NULL, 0);
 }

@@ -2,8 +2,8 @@
  *
  * entries.h
  *	  The ledger's rows (entries.c): every statement that writes
- *	  earmark.ledger, for the gate, the budget's expiry, the usage ledger
- *	  and the batch forms.
+ *	  earmark.ledger_entry, for the usage ledger and the batch forms, and
+ *	  the gate's single-node settlement.
  *
  *-------------------------------------------------------------------------
  */
@@ -13,10 +13,6 @@
 #include "postgres.h"
 
 #include "datatype/timestamp.h"
-
-/* a job's row: what a settlement or an expiry charged */
-extern void em_entry_job(text *account, int64 budget_id, int64 units,
-						 int64 job_id, TimestampTz at);
 
 /* a key's row (recorded usage); false when the key had written it already */
 extern bool em_entry_key(text *account, int64 budget_id, int64 units, text *key,
@@ -33,11 +29,10 @@ extern void em_entry_keys(text *account, int n, Datum *budget_ids, Datum *units,
 						  TimestampTz recorded_at, bool *written);
 
 /*
- * A settlement into the budget row on a single node: the release, the
- * job's row (when it charged something) and the cycle's mark, in one
- * statement.
+ * A settlement into the budget row on a single node: the release and
+ * (when it charged something) the cycle's mark, in one statement.
  */
 extern void em_entry_settle_local(text *account, int64 budget_id, int64 amount,
-								  int64 charged, int64 job_id, TimestampTz at);
+								  int64 charged);
 
 #endif							/* EARMARK_ENTRIES_H */

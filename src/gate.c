@@ -6,9 +6,9 @@
  *
  *	  Tables: earmark.job (the holds), earmark.budget (through budget.c,
  *	  and a settlement's held and used), earmark.budget_slot (a settlement
- *	  of a hold taken from a slot), earmark.ledger (through entries.c) and
- *	  earmark.meter_mark (a row and a mark per settlement that charged
- *	  something).
+ *	  of a hold taken from a slot) and earmark.meter_mark (a mark per
+ *	  settlement that charged something; the settled job row itself is its
+ *	  ledger entry, see the view earmark.ledger).
  *
  *	  Locks, and why they cannot deadlock among themselves:
  *	  - reserve locks the budget row FOR UPDATE (check and hold in one
@@ -36,7 +36,7 @@
  *
  *	  Every statement names the account (account = $1 on every relation),
  *	  so that on Citus it runs on the account's shard alone; the one
- *	  statement of several writes (a settlement's budget, ledger row and
+ *	  statement of several writes (a settlement's budget and
  *	  mark, em_entry_settle_local) runs only on a single node.  A lease end
  *	  computed from a column is done in UTC timestamps, which Citus accepts
  *	  in an UPDATE (timestamptz + interval is only STABLE).
@@ -1184,15 +1184,17 @@ settle_release(text *account, Job *j, Settle *s)
 
 /*
  * What follows from a settlement written by settle_job (the job row is
- * locked): the release into the budget or a slot, the ledger row and the
- * cycle's mark.  A hold in the budget row on a single node settles in one
- * statement (em_entry_settle_local, entries.c: two statements fewer); not
+ * locked): the release into the budget or a slot and the cycle's mark.
+ * The job row settle_job wrote (charged, budget_id, settled_at) is the
+ * ledger entry itself: no ledger row is inserted (earmark.sql, the view
+ * earmark.ledger).  A hold in the budget row on a single node settles in one
+ * statement (em_entry_settle_local, entries.c: a statement fewer); not
  * on Citus, which plans a statement of several writes in steps whose
  * intermediate results go to every node: there the statements run one
  * after another.
  */
 static void
-write_settlement(text *account, int64 job_id, Job *j, Settle *s, TimestampTz now)
+write_settlement(text *account, Job *j, Settle *s)
 {
 	bool		wrote_budget;
 
@@ -1200,15 +1202,13 @@ write_settlement(text *account, int64 job_id, Job *j, Settle *s, TimestampTz now
 		em_mark_lock(j->budget_id); /* see budget.c */
 	if (!(j->has_slot && j->has_gen) && !em_distributed())
 	{
-		em_entry_settle_local(account, j->budget_id, j->amount, s->charged,
-							  job_id, now);
+		em_entry_settle_local(account, j->budget_id, j->amount, s->charged);
 		return;
 	}
 	wrote_budget = settle_release(account, j, s);
 	if (s->charged <= 0 || !wrote_budget)
 		return;
 
-	em_entry_job(account, j->budget_id, s->charged, job_id, now);
 	em_mark_cycle(account, j->budget_id);
 }
 
@@ -1291,7 +1291,7 @@ settle_job_now(text *account, int64 job_id, bool has_used, int64 used,
 	d = em_get(0, SJ_GEN, &isnull);
 	j.has_gen = !isnull;
 	j.gen = isnull ? 0 : DatumGetInt64(d);
-	write_settlement(account, job_id, &j, s, now);
+	write_settlement(account, &j, s);
 }
 
 Datum

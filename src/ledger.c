@@ -4,7 +4,7 @@
  *	  The usage ledger's writers and its counters: earmark_record_usage,
  *	  the cycle's meter mark, and a cycle's total read without a scan.
  *
- *	  Tables: earmark.ledger (a key's row read here, written through
+ *	  Tables: earmark.ledger_entry (a key's row read here, written through
  *	  entries.c), earmark.usage_shard (64 counter rows per cycle),
  *	  earmark.meter_mark, and earmark.budget rows, which are created here
  *	  on a cycle's first usage but not locked (a positive record touches no
@@ -60,7 +60,7 @@ enum
 };
 
 static EmStatement key_row = {
-	"SELECT l.units, b.feature FROM earmark.ledger l "
+	"SELECT l.units, b.feature FROM earmark.ledger_entry l "
 	"JOIN earmark.budget b ON b.account = l.account AND b.budget_id = l.budget_id "
 	"WHERE l.account = $1 AND l.entry_key = $2",
 	2, {TEXTOID, TEXTOID}

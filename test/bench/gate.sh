@@ -48,8 +48,8 @@
 # hold is charged N units right after its reserve (earmark_charge), with a
 # 2 s lease instead (a 1 ms one would pass before the charge), and the
 # sweep starts once every lease has passed; an expired hold that used
-# something also writes a ledger row and marks its cycle, so this times
-# that path too.  Afterwards every swept hold must have been charged N and
+# something is also a ledger entry (its expired job row; a ledger row
+# before 0.3.0) and marks its cycle, so this times that path too.  Afterwards every swept hold must have been charged N and
 # the 100 accounts' used must add up to BENCH_SWEEP_JOBS x N.
 #
 # Prints markdown tables: jobs/s per scenario, cost per job, waits, the

@@ -177,7 +177,7 @@ node_cpu() {
 }
 
 PER_ACCOUNT="earmark.account earmark.account_limit earmark.budget earmark.budget_slot earmark.job
-earmark.ledger earmark.usage_shard earmark.meter_mark earmark.meter_send earmark.meter_review
+earmark.ledger_entry earmark.usage_shard earmark.meter_mark earmark.meter_send earmark.meter_review
 earmark.evidence earmark.local_meter"
 REFERENCE="earmark.plan_limit earmark.webhook_secret"
 COORD_ONLY="earmark.inbox_event earmark.inbox_receipt earmark.inbox_handler earmark.jwks earmark.reporter_state"
@@ -663,7 +663,7 @@ for n in 1 2; do
     is "$(for t in earmark.reporter_state earmark.inbox_handler; do ct_val $n "SELECT count(*) FROM ONLY $t"; done | paste -sd' ')" \
        "0 0" "worker $n: the install's seed rows of reporter_state and inbox_handler are cleared there (coordinator-only tables)"
 done
-is "$(ct_val 0 "SELECT count(*) - count(DISTINCT job_id) FROM earmark.job")|$(ct_val 0 "SELECT count(*) - count(DISTINCT entry_id) FROM earmark.ledger")|$(ct_val 0 "SELECT count(*) - count(DISTINCT budget_id) FROM earmark.budget")" \
+is "$(ct_val 0 "SELECT count(*) - count(DISTINCT job_id) FROM earmark.job")|$(ct_val 0 "SELECT count(*) - count(DISTINCT entry_id) FROM earmark.ledger_entry")|$(ct_val 0 "SELECT count(*) - count(DISTINCT budget_id) FROM earmark.budget")" \
    "0|0|0" "job, ledger entry and budget ids are unique in the whole cluster"
 is "$(ct_val 0 "WITH j AS MATERIALIZED (SELECT account, job_id >> 48 AS g FROM earmark.job)
                 SELECT count(*) FILTER (WHERE j.g <> p.groupid) || ' of ' || count(*)

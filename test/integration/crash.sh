@@ -214,7 +214,7 @@ $P -c "CREATE EXTENSION IF NOT EXISTS earmark" >/dev/null
 $P >/dev/null <<'SQL'
 SELECT earmark_inbox_set_handler(event_type, NULL) FROM earmark.inbox_handler WHERE event_type LIKE 'crash.%';
 DELETE FROM earmark.inbox_event WHERE source = 'crash';
-DELETE FROM earmark.ledger WHERE account LIKE 'crash\_%';
+DELETE FROM earmark.ledger_entry WHERE account LIKE 'crash\_%';
 DELETE FROM earmark.usage_shard WHERE account LIKE 'crash\_%';
 DELETE FROM earmark.meter_mark WHERE account LIKE 'crash\_%';
 DELETE FROM earmark.meter_send WHERE account LIKE 'crash\_%';

@@ -47,7 +47,7 @@ clean() {
     q -d postgres -v run="$HUNT_RUN" >/dev/null 2>&1 <<'SQL'
 BEGIN;
 CREATE TEMP TABLE gone ON COMMIT DROP AS SELECT budget_id FROM earmark.budget WHERE account LIKE :'run' || '\_%';
-DELETE FROM earmark.ledger WHERE budget_id IN (SELECT budget_id FROM gone);
+DELETE FROM earmark.ledger_entry WHERE budget_id IN (SELECT budget_id FROM gone);
 DELETE FROM earmark.usage_shard WHERE budget_id IN (SELECT budget_id FROM gone);
 DELETE FROM earmark.meter_mark WHERE budget_id IN (SELECT budget_id FROM gone);
 DELETE FROM earmark.meter_send WHERE budget_id IN (SELECT budget_id FROM gone);

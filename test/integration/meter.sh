@@ -120,7 +120,7 @@ secrets_file() {
 secrets_file 600 "# earmark's provider secrets" "client_secret = $SECRET" "token = btok" "hmac_secret = $HMAC"
 
 q -c "CREATE EXTENSION IF NOT EXISTS earmark" >/dev/null
-q -c "TRUNCATE earmark.budget, earmark.job, earmark.ledger, earmark.meter_send, earmark.meter_review, earmark.evidence" \
+q -c "TRUNCATE earmark.budget, earmark.job, earmark.ledger_entry, earmark.meter_send, earmark.meter_review, earmark.evidence" \
   -c "UPDATE earmark.reporter_state SET blocked_until = NULL" >/dev/null
 set_conf earmark.provider kinde earmark.kinde_domain "$BASE" \
          earmark.provider_client_id earmark-test earmark.provider_secrets_file "$WORK/secrets" \

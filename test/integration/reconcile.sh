@@ -60,7 +60,7 @@ reload_conf "ALTER SYSTEM SET earmark.provider = 'kinde'" "ALTER SYSTEM SET earm
             "ALTER SYSTEM SET earmark.report_interval = '1s'"
 # a clean slate for this script's accounts (it may run twice on one cluster)
 q -c "CREATE TEMP TABLE gone AS SELECT budget_id FROM earmark.budget WHERE account LIKE 'rec%'" \
-  -c "DELETE FROM earmark.ledger WHERE budget_id IN (SELECT budget_id FROM gone)" \
+  -c "DELETE FROM earmark.ledger_entry WHERE budget_id IN (SELECT budget_id FROM gone)" \
   -c "DELETE FROM earmark.usage_shard WHERE budget_id IN (SELECT budget_id FROM gone)" \
   -c "DELETE FROM earmark.meter_mark WHERE budget_id IN (SELECT budget_id FROM gone)" \
   -c "DELETE FROM earmark.meter_send WHERE budget_id IN (SELECT budget_id FROM gone)" \

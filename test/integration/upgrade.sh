@@ -245,6 +245,22 @@ is "$(q -d "$OLD" -c "SELECT account || ' ' || units FROM earmark.ledger WHERE e
    "acme 30" "... with its account"
 is "$(q -d "$OLD" -c "SELECT used || ' ' || held || ' ' || remaining FROM earmark_budget('acme')")" \
    "1550 1000 7450" "earmark_budget: old and new usage together (1200 + 200 expired + 120 settled + 30 recorded)"
+# 0.3.0 writes no ledger row for a settled job: the job row is the entry
+# (the view earmark.ledger); the jobs 0.1.0 settled count through their
+# rows, once each
+is "$(q -d "$OLD" -c "SELECT string_agg(j.idempotency_key || ' ' || l.units || ' ' || (l.entry_id IS NULL), ', ' ORDER BY j.idempotency_key)
+                      FROM earmark.ledger l JOIN earmark.job j USING (account, job_id)
+                     WHERE j.idempotency_key IN ('j-open', 'j-stale', 'j-done')")" \
+   "j-done 700 false, j-open 120 true, j-stale 200 true" \
+   "the ledger: an old job's row (j-done), and the settlement and the expiry after the update as their job rows"
+is "$(q -d "$OLD" -c "SELECT count(*) FROM earmark.ledger_entry WHERE job_id IS NOT NULL")" 5 \
+   "... which wrote no row of earmark.ledger_entry (the 5 of 0.1.0 are all there is)"
+is "$(q -d "$OLD" -c "SELECT count(*) FROM (SELECT job_id FROM earmark.ledger WHERE job_id IS NOT NULL
+                                            GROUP BY account, job_id HAVING count(*) > 1) d")" 0 \
+   "no job counts twice in the ledger"
+is "$(q -d "$OLD" -c "SELECT coalesce(string_agg(invariant || ' ' || detail, '; '), 'none') FROM earmark_check()
+                      WHERE invariant IN ('used_mismatch', 'settled_twice', 'open_job_settled', 'key_twice')")" \
+   none "earmark_check(): the counters match the ledger, old rows and new job entries together"
 
 # the inbox: an application claims and completes its old event; the
 # built-in handler (the worker's, in the worker's database) applies an old

@@ -37,7 +37,7 @@ worker_asleep() {
 }
 
 q -d postgres -c "CREATE EXTENSION IF NOT EXISTS earmark" >/dev/null
-q -d postgres -c "TRUNCATE earmark.meter_mark, earmark.ledger, earmark.job, earmark.budget_slot, earmark.budget, earmark.usage_shard, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE"
+q -d postgres -c "TRUNCATE earmark.meter_mark, earmark.ledger_entry, earmark.job, earmark.budget_slot, earmark.budget, earmark.usage_shard, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE"
 q -d postgres -c "SELECT earmark_set_limit('w', 100000)" >/dev/null
 
 pid=$(wait_for 15 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker' AND datname = 'postgres'" 1)
