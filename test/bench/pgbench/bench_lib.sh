@@ -81,7 +81,7 @@ bench_scenarios() {
     declare -gA BENCH_NAME BENCH_ARGS
     declare -gA BENCH_OPTS
     BENCH_SCEN=(em_hot ref_hot)
-    BENCH_NAME[em_hot]="earmark, 1 hot account"
+    BENCH_NAME[em_hot]="earmark, 1 hot account, no tuning (automatic escrow)"
     BENCH_ARGS[em_hot]="earmark_hot.sql -D account=hot"
     # the hot account with the rate limit on at a rate never reached (its
     # cost, not its cap), no escrow: issue 13's target 2.  Only where the
