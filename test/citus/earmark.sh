@@ -422,6 +422,15 @@ is "$(ct_val 0 "SELECT used || ' ' || held || ' ' || remaining FROM earmark_budg
    "  ... used 100000, held 0 (earmark_budget)"
 is "$(ct_val 0 "SELECT count(*) || ' ' || sum(charged) FROM earmark.job WHERE account = '$L1' AND status = 'completed'")|$(ct_val 0 "SELECT sum(units) FROM earmark.ledger WHERE account = '$L1'")" \
    "100 100000|100000" "  ... 100 jobs completed at 1000, the ledger adds up to 100000"
+# review wal13: the ledger is a view over earmark.ledger_entry and the
+# settled jobs; a read of one account's ledger (reconcile's cycle total,
+# the account's in-use check) must stay a single-shard (router) query
+L1B=$(ct_val 0 "SELECT budget_id FROM earmark.budget WHERE account = '$L1' ORDER BY budget_id LIMIT 1")
+tasks() { ct_val 0 "EXPLAIN (COSTS OFF) $1" | grep -Eo 'Task Count: [0-9]+' | paste -sd,; }
+is "$(tasks "SELECT coalesce(sum(units), 0) FROM earmark.ledger WHERE account = '$L1' AND budget_id = $L1B")" \
+   "Task Count: 1" "  ... a cycle's ledger total (the view) is one task on the account's shard"
+is "$(tasks "SELECT EXISTS (SELECT 1 FROM earmark.ledger l WHERE l.account = '$L1')")" \
+   "Task Count: 1" "  ... the account's ledger EXISTS (the view) is one task on the account's shard"
 
 ACCS=$(for i in $(seq -w 1 20); do echo "many$i"; done | paste -sd,)
 ct_sql 0 -q -c "$(for a in ${ACCS//,/ }; do echo "SELECT earmark_set_limit('$a', 100000);"; done)" >/dev/null
