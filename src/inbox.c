@@ -448,7 +448,10 @@ earmark_inbox_receive(PG_FUNCTION_ARGS)
  * $1 lease, $2 now, $3: true to claim events whose type has a handler
  * (the worker), false for the others (applications), so that an
  * application's claim never takes an event the worker is meant to apply;
- * $4 the attempts after which an event is dead.
+ * $4 the attempts after which an event is dead; ($5, $6) the (occurred_at,
+ * event_id) after which the walk starts: the first run starts at the
+ * beginning, a run after a batch that was all buried just after that
+ * batch (em_inbox_claim).
  */
 #define CLAIM_BURIES "e.status = 'processing' AND e.attempts >= $4"
 #define CLAIM_SIDE \
@@ -465,7 +468,7 @@ earmark_inbox_receive(PG_FUNCTION_ARGS)
 	"         finished = (" CLAIM_BURIES ")," \
 	"         updated_at = $2" \
 	"    FROM (SELECT d.event_id FROM earmark.inbox_event d" \
-	"           WHERE NOT d.finished" \
+	"           WHERE NOT d.finished AND (d.occurred_at, d.event_id) > ($5, $6)" \
 	"             AND ((d.status IN ('received', 'failed') AND d.next_attempt_at <= $2" \
 	"                   AND d.attempts < $4)" \
 	"                  OR (d.status = 'processing' AND d.locked_until < $2))" \
@@ -477,7 +480,9 @@ earmark_inbox_receive(PG_FUNCTION_ARGS)
 	"  RETURNING e.*)" \
 	"SELECT * FROM c ORDER BY occurred_at, event_id"
 
-static const Oid claim_argtypes[4] = {INTERVALOID, TIMESTAMPTZOID, BOOLOID, INT4OID};
+static const Oid claim_argtypes[6] = {
+	INTERVALOID, TIMESTAMPTZOID, BOOLOID, INT4OID, TIMESTAMPTZOID, INT8OID
+};
 
 /* the kept claim plans, [with_handler], and the batch size of each */
 static SPIPlanPtr claim_plans[2];
@@ -546,11 +551,33 @@ keep_claimed(uint64 *buried)
 	return kept;
 }
 
+/*
+ * Where the claim's walk of inbox_event_due stopped: the key of its last
+ * row (the rows come in walk order).  A claim that buried its whole batch
+ * runs again from there: inside this transaction the buried events' index
+ * entries are still walked, so starting from the beginning again would
+ * read every event buried so far at each run (quadratic in a backlog of
+ * abandoned events); the rows the walk passed over before it were not
+ * claimable and would be passed over again.
+ */
+static void
+walk_ended_at(Datum *occurred_at, Datum *event_id)
+{
+	SPITupleTable *t = SPI_tuptable;
+	HeapTuple	last = t->vals[SPI_processed - 1];
+	bool		isnull;
+
+	*occurred_at = SPI_getbinval(last, t->tupdesc,
+								 SPI_fnumber(t->tupdesc, "occurred_at"), &isnull);
+	*event_id = SPI_getbinval(last, t->tupdesc,
+							  SPI_fnumber(t->tupdesc, "event_id"), &isnull);
+}
+
 /* claim into the caller's SPI connection; returns the number claimed */
 uint64
 em_inbox_claim(int max_events, Interval *lease, bool with_handler)
 {
-	Datum		args[4];
+	Datum		args[6];
 	TimestampTz now = GetCurrentTimestamp();
 	MemoryContext cxt = CurrentMemoryContext;
 	uint64		n;
@@ -561,12 +588,16 @@ em_inbox_claim(int max_events, Interval *lease, bool with_handler)
 	args[1] = TimestampTzGetDatum(now);
 	args[2] = BoolGetDatum(with_handler);
 	args[3] = Int32GetDatum(INBOX_MAX_ATTEMPTS);
+	args[4] = TimestampTzGetDatum(DT_NOBEGIN);
+	args[5] = Int64GetDatum(0);
 	do
 	{
 		rc = SPI_execute_plan(claim_plan(max_events, with_handler), args, NULL, false, 0);
 		MemoryContextSwitchTo(cxt);
 		if (rc < 0)
 			elog(ERROR, "earmark: inbox claim failed: %s", SPI_result_code_string(rc));
+		if (SPI_processed > 0)
+			walk_ended_at(&args[4], &args[5]);
 		n = keep_claimed(&buried);
 	} while (n == 0 && buried > 0);
 	return n;
