@@ -1,11 +1,10 @@
--- Review of issue 13 (a settled job is its own ledger entry): a cycle's
--- ledger total (earmark_reconcile's cycle_numbers and page_of_cycles,
--- earmark_check per cycle) must be read through an index on the cycle,
--- as earmark.ledger's primary key (account, budget_id, entry_id) served
--- before.  The job branch of the view earmark.ledger has only job's
--- primary key (account, job_id) and the partial index job_open (open jobs
--- only): reading one cycle's settled jobs then reads every job of the
--- account, of every cycle and feature.
+-- A settled job is its own ledger entry (the view earmark.ledger).  A
+-- cycle's ledger total (earmark_reconcile's cycle_numbers and
+-- page_of_cycles, earmark_check per cycle, the account's in-use check)
+-- must reach the cycle's settled jobs through an index on the cycle
+-- (job_entry), as the ledger's primary key (account, budget_id, entry_id)
+-- serves its own rows: not by reading every job of the account, of every
+-- cycle and feature, through job's primary key (account, job_id).
 SET client_min_messages = warning;
 TRUNCATE earmark.meter_mark, earmark.ledger_entry, earmark.job, earmark.budget_slot, earmark.budget,
          earmark.usage_shard, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;

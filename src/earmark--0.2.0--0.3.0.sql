@@ -925,3 +925,6 @@ SELECT NULL::bigint, j.budget_id, j.charged, j.job_id, NULL::text, j.settled_at,
    AND NOT EXISTS (SELECT 1 FROM earmark.ledger_entry o
                     WHERE o.account = j.account AND o.job_id = j.job_id);
 REVOKE ALL ON earmark.ledger FROM PUBLIC;
+-- a cycle's settled jobs, read by cycle (src/earmark.sql says why)
+CREATE INDEX job_entry ON earmark.job (account, budget_id)
+    WHERE charged > 0;

@@ -180,6 +180,14 @@ CREATE INDEX account_limits_wanted ON earmark.account (limits_wanted_at)
 CREATE INDEX job_open ON earmark.job (account, budget_id)
     WHERE status IN ('running', 'capped');
 
+-- A settled job that charged something is a ledger entry (earmark.ledger
+-- below): a cycle's total (reconcile, earmark_check, an account's in-use
+-- check) reads them by cycle here, not every job of the account.  The
+-- settlement's update is not HOT anyway (job_open's predicate is on
+-- status), so this costs one index entry a charged job.
+CREATE INDEX job_entry ON earmark.job (account, budget_id)
+    WHERE charged > 0;
+
 -- The usage ledger: append-only, the record of what was used.  It is the
 -- view earmark.ledger below, over two tables that nothing updates or
 -- deletes a ledger row of:
