@@ -127,6 +127,7 @@ ok "$(grep -q 'def do_POST' "$WORK/webhook_endpoint.py"; echo $?)" "the endpoint
 q -c "DROP ROLE IF EXISTS catch_webhooks" -c "CREATE ROLE catch_webhooks LOGIN IN ROLE earmark_user" >/dev/null
 SECRET="whsec_$(head -c 32 /dev/urandom | base64)"
 q -c "DELETE FROM earmark.webhook_secret WHERE source = 'catchsrc'" \
+  -c "DELETE FROM earmark.inbox_receipt WHERE event_id IN (SELECT event_id FROM earmark.inbox_event WHERE source = 'catchsrc')" \
   -c "DELETE FROM earmark.inbox_event WHERE source = 'catchsrc'" \
   -c "SELECT earmark_inbox_set_secret('catchsrc', '$SECRET')" >/dev/null
 # the doc's dependency is Debian's python3-psycopg2, in the system's python

@@ -1384,11 +1384,11 @@ INSERT INTO fuzz.ref SELECT 'event:handled', event_id
   FROM earmark_inbox_receive('fz', 'e-handled', 'fz.handled', '{"type": "fz.handled"}', NULL, 'fz_a');
 UPDATE earmark.inbox_event SET status = 'processing', attempts = 1, locked_until = now() + interval '1 day'
  WHERE dedupe_key IN ('e-processing');
-UPDATE earmark.inbox_event SET status = 'applied', attempts = 1, result = 'done' WHERE dedupe_key = 'e-applied';
-UPDATE earmark.inbox_event SET status = 'ignored', attempts = 1, result = 'no' WHERE dedupe_key = 'e-ignored';
+UPDATE earmark.inbox_event SET status = 'applied', finished = true, attempts = 1, result = 'done' WHERE dedupe_key = 'e-applied';
+UPDATE earmark.inbox_event SET status = 'ignored', finished = true, attempts = 1, result = 'no' WHERE dedupe_key = 'e-ignored';
 UPDATE earmark.inbox_event SET status = 'failed', attempts = 2, last_error = 'x',
        next_attempt_at = now() + interval '1 day' WHERE dedupe_key = 'e-failed';
-UPDATE earmark.inbox_event SET status = 'dead', attempts = 6, last_error = 'x' WHERE dedupe_key = 'e-dead';
+UPDATE earmark.inbox_event SET status = 'dead', finished = true, attempts = 6, last_error = 'x' WHERE dedupe_key = 'e-dead';
 UPDATE earmark.inbox_event SET status = 'processing', attempts = 6, locked_until = now() - interval '1 hour'
  WHERE dedupe_key = 'e-abandoned';
 UPDATE earmark.inbox_event SET status = 'processing', attempts = 1, locked_until = now() + interval '1 day'

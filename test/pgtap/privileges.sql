@@ -207,7 +207,7 @@ BEGIN
               WHERE event_type = 'customer.plan_changed' AND status IN ('received', 'failed')
               RETURNING * LOOP
         RETURN NEXT earmark.apply_plan_change(e);
-        UPDATE earmark.inbox_event SET status = 'applied' WHERE event_id = e.event_id AND status = 'processing';
+        UPDATE earmark.inbox_event SET status = 'applied', finished = true WHERE event_id = e.event_id AND status = 'processing';
     END LOOP;
 END $$;
 
