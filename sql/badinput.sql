@@ -123,3 +123,19 @@ SELECT try($$SELECT earmark_reserve('acct', 1, repeat('é', 256))$$);
 -- a NULL limit is not an error: it means unlimited
 SELECT try($$SELECT earmark_set_limit('other', NULL)$$);
 SELECT count(*) AS jobs FROM earmark.job;
+
+-- earmark.report_cycle, the worker's step 3 on a distributed install:
+-- feature may be NULL only together with cycle_account (the cycle of a
+-- deleted account); for a live cycle a NULL feature is refused (22004),
+-- and its meter mark stays for the next pass
+SELECT earmark_set_limit('rc', 1000);
+SELECT job_id AS rc_job FROM earmark_reserve('rc', 10, 'rc-1') \gset
+SELECT charged FROM earmark_settle('rc', :rc_job, 5);
+SELECT budget_id AS rc_budget FROM earmark.budget WHERE account = 'rc' \gset
+SELECT count(*) AS marks_before FROM earmark.meter_mark WHERE account = 'rc';
+-- a closed cycle the provider refused (listed for review under its feature)
+SELECT try(format($$SELECT earmark.report_cycle('rc', %s, 'rc', 5, false, 10, 'why', 1000, true, false, 10, NULL, now(), now())$$, :rc_budget));
+-- a sent one (logged under its feature)
+SELECT try(format($$SELECT earmark.report_cycle('rc', %s, 'rc', 5, true, 200, NULL, 1.0, false, false, 5, NULL, now(), now())$$, :rc_budget));
+SELECT count(*) AS reviews FROM earmark.meter_review WHERE account = 'rc';
+SELECT count(*) AS marks_after FROM earmark.meter_mark WHERE account = 'rc';

@@ -469,6 +469,12 @@ earmark_report_cycle(PG_FUNCTION_ARGS)
 	op.closed = PG_GETARG_BOOL(8);
 	op.too_large = PG_GETARG_BOOL(9);
 	op.read_total = PG_GETARG_INT64(10);
+	/* a live cycle's send is logged under its feature */
+	if (op.account != NULL && PG_ARGISNULL(11))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("earmark.report_cycle: feature must not be NULL when cycle_account is given"),
+				 errdetail("feature may be NULL only for the cycle of a deleted account (cycle_account NULL).")));
 	op.feature = PG_ARGISNULL(11) ? NULL : text_to_cstring(em_arg_name(fcinfo, 11, "feature"));
 	op.cycle_start = PG_GETARG_TIMESTAMPTZ(12);
 	op.cycle_end = PG_GETARG_TIMESTAMPTZ(13);
