@@ -199,9 +199,11 @@ CREATE INDEX job_entry ON earmark.job (account, budget_id)
 --  * earmark.job: since 0.3.0 a settled job that charged something is its
 --    own ledger entry (charged units, budget_id, settled_at): the
 --    settlement already writes that row, so it inserts no second one (a
---    heap row and two index entries fewer a job).  A settled job's row
---    never changes again: every UPDATE of earmark.job matches open jobs
---    only (status 'running' or 'capped'), and nothing deletes a job.
+--    heap row and an index entry fewer a job: job_entry's one entry for
+--    the ledger row's two).  A settled job's row never changes again:
+--    every UPDATE of earmark.job matches open jobs only (status 'running'
+--    or 'capped') or follows a lock that found the job open, and nothing
+--    deletes a job.
 -- A job with a row of its own in earmark.ledger_entry (settled by 0.2.0)
 -- counts through that row only, so nothing counts twice.
 CREATE TABLE earmark.ledger_entry (
