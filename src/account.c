@@ -202,6 +202,21 @@ static EmStatement account_anchor = {
 	1, {TEXTOID}
 };
 
+/* the anchor out of account_anchor's result; false if it found no row */
+static bool
+anchor_of_result(bool *has_anchor, TimestampTz *anchor)
+{
+	bool		isnull;
+	Datum		d;
+
+	if (SPI_processed == 0)
+		return false;
+	d = em_get(0, 1, &isnull);
+	*has_anchor = !isnull;
+	*anchor = isnull ? 0 : DatumGetTimestampTz(d);
+	return true;
+}
+
 /*
  * The account's advisory lock, shared, until the transaction ends, and its
  * cycle anchor read under it: earmark_set_account (which takes the lock
@@ -213,19 +228,27 @@ bool
 em_account_anchor_shared(text *account, bool *has_anchor, TimestampTz *anchor)
 {
 	Datum		args[2];
-	bool		isnull;
-	Datum		d;
 
 	args[0] = PointerGetDatum(account);
 	args[1] = Int32GetDatum(EARMARK_ADVISORY_CLASS);
 	em_exec(&lock_account_shared, args, NULL, 0);
 	em_exec(&account_anchor, args, NULL, 1);
-	if (SPI_processed == 0)
-		return false;
-	d = em_get(0, 1, &isnull);
-	*has_anchor = !isnull;
-	*anchor = isnull ? 0 : DatumGetTimestampTz(d);
-	return true;
+	return anchor_of_result(has_anchor, anchor);
+}
+
+/*
+ * The account's cycle anchor in a snapshot that sees every commit (no
+ * lock taken): under REPEATABLE READ, whether the anchor read in the
+ * transaction's snapshot is still the anchor.  False if no account.
+ */
+bool
+em_account_anchor_latest(text *account, bool *has_anchor, TimestampTz *anchor)
+{
+	Datum		args[1];
+
+	args[0] = PointerGetDatum(account);
+	em_exec_latest(&account_anchor, args, NULL, 1);
+	return anchor_of_result(has_anchor, anchor);
 }
 
 static EmStatement lock_account_row = {

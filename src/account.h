@@ -23,4 +23,8 @@ extern void em_account_lock(text *account);
 extern bool em_account_anchor_shared(text *account, bool *has_anchor,
 									 TimestampTz *anchor);
 
+/* the account's anchor in the latest snapshot; false if no account */
+extern bool em_account_anchor_latest(text *account, bool *has_anchor,
+									 TimestampTz *anchor);
+
 #endif							/* EARMARK_ACCOUNT_H */

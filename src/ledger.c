@@ -118,11 +118,6 @@ em_cycle_total(text *account, int64 budget_id, bool *found)
 	return *found ? em_get_int64(0, 1, 0) : 0;
 }
 
-static EmStatement account_anchor = {
-	"SELECT cycle_anchor FROM earmark.account WHERE account = $1",
-	1, {TEXTOID}
-};
-
 /*
  * Under REPEATABLE READ and SERIALIZABLE the anchor was read in the
  * transaction's snapshot; an anchor change committed after it (the
@@ -131,17 +126,13 @@ static EmStatement account_anchor = {
  * in a snapshot that sees every commit, and fail with 40001 if it moved.
  */
 static void
-check_anchor_current(Datum *args, bool has_anchor, TimestampTz anchor,
-					 text *account)
+check_anchor_current(text *account, bool has_anchor, TimestampTz anchor)
 {
-	bool		isnull = true;
-	Datum		d = (Datum) 0;
+	bool		now_has = false;
+	TimestampTz now_anchor = 0;
 
-	em_exec_latest(&account_anchor, args, NULL, 1);
-	if (SPI_processed == 1)
-		d = em_get(0, 1, &isnull);
-	if (SPI_processed == 1 && isnull == !has_anchor &&
-		(isnull || DatumGetTimestampTz(d) == anchor))
+	if (em_account_anchor_latest(account, &now_has, &now_anchor) &&
+		now_has == has_anchor && (!has_anchor || now_anchor == anchor))
 		return;
 	ereport(ERROR,
 			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
@@ -212,16 +203,13 @@ check_usage(int64 units, TimestampTz occurred_at, TimestampTz now)
 static void
 lock_anchor(text *account, bool *has_anchor, TimestampTz *anchor)
 {
-	Datum		args[1];
-
 	if (!em_account_anchor_shared(account, has_anchor, anchor))
 		ereport(ERROR,
 				(errcode(ERRCODE_EARMARK_UNKNOWN_ACCOUNT),
 				 errmsg("account \"%s\" does not exist", text_to_cstring(account)),
 				 errhint("Create it with earmark_set_account or earmark_set_limit first.")));
-	args[0] = PointerGetDatum(account);
 	if (IsolationUsesXactSnapshot())
-		check_anchor_current(args, *has_anchor, *anchor, account);
+		check_anchor_current(account, *has_anchor, *anchor);
 }
 
 /* the budget row of the cycle that contains occurred_at, created on first use */
