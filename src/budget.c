@@ -35,6 +35,7 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "common/int.h"
 #include "miscadmin.h"
@@ -43,6 +44,8 @@
 #include "utils/array.h"
 
 #include "budget.h"
+#include "cluster.h"
+#include "direct.h"
 #include "earmark.h"
 #include "settings.h"
 #include "spi.h"
@@ -271,6 +274,47 @@ em_mark_cycle(text *account, int64 budget_id)
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
 	em_exec(&insert_mark, args, NULL, 0);
+}
+
+/*
+ * Whether the cycle's meter mark is there, committed, so that a writer need
+ * not insert it: read by index from C (direct.c) in the latest snapshot,
+ * by a caller that holds the cycle's mark lock shared.  Holding that lock,
+ * no reporter is between its exclusive lock and its commit, so a mark
+ * committed now stays until the caller commits (the reporter deletes a
+ * mark only under the exclusive lock).  The latest snapshot, not the
+ * transaction's: under REPEATABLE READ a snapshot older than the lock may
+ * still show a mark the reporter deleted since.  False under SERIALIZABLE
+ * (the read would add predicate locks the insert does not) and on Citus
+ * (the table here is a shell): the caller then inserts the mark with ON
+ * CONFLICT DO NOTHING, as it always did.
+ */
+static EmDirect mark_of_cycle = {
+	.table = "meter_mark", .nkeys = 2, .keys = {"account", "budget_id"},
+	.ncols = 1, .cols = {"budget_id"}
+};
+
+static bool
+count_row(Datum *values, bool *nulls, void *arg)
+{
+	return false;				/* one is enough */
+}
+
+bool
+em_mark_seen(text *account, int64 budget_id)
+{
+	Datum		keys[2];
+	Snapshot	snap;
+	bool		seen;
+
+	if (IsolationIsSerializable() || em_distributed())
+		return false;
+	keys[0] = PointerGetDatum(account);
+	keys[1] = Int64GetDatum(budget_id);
+	snap = em_direct_latest_snapshot();
+	seen = em_direct_scan(&mark_of_cycle, keys, snap, count_row, NULL) > 0;
+	em_direct_release(snap);
+	return seen;
 }
 
 /* the ids of up to max dead holds of the budget, locked; palloc'd */

@@ -1429,7 +1429,11 @@ write_settlement(text *account, Job *j, Settle *s)
 		em_mark_lock(j->budget_id); /* see budget.c */
 	if (!(j->has_slot && j->has_gen) && !em_distributed())
 	{
-		em_entry_settle_local(account, j->budget_id, j->amount, s->charged);
+		/* a cycle marked already needs the release only (budget.c) */
+		if (s->charged <= 0 || em_mark_seen(account, j->budget_id))
+			em_budget_release(account, j->budget_id, j->amount, s->charged);
+		else
+			em_entry_settle_local(account, j->budget_id, j->amount, s->charged);
 		return;
 	}
 	wrote_budget = settle_release(account, j, s);
