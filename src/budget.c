@@ -168,20 +168,19 @@ em_room_left(bool unlimited, int64 lim, int64 used, int64 held)
  */
 
 /*
- * The job row and the budget row's new numbers in one statement; neither
- * happens when the key is already taken ($8 used, $9 the held before this
- * hold).  The job's id is earmark.job's default (cluster.c's next_id).
+ * The job row; nothing when the key is already taken.  The job's id is
+ * earmark.job's default (cluster.c's next_id).  The budget row's new
+ * numbers follow in write_budget, only when the job was inserted.  (Two
+ * small statements cost less than one that does both: executor start-up
+ * of a WITH of two writes builds a plan state for each part and the scans
+ * that join them; docs/benchmarks.md.)
  */
 static EmStatement admit_job = {
-	"WITH j AS ("
-	"  INSERT INTO earmark.job (account, budget_id, feature, idempotency_key, amount, lease, lease_until, created_at) "
-	"  VALUES ($1, $2, $3, $4, $5, $6, $7, $10) "
-	"  ON CONFLICT (account, idempotency_key) DO NOTHING RETURNING job_id),"
-	" b AS (UPDATE earmark.budget SET used = $8, held = $9 + $5 "
-	"       WHERE account = $1 AND budget_id = $2 AND EXISTS (SELECT 1 FROM j)) "
-	"SELECT job_id FROM j",
-	10, {TEXTOID, INT8OID, TEXTOID, TEXTOID, INT8OID, INTERVALOID, TIMESTAMPTZOID,
-	INT8OID, INT8OID, TIMESTAMPTZOID}
+	"INSERT INTO earmark.job (account, budget_id, feature, idempotency_key, amount, lease, lease_until, created_at) "
+	"VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
+	"ON CONFLICT (account, idempotency_key) DO NOTHING RETURNING job_id",
+	8, {TEXTOID, INT8OID, TEXTOID, TEXTOID, INT8OID, INTERVALOID, TIMESTAMPTZOID,
+	TIMESTAMPTZOID}
 };
 
 /*
@@ -194,7 +193,7 @@ EmAdmit
 em_budget_admit(EmHold *h, EmBudget *b)
 {
 	int64		new_held;
-	Datum		args[10];
+	Datum		args[8];
 
 	if (pg_add_s64_overflow(b->held, h->amount, &new_held))
 		ereport(ERROR,
@@ -207,13 +206,12 @@ em_budget_admit(EmHold *h, EmBudget *b)
 	args[4] = Int64GetDatum(h->amount);
 	args[5] = IntervalPGetDatum(h->lease);
 	args[6] = TimestampTzGetDatum(h->lease_until);
-	args[7] = Int64GetDatum(b->used);
-	args[8] = Int64GetDatum(b->held);
-	args[9] = TimestampTzGetDatum(h->now);
+	args[7] = TimestampTzGetDatum(h->now);
 	em_exec(&admit_job, args, NULL, 1);
 	if (SPI_processed != 1)
 		return EM_ADMIT_KEY_TAKEN;
 	h->job_id = em_get_int64(0, 1, 0);
+	em_budget_write(h->account, b->budget_id, b->used, new_held);
 	b->held = new_held;
 	return EM_ADMIT_OK;
 }
