@@ -84,6 +84,16 @@ static EmStatement release_budget = {
 };
 
 /*
+ * The same lock by index from C (direct.c: as SELECT ... FOR UPDATE takes
+ * it, READ COMMITTED's re-check and REPEATABLE READ's 40001 included), on
+ * a single node; lock_budget through SPI on Citus.
+ */
+static EmDirect budget_of_cycle = {
+	.table = "budget", .nkeys = 3, .keys = {"account", "feature", "cycle_start"},
+	.ncols = 6, .cols = {"budget_id", "used", "held", "slots", "slot_lim", "slot_gen"}
+};
+
+/*
  * Lock the cycle's budget row; false when it does not exist.  Fills the
  * row's own numbers into *b; the limit is the caller's to read.
  */
@@ -91,10 +101,26 @@ bool
 em_budget_lock(text *account, text *feature, TimestampTz start, EmBudget *b)
 {
 	Datum		args[3];
+	Datum		v[6];
+	bool		n[6];
 
 	args[0] = PointerGetDatum(account);
 	args[1] = PointerGetDatum(feature);
 	args[2] = TimestampTzGetDatum(start);
+	if (!em_distributed())
+	{
+		if (!em_direct_lock(&budget_of_cycle, args, v, n))
+			return false;
+		b->cycle_start = start;
+		b->budget_id = DatumGetInt64(v[0]);
+		b->used = DatumGetInt64(v[1]);
+		b->held = DatumGetInt64(v[2]);
+		b->slots = DatumGetInt32(v[3]);
+		b->slot_lim_null = n[4];
+		b->slot_lim = n[4] ? 0 : DatumGetInt64(v[4]);
+		b->slot_gen = DatumGetInt64(v[5]);
+		return true;
+	}
 	em_exec(&lock_budget, args, NULL, 1);
 	if (SPI_processed == 0)
 		return false;

@@ -14,15 +14,18 @@
  *	  the snapshot as SPI does for each statement (a new one under READ
  *	  COMMITTED, the transaction's under REPEATABLE READ and SERIALIZABLE);
  *	  the index and heap access methods take the same predicate locks under
- *	  SERIALIZABLE as the executor's index scans.  Only plain reads: no row
- *	  locks, no writes.
+ *	  SERIALIZABLE as the executor's index scans.  One locking read,
+ *	  em_direct_lock, locks the row it finds as SELECT ... FOR UPDATE does
+ *	  (ExecLockRows: the newest version and a re-check of the keys under
+ *	  READ COMMITTED, 40001 under REPEATABLE READ).  No writes.
  *
  *	  Only for a single node's own tables: on Citus the tables are shells
  *	  and the rows are in shards, so the callers use SPI there
  *	  (em_distributed, cluster.c).
  *
  *	  Locks: AccessShareLock on the table and the index, held to the end of
- *	  the transaction, as a SELECT takes them.
+ *	  the transaction, as a SELECT takes them (RowShareLock on the table
+ *	  and the row lock for em_direct_lock, as SELECT ... FOR UPDATE).
  *
  *-------------------------------------------------------------------------
  */
@@ -34,6 +37,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_index.h"
@@ -163,7 +167,7 @@ resolve(EmDirect *d, Relation rel)
  * tells, and the name is looked up again.
  */
 static Relation
-open_table(EmDirect *d)
+open_table(EmDirect *d, LOCKMODE mode)
 {
 	int			attempt;
 
@@ -175,7 +179,7 @@ open_table(EmDirect *d)
 
 		if (!OidIsValid(relid))
 			elog(ERROR, "earmark: table earmark.%s does not exist", d->table);
-		rel = try_table_open(relid, AccessShareLock);
+		rel = try_table_open(relid, mode);
 		if (rel == NULL)
 		{
 			d->resolved = false;
@@ -219,7 +223,7 @@ static int
 scan_rows(EmDirect *d, Datum *keys, Snapshot snap, EmDirectRow fn, void *arg,
 		  Datum *copy_values, bool *copy_nulls)
 {
-	Relation	rel = open_table(d);
+	Relation	rel = open_table(d, AccessShareLock);
 	Relation	idx = index_open(d->indexid, AccessShareLock);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
 	ScanKeyData skeys[EM_DIRECT_MAX_KEYS];
@@ -278,4 +282,108 @@ bool
 em_direct_get(EmDirect *d, Datum *keys, Snapshot snap, Datum *values, bool *nulls)
 {
 	return scan_rows(d, keys, snap, NULL, NULL, values, nulls) > 0;
+}
+
+/* the locked version still has the keys the scan matched (EvalPlanQual's re-check) */
+static bool
+keys_hold(EmDirect *d, TupleTableSlot *slot, AttrNumber *keyatts, Datum *keys)
+{
+	int			i;
+
+	for (i = 0; i < d->nkeys; i++)
+	{
+		bool		isnull;
+		Datum		v = slot_getattr(slot, keyatts[i], &isnull);
+
+		if (isnull || !DatumGetBool(OidFunctionCall2Coll(d->eqproc[i], d->collation[i], v, keys[i])))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * The first row the statement's snapshot sees by the index, locked FOR
+ * UPDATE as SELECT ... FOR UPDATE locks it (ExecLockRows): RowShareLock on
+ * the table; the row lock waits for a concurrent writer; under READ
+ * COMMITTED it locks the row's newest version (following its update
+ * chain) and returns it if the keys still match; under REPEATABLE READ and
+ * SERIALIZABLE a row changed or deleted after the snapshot fails with
+ * 40001.  False when no row is visible, or (READ COMMITTED) it was
+ * deleted, or its newest version no longer matches.  The columns of the
+ * locked version are copied into the current memory context.
+ */
+bool
+em_direct_lock(EmDirect *d, Datum *keys, Datum *values, bool *nulls)
+{
+	Snapshot	snap = em_direct_statement_snapshot();
+	Relation	rel = open_table(d, RowShareLock);
+	Relation	idx = index_open(d->indexid, AccessShareLock);
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	ScanKeyData skeys[EM_DIRECT_MAX_KEYS];
+	AttrNumber	keyatts[EM_DIRECT_MAX_KEYS];
+	IndexScanDesc scan;
+	ItemPointerData tid;
+	TM_FailureData tmfd;
+	TM_Result	test;
+	bool		found;
+	int			i;
+
+	for (i = 0; i < d->nkeys; i++)
+	{
+		ScanKeyEntryInitialize(&skeys[i], 0, i + 1, BTEqualStrategyNumber,
+							   InvalidOid, d->collation[i], d->eqproc[i], keys[i]);
+		keyatts[i] = idx->rd_index->indkey.values[i];
+	}
+	scan = index_beginscan(rel, idx, snap, d->nkeys, 0);
+	index_rescan(scan, skeys, d->nkeys, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	if (found)
+		tid = slot->tts_tid;
+	index_endscan(scan);
+	if (found)
+	{
+		test = table_tuple_lock(rel, &tid, snap, slot, GetCurrentCommandId(true),
+								LockTupleExclusive, LockWaitBlock,
+								TUPLE_LOCK_FLAG_LOCK_UPDATE_IN_PROGRESS |
+								(IsolationUsesXactSnapshot() ? 0 : TUPLE_LOCK_FLAG_FIND_LAST_VERSION),
+								&tmfd);
+		switch (test)
+		{
+			case TM_Ok:
+				found = !tmfd.traversed || keys_hold(d, slot, keyatts, keys);
+				break;
+			case TM_SelfModified:
+				found = false;	/* as ExecLockRows: treated as deleted */
+				break;
+			case TM_Updated:
+			case TM_Deleted:
+				if (IsolationUsesXactSnapshot())
+					ereport(ERROR,
+							(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+							 errmsg("could not serialize access due to concurrent update")));
+				if (test == TM_Updated)
+					elog(ERROR, "earmark: unexpected table_tuple_lock status: %u", test);
+				found = false;
+				break;
+			default:
+				elog(ERROR, "earmark: unexpected table_tuple_lock status: %u", test);
+		}
+	}
+	if (found)
+	{
+		TupleDesc	desc = RelationGetDescr(rel);
+
+		for (i = 0; i < d->ncols; i++)
+		{
+			Form_pg_attribute att = TupleDescAttr(desc, d->attnums[i] - 1);
+			Datum		v = slot_getattr(slot, d->attnums[i], &nulls[i]);
+
+			values[i] = nulls[i] ? (Datum) 0 : datumCopy(v, att->attbyval, att->attlen);
+		}
+	}
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(idx, NoLock);
+	table_close(rel, NoLock);
+	em_direct_release(snap);
+	return found;
 }

@@ -58,5 +58,6 @@ extern int	em_direct_scan(EmDirect *d, Datum *keys, Snapshot snap,
 						   EmDirectRow fn, void *arg);
 extern bool em_direct_get(EmDirect *d, Datum *keys, Snapshot snap,
 						  Datum *values, bool *nulls);
+extern bool em_direct_lock(EmDirect *d, Datum *keys, Datum *values, bool *nulls);
 
 #endif							/* EARMARK_DIRECT_H */
