@@ -339,6 +339,7 @@ em_direct_lock(EmDirect *d, Datum *keys, Datum *values, bool *nulls)
 	found = index_getnext_slot(scan, ForwardScanDirection, slot);
 	if (found)
 		tid = slot->tts_tid;
+	ExecClearTuple(slot);		/* the lock fills it with the version it locks */
 	index_endscan(scan);
 	if (found)
 	{
