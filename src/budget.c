@@ -35,6 +35,7 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "common/int.h"
 #include "miscadmin.h"
@@ -43,6 +44,8 @@
 #include "utils/array.h"
 
 #include "budget.h"
+#include "cluster.h"
+#include "direct.h"
 #include "earmark.h"
 #include "settings.h"
 #include "spi.h"
@@ -81,6 +84,16 @@ static EmStatement release_budget = {
 };
 
 /*
+ * The same lock by index from C (direct.c: as SELECT ... FOR UPDATE takes
+ * it, READ COMMITTED's re-check and REPEATABLE READ's 40001 included), on
+ * a single node; lock_budget through SPI on Citus.
+ */
+static EmDirect budget_of_cycle = {
+	.table = "budget", .nkeys = 3, .keys = {"account", "feature", "cycle_start"},
+	.ncols = 6, .cols = {"budget_id", "used", "held", "slots", "slot_lim", "slot_gen"}
+};
+
+/*
  * Lock the cycle's budget row; false when it does not exist.  Fills the
  * row's own numbers into *b; the limit is the caller's to read.
  */
@@ -88,10 +101,26 @@ bool
 em_budget_lock(text *account, text *feature, TimestampTz start, EmBudget *b)
 {
 	Datum		args[3];
+	Datum		v[6];
+	bool		n[6];
 
 	args[0] = PointerGetDatum(account);
 	args[1] = PointerGetDatum(feature);
 	args[2] = TimestampTzGetDatum(start);
+	if (!em_distributed())
+	{
+		if (!em_direct_lock(&budget_of_cycle, args, v, n))
+			return false;
+		b->cycle_start = start;
+		b->budget_id = DatumGetInt64(v[0]);
+		b->used = DatumGetInt64(v[1]);
+		b->held = DatumGetInt64(v[2]);
+		b->slots = DatumGetInt32(v[3]);
+		b->slot_lim_null = n[4];
+		b->slot_lim = n[4] ? 0 : DatumGetInt64(v[4]);
+		b->slot_gen = DatumGetInt64(v[5]);
+		return true;
+	}
 	em_exec(&lock_budget, args, NULL, 1);
 	if (SPI_processed == 0)
 		return false;
@@ -165,20 +194,19 @@ em_room_left(bool unlimited, int64 lim, int64 used, int64 held)
  */
 
 /*
- * The job row and the budget row's new numbers in one statement; neither
- * happens when the key is already taken ($8 used, $9 the held before this
- * hold).  The job's id is earmark.job's default (cluster.c's next_id).
+ * The job row; nothing when the key is already taken.  The job's id is
+ * earmark.job's default (cluster.c's next_id).  The budget row's new
+ * numbers follow in write_budget, only when the job was inserted.  (Two
+ * small statements cost less than one that does both: executor start-up
+ * of a WITH of two writes builds a plan state for each part and the scans
+ * that join them; docs/benchmarks.md.)
  */
 static EmStatement admit_job = {
-	"WITH j AS ("
-	"  INSERT INTO earmark.job (account, budget_id, feature, idempotency_key, amount, lease, lease_until, created_at) "
-	"  VALUES ($1, $2, $3, $4, $5, $6, $7, $10) "
-	"  ON CONFLICT (account, idempotency_key) DO NOTHING RETURNING job_id),"
-	" b AS (UPDATE earmark.budget SET used = $8, held = $9 + $5 "
-	"       WHERE account = $1 AND budget_id = $2 AND EXISTS (SELECT 1 FROM j)) "
-	"SELECT job_id FROM j",
-	10, {TEXTOID, INT8OID, TEXTOID, TEXTOID, INT8OID, INTERVALOID, TIMESTAMPTZOID,
-	INT8OID, INT8OID, TIMESTAMPTZOID}
+	"INSERT INTO earmark.job (account, budget_id, feature, idempotency_key, amount, lease, lease_until, created_at) "
+	"VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
+	"ON CONFLICT (account, idempotency_key) DO NOTHING RETURNING job_id",
+	8, {TEXTOID, INT8OID, TEXTOID, TEXTOID, INT8OID, INTERVALOID, TIMESTAMPTZOID,
+	TIMESTAMPTZOID}
 };
 
 /*
@@ -191,7 +219,7 @@ EmAdmit
 em_budget_admit(EmHold *h, EmBudget *b)
 {
 	int64		new_held;
-	Datum		args[10];
+	Datum		args[8];
 
 	if (pg_add_s64_overflow(b->held, h->amount, &new_held))
 		ereport(ERROR,
@@ -204,13 +232,12 @@ em_budget_admit(EmHold *h, EmBudget *b)
 	args[4] = Int64GetDatum(h->amount);
 	args[5] = IntervalPGetDatum(h->lease);
 	args[6] = TimestampTzGetDatum(h->lease_until);
-	args[7] = Int64GetDatum(b->used);
-	args[8] = Int64GetDatum(b->held);
-	args[9] = TimestampTzGetDatum(h->now);
+	args[7] = TimestampTzGetDatum(h->now);
 	em_exec(&admit_job, args, NULL, 1);
 	if (SPI_processed != 1)
 		return EM_ADMIT_KEY_TAKEN;
 	h->job_id = em_get_int64(0, 1, 0);
+	em_budget_write(h->account, b->budget_id, b->used, new_held);
 	b->held = new_held;
 	return EM_ADMIT_OK;
 }
@@ -271,6 +298,47 @@ em_mark_cycle(text *account, int64 budget_id)
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
 	em_exec(&insert_mark, args, NULL, 0);
+}
+
+/*
+ * Whether the cycle's meter mark is there, committed, so that a writer need
+ * not insert it: read by index from C (direct.c) in the latest snapshot,
+ * by a caller that holds the cycle's mark lock shared.  Holding that lock,
+ * no reporter is between its exclusive lock and its commit, so a mark
+ * committed now stays until the caller commits (the reporter deletes a
+ * mark only under the exclusive lock).  The latest snapshot, not the
+ * transaction's: under REPEATABLE READ a snapshot older than the lock may
+ * still show a mark the reporter deleted since.  False under SERIALIZABLE
+ * (the read would add predicate locks the insert does not) and on Citus
+ * (the table here is a shell): the caller then inserts the mark with ON
+ * CONFLICT DO NOTHING, as it always did.
+ */
+static EmDirect mark_of_cycle = {
+	.table = "meter_mark", .nkeys = 2, .keys = {"account", "budget_id"},
+	.ncols = 1, .cols = {"budget_id"}
+};
+
+static bool
+count_row(Datum *values, bool *nulls, void *arg)
+{
+	return false;				/* one is enough */
+}
+
+bool
+em_mark_seen(text *account, int64 budget_id)
+{
+	Datum		keys[2];
+	Snapshot	snap;
+	bool		seen;
+
+	if (IsolationIsSerializable() || em_distributed())
+		return false;
+	keys[0] = PointerGetDatum(account);
+	keys[1] = Int64GetDatum(budget_id);
+	snap = em_direct_latest_snapshot();
+	seen = em_direct_scan(&mark_of_cycle, keys, snap, count_row, NULL) > 0;
+	em_direct_release(snap);
+	return seen;
 }
 
 /* the ids of up to max dead holds of the budget, locked; palloc'd */

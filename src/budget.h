@@ -72,6 +72,7 @@ extern int64 em_budget_expire(text *account, int64 budget_id, TimestampTz now,
 
 /* the cycle's mark lock (see budget.c) */
 extern void em_mark_lock(int64 budget_id);
+extern bool em_mark_seen(text *account, int64 budget_id);
 extern bool em_mark_try_lock(int64 budget_id);
 extern bool em_mark_try_lock_exclusive(int64 budget_id);
 extern void em_mark_cycle(text *account, int64 budget_id);

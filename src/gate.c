@@ -58,6 +58,7 @@
 #include "budget.h"
 #include "cluster.h"
 #include "contention.h"
+#include "direct.h"
 #include "earmark.h"
 #include "entries.h"
 #include "escrow.h"
@@ -241,34 +242,207 @@ enum
 	BN_USED = 1, BN_HELD, BN_LIM, BN_KNOWN, BN_RECORDED, BN_SLOTS_USED, BN_SLOTS_HELD
 };
 
+/* the same key's job, if there is one */
+typedef struct KeyJob
+{
+	bool		found;
+	int64		job_id;
+	int64		amount;
+	char	   *feature;
+	int64		budget_id;
+} KeyJob;
+
+/* what start_reserve reads: the account, its limit and the key's job */
+typedef struct StartRow
+{
+	bool		has_anchor;
+	TimestampTz anchor;
+	bool		has_escrow;
+	int32		escrow_slots;
+	bool		has_fetched;
+	TimestampTz fetched_at;
+	bool		wanted;
+	bool		has_limit;
+	bool		provider_row;
+	bool		unlimited;
+	int64		lim;
+	KeyJob		job;
+} StartRow;
+
+/*
+ * The same reads by index from C (direct.c), on a single node: the
+ * account's row, its limit's row and the key's job, in one snapshot taken
+ * as the SPI statement takes it (reserve_start, kept for Citus, whose
+ * tables here are shells).  An SPI statement's executor start-up costs
+ * more than these three look-ups (docs/benchmarks.md).
+ */
+static EmDirect account_row = {
+	.table = "account", .nkeys = 1, .keys = {"account"},
+	.ncols = 4, .cols = {"cycle_anchor", "escrow_slots", "limits_fetched_at", "limits_wanted_at"}
+};
+static EmDirect limit_row = {
+	.table = "account_limit", .nkeys = 2, .keys = {"account", "feature"},
+	.ncols = 2, .cols = {"lim", "source"}
+};
+static EmDirect job_of_key = {
+	.table = "job", .nkeys = 2, .keys = {"account", "idempotency_key"},
+	.ncols = 4, .cols = {"job_id", "amount", "feature", "budget_id"}
+};
+static EmDirect usage_of_cycle = {
+	.table = "usage_shard", .nkeys = 2, .keys = {"account", "budget_id"},
+	.ncols = 1, .cols = {"units"}
+};
+
+static void
+key_job_from(KeyJob *k, Datum *v, bool *n)
+{
+	k->found = true;
+	k->job_id = DatumGetInt64(v[0]);
+	k->amount = DatumGetInt64(v[1]);
+	k->feature = TextDatumGetCString(v[2]);
+	k->budget_id = DatumGetInt64(v[3]);
+}
+
+/* the key's job in the last SPI result, columns c .. c + 3 */
+static void
+key_job_from_spi(KeyJob *k, int c)
+{
+	bool		isnull;
+
+	(void) em_get(0, c, &isnull);
+	k->found = !isnull;
+	if (isnull)
+		return;
+	k->job_id = em_get_int64(0, c, 0);
+	k->amount = em_get_int64(0, c + 1, 0);
+	k->feature = TextDatumGetCString(em_get(0, c + 2, &isnull));
+	k->budget_id = em_get_int64(0, c + 3, 0);
+}
+
+static void
+read_key_job_direct(Reserve *r, Snapshot snap, KeyJob *k)
+{
+	Datum		keys[2];
+	Datum		v[4];
+	bool		n[4];
+
+	keys[0] = PointerGetDatum(r->h.account);
+	keys[1] = PointerGetDatum(r->h.key);
+	k->found = false;
+	if (em_direct_get(&job_of_key, keys, snap, v, n))
+		key_job_from(k, v, n);
+}
+
+/* the key's job now (a new snapshot under READ COMMITTED) */
+static void
+read_key_job(Reserve *r, KeyJob *k)
+{
+	Datum		args[2];
+	Snapshot	snap;
+
+	if (!em_distributed())
+	{
+		snap = em_direct_statement_snapshot();
+		read_key_job_direct(r, snap, k);
+		em_direct_release(snap);
+		return;
+	}
+	args[0] = PointerGetDatum(r->h.account);
+	args[1] = PointerGetDatum(r->h.key);
+	em_exec(&job_by_key, args, NULL, 1);
+	k->found = SPI_processed == 1;
+	if (k->found)
+		key_job_from_spi(k, JK_JOB_ID);
+}
+
+static bool
+read_start_direct(Reserve *r, StartRow *s)
+{
+	Snapshot	snap = em_direct_statement_snapshot();
+	Datum		keys[2];
+	Datum		v[4];
+	bool		n[4];
+	bool		found;
+
+	keys[0] = PointerGetDatum(r->h.account);
+	found = em_direct_get(&account_row, keys, snap, v, n);
+	if (found)
+	{
+		s->has_anchor = !n[0];
+		s->anchor = n[0] ? 0 : DatumGetTimestampTz(v[0]);
+		s->has_escrow = !n[1];
+		s->escrow_slots = n[1] ? 0 : DatumGetInt32(v[1]);
+		s->has_fetched = !n[2];
+		s->fetched_at = n[2] ? 0 : DatumGetTimestampTz(v[2]);
+		s->wanted = !n[3];
+		keys[1] = PointerGetDatum(r->h.feature);
+		s->has_limit = em_direct_get(&limit_row, keys, snap, v, n);
+		s->unlimited = !s->has_limit || n[0];
+		s->lim = s->unlimited ? 0 : DatumGetInt64(v[0]);
+		s->provider_row = s->has_limit && strcmp(TextDatumGetCString(v[1]), "provider") == 0;
+		read_key_job_direct(r, snap, &s->job);
+	}
+	em_direct_release(snap);
+	return found;
+}
+
+/* the same through SPI (reserve_start), on Citus */
+static bool
+read_start_spi(Reserve *r, StartRow *s)
+{
+	Datum		args[3];
+	bool		isnull;
+	Datum		d;
+
+	args[0] = PointerGetDatum(r->h.account);
+	args[1] = PointerGetDatum(r->h.key);
+	args[2] = PointerGetDatum(r->h.feature);
+	em_exec(&reserve_start, args, NULL, 1);
+	if (SPI_processed == 0)
+		return false;
+	d = em_get(0, RS_ANCHOR, &isnull);
+	s->has_anchor = !isnull;
+	s->anchor = isnull ? 0 : DatumGetTimestampTz(d);
+	d = em_get(0, RS_ESCROW_SLOTS, &isnull);
+	s->has_escrow = !isnull;
+	s->escrow_slots = isnull ? 0 : DatumGetInt32(d);
+	d = em_get(0, RS_FETCHED_AT, &isnull);
+	s->has_fetched = !isnull;
+	s->fetched_at = isnull ? 0 : DatumGetTimestampTz(d);
+	s->wanted = DatumGetBool(em_get(0, RS_WANTED, &isnull));
+	s->has_limit = DatumGetBool(em_get(0, RS_HAS_LIMIT, &isnull));
+	d = em_get(0, RS_SOURCE, &isnull);
+	s->provider_row = s->has_limit && strcmp(TextDatumGetCString(d), "provider") == 0;
+	d = em_get(0, RS_LIM, &isnull);
+	s->unlimited = isnull;
+	s->lim = isnull ? 0 : DatumGetInt64(d);
+	key_job_from_spi(&s->job, RS_JOB_ID);
+	return true;
+}
+
 /*
  * The same key again: the same job, or an error if the parameters differ.
- * The job's id, amount, feature and budget are at columns c .. c + 3 of
- * the last result.
+ * Returns the job's budget.
  */
 static int64
-existing_job(Reserve *r, int c)
+existing_job(Reserve *r, KeyJob *k)
 {
 	Admission  *result = r->result;
-	int64		job_id = em_get_int64(0, c, 0);
-	int64		old_amount = em_get_int64(0, c + 1, 0);
-	bool		isnull;
-	char	   *old_feature = TextDatumGetCString(em_get(0, c + 2, &isnull));
 	char	   *new_feature = text_to_cstring(r->h.feature);
 
-	if (old_amount != r->h.amount || strcmp(old_feature, new_feature) != 0)
+	if (k->amount != r->h.amount || strcmp(k->feature, new_feature) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_EARMARK_IDEMPOTENCY_CONFLICT),
 				 errmsg("idempotency key \"%s\" of account \"%s\" was used for a different job",
 						text_to_cstring(r->h.key), text_to_cstring(r->h.account)),
 				 errdetail("Job " INT64_FORMAT " holds " INT64_FORMAT " of feature \"%s\"; this call asks for " INT64_FORMAT " of feature \"%s\".",
-						   job_id, old_amount, old_feature, r->h.amount, new_feature),
+						   k->job_id, k->amount, k->feature, r->h.amount, new_feature),
 				 errhint("Use a new key for a new job, or repeat the first call's amount and feature.")));
 
 	result->admitted = true;
-	result->job_id = job_id;
+	result->job_id = k->job_id;
 	result->reason = "already admitted";
-	return em_get_int64(0, c + 3, 0);
+	return k->budget_id;
 }
 
 /* "remaining" of the existing job's budget */
@@ -304,14 +478,12 @@ remaining_of_budget(text *account, int64 budget_id, Admission *result)
 static bool
 key_taken_meanwhile(Reserve *r)
 {
-	Datum		args[2];
+	KeyJob		k;
 
-	args[0] = PointerGetDatum(r->h.account);
-	args[1] = PointerGetDatum(r->h.key);
-	em_exec(&job_by_key, args, NULL, 1);
-	if (SPI_processed == 0)
+	read_key_job(r, &k);
+	if (!k.found)
 		return false;
-	remaining_of_budget(r->h.account, existing_job(r, JK_JOB_ID), r->result);
+	remaining_of_budget(r->h.account, existing_job(r, &k), r->result);
 	return true;
 }
 
@@ -324,57 +496,41 @@ static bool
 start_reserve(Reserve *r)
 {
 	Admission  *result = r->result;
-	Datum		args[3];
-	bool		isnull;
+	StartRow	s;
 	EmLimitAge	age;
-	Datum		d;
-	bool		has_row;
-	bool		provider_row;
 
-	args[0] = PointerGetDatum(r->h.account);
-	args[1] = PointerGetDatum(r->h.key);
-	args[2] = PointerGetDatum(r->h.feature);
-	em_exec(&reserve_start, args, NULL, 1);
-	if (SPI_processed == 0)
+	memset(&s, 0, sizeof(s));
+	if (!(em_distributed() ? read_start_spi(r, &s) : read_start_direct(r, &s)))
 	{
 		result->reason = "limit unknown";
 		return true;
 	}
-	(void) em_get(0, RS_JOB_ID, &isnull);
-	if (!isnull)
+	if (s.job.found)
 	{
-		remaining_of_budget(r->h.account, existing_job(r, RS_JOB_ID), result);
+		remaining_of_budget(r->h.account, existing_job(r, &s.job), result);
 		return true;
 	}
 
 	/* the limit cache (limit_cache.c): a provider's limit ages */
-	has_row = DatumGetBool(em_get(0, RS_HAS_LIMIT, &isnull));
-	d = em_get(0, RS_SOURCE, &isnull);
-	provider_row = has_row && strcmp(TextDatumGetCString(d), "provider") == 0;
-	d = em_get(0, RS_FETCHED_AT, &isnull);
-	age = em_limit_age(has_row, provider_row, !isnull,
-					   isnull ? 0 : DatumGetTimestampTz(d), r->h.now);
+	age = em_limit_age(s.has_limit, s.provider_row, s.has_fetched, s.fetched_at, r->h.now);
 	if (age == EM_LIMIT_UNKNOWN || age == EM_LIMIT_UNKNOWN_WANTED)
 	{
 		/* no lock is held yet, and none is taken after this one */
-		if (age == EM_LIMIT_UNKNOWN_WANTED && !DatumGetBool(em_get(0, RS_WANTED, &isnull)))
+		if (age == EM_LIMIT_UNKNOWN_WANTED && !s.wanted)
 			em_want_limits(r->h.account);
 		result->reason = "limit unknown";
 		return true;
 	}
 	/* flagged after the budget row, in earmark_reserve */
-	result->want_limits = age == EM_LIMIT_STALE && !DatumGetBool(em_get(0, RS_WANTED, &isnull));
+	result->want_limits = age == EM_LIMIT_STALE && !s.wanted;
 
-	d = em_get(0, RS_ANCHOR, &isnull);
-	r->has_anchor = !isnull;
-	r->anchor = isnull ? 0 : DatumGetTimestampTz(d);
+	r->has_anchor = s.has_anchor;
+	r->anchor = s.anchor;
 	/* the account's own number (0 included) wins over automatic escrow */
-	d = em_get(0, RS_ESCROW_SLOTS, &isnull);
-	r->escrow_slots = isnull ? earmark_escrow_slots : DatumGetInt32(d);
-	r->auto_escrow = isnull && earmark_auto_escrow_slots > 0;
-	d = em_get(0, RS_LIM, &isnull);
-	result->unlimited = isnull;
-	r->no_budget_remaining = isnull ? 0 : DatumGetInt64(d);
+	r->escrow_slots = s.has_escrow ? s.escrow_slots : earmark_escrow_slots;
+	r->auto_escrow = !s.has_escrow && earmark_auto_escrow_slots > 0;
+	result->unlimited = s.unlimited;
+	r->no_budget_remaining = s.lim;
 	return false;
 }
 
@@ -460,6 +616,91 @@ enum
 	RL_LIM = 1, RL_KNOWN, RL_ANCHOR, RL_RECORDED
 };
 
+/* what read_limit reads; !known: no account, or no limit for the feature */
+typedef struct LimitRow
+{
+	bool		known;
+	bool		unlimited;
+	int64		lim;
+	bool		has_anchor;
+	TimestampTz anchor;
+	int64		recorded;
+} LimitRow;
+
+static bool
+add_units(Datum *values, bool *nulls, void *arg)
+{
+	int64	   *sum = (int64 *) arg;
+
+	if (!nulls[0] && pg_add_s64_overflow(*sum, DatumGetInt64(values[0]), sum))
+		ereport(ERROR,
+				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+				 errmsg("bigint out of range")));
+	return true;
+}
+
+/* read_limit by index from C (direct.c), on a single node */
+static void
+read_limit_direct(Reserve *r, Snapshot snap, LimitRow *l)
+{
+	Datum		keys[2];
+	Datum		v[4];
+	bool		n[4];
+
+	keys[0] = PointerGetDatum(r->h.account);
+	if (!em_direct_get(&account_row, keys, snap, v, n))
+		return;
+	l->has_anchor = !n[0];
+	l->anchor = n[0] ? 0 : DatumGetTimestampTz(v[0]);
+	keys[1] = PointerGetDatum(r->h.feature);
+	l->known = em_direct_get(&limit_row, keys, snap, v, n);
+	if (!l->known)
+		return;
+	l->unlimited = n[0];
+	l->lim = n[0] ? 0 : DatumGetInt64(v[0]);
+	keys[1] = Int64GetDatum(r->b.budget_id);
+	(void) em_direct_scan(&usage_of_cycle, keys, snap, add_units, &l->recorded);
+}
+
+/*
+ * The limit, the anchor and the cycle's recorded usage, in a new snapshot
+ * (a statement's, or with latest the latest whatever the isolation level),
+ * by index from C on a single node, through SPI on Citus.
+ */
+static void
+read_limit_now(Reserve *r, bool latest, LimitRow *l)
+{
+	Datum		args[3];
+	bool		isnull;
+	Datum		d;
+
+	memset(l, 0, sizeof(*l));
+	if (!em_distributed())
+	{
+		Snapshot	snap = latest ? em_direct_latest_snapshot() : em_direct_statement_snapshot();
+
+		read_limit_direct(r, snap, l);
+		em_direct_release(snap);
+		return;
+	}
+	args[0] = PointerGetDatum(r->h.account);
+	args[1] = PointerGetDatum(r->h.feature);
+	args[2] = Int64GetDatum(r->b.budget_id);
+	if (latest)
+		em_exec_latest(&read_limit, args, NULL, 1);
+	else
+		em_exec(&read_limit, args, NULL, 1);
+	if (SPI_processed == 0 || !DatumGetBool(em_get(0, RL_KNOWN, &isnull)))
+		return;
+	l->known = true;
+	d = em_get(0, RL_LIM, &l->unlimited);
+	l->lim = l->unlimited ? 0 : DatumGetInt64(d);
+	d = em_get(0, RL_ANCHOR, &isnull);
+	l->has_anchor = !isnull;
+	l->anchor = isnull ? 0 : DatumGetTimestampTz(d);
+	l->recorded = em_get_int64(0, RL_RECORDED, 0);
+}
+
 /*
  * Under REPEATABLE READ and SERIALIZABLE, read_limit saw the limit, the
  * cycle's recorded usage and the account's cycle anchor in the
@@ -472,24 +713,15 @@ enum
  * does when the row changed after the snapshot.
  */
 static void
-check_limit_current(Reserve *r, Datum *args)
+check_limit_current(Reserve *r)
 {
-	bool		now_unlimited;
-	bool		no_anchor;
-	bool		isnull;
-	int64		now_lim;
-	Datum		now_anchor;
+	LimitRow	now;
 
-	em_exec_latest(&read_limit, args, NULL, 1);
-	if (SPI_processed == 1 && DatumGetBool(em_get(0, RL_KNOWN, &isnull)))
-	{
-		now_lim = DatumGetInt64(em_get(0, RL_LIM, &now_unlimited));
-		now_anchor = em_get(0, RL_ANCHOR, &no_anchor);
-		if (now_unlimited == r->b.unlimited && (r->b.unlimited || now_lim == r->b.lim) &&
-			em_get_int64(0, RL_RECORDED, 0) == r->b.recorded && no_anchor == !r->has_anchor &&
-			(no_anchor || DatumGetTimestampTz(now_anchor) == r->anchor))
-			return;
-	}
+	read_limit_now(r, true, &now);
+	if (now.known && now.unlimited == r->b.unlimited && (r->b.unlimited || now.lim == r->b.lim) &&
+		now.recorded == r->b.recorded && now.has_anchor == r->has_anchor &&
+		(!now.has_anchor || now.anchor == r->anchor))
+		return;
 	ereport(ERROR,
 			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 			 errmsg("could not serialize access due to a concurrent change of the limit, usage or cycle anchor of account \"%s\"",
@@ -509,31 +741,25 @@ check_limit_current(Reserve *r, Datum *args)
 static bool
 lock_cycle(Reserve *r)
 {
-	Datum		args[3];
-	bool		isnull;
+	LimitRow	l;
 	int			attempt;
 
 	for (attempt = 0;; attempt++)
 	{
 		TimestampTz start;
 		TimestampTz end;
-		Datum		d;
 
 		em_cycle_bounds(r->anchor, r->has_anchor, r->h.now, &start, &end);
 		if (!em_budget_lock(r->h.account, r->h.feature, start, &r->b))
 			create_cycle_budget(r);
-		args[0] = PointerGetDatum(r->h.account);
-		args[1] = PointerGetDatum(r->h.feature);
-		args[2] = Int64GetDatum(r->b.budget_id);
-		em_exec(&read_limit, args, NULL, 1);
-		if (SPI_processed == 0 || !DatumGetBool(em_get(0, RL_KNOWN, &isnull)))
+		read_limit_now(r, false, &l);
+		if (!l.known)
 		{
 			r->result->reason = "limit unknown";
 			return false;
 		}
-		d = em_get(0, RL_ANCHOR, &isnull);
-		r->has_anchor = !isnull;
-		r->anchor = isnull ? 0 : DatumGetTimestampTz(d);
+		r->has_anchor = l.has_anchor;
+		r->anchor = l.anchor;
 		em_cycle_bounds(r->anchor, r->has_anchor, r->h.now, &start, &end);
 		if (start == r->b.cycle_start)
 			break;
@@ -544,11 +770,12 @@ lock_cycle(Reserve *r)
 							text_to_cstring(r->h.account)),
 					 errhint("Retry the transaction.")));
 	}
-	r->b.lim = DatumGetInt64(em_get(0, RL_LIM, &r->b.unlimited));
-	r->b.recorded = em_get_int64(0, RL_RECORDED, 0);
+	r->b.lim = l.lim;
+	r->b.unlimited = l.unlimited;
+	r->b.recorded = l.recorded;
 	r->result->unlimited = r->b.unlimited;
 	if (IsolationUsesXactSnapshot())
-		check_limit_current(r, args);
+		check_limit_current(r);
 	return true;
 }
 
@@ -1202,7 +1429,11 @@ write_settlement(text *account, Job *j, Settle *s)
 		em_mark_lock(j->budget_id); /* see budget.c */
 	if (!(j->has_slot && j->has_gen) && !em_distributed())
 	{
-		em_entry_settle_local(account, j->budget_id, j->amount, s->charged);
+		/* a cycle marked already needs the release only (budget.c) */
+		if (s->charged <= 0 || em_mark_seen(account, j->budget_id))
+			em_budget_release(account, j->budget_id, j->amount, s->charged);
+		else
+			em_entry_settle_local(account, j->budget_id, j->amount, s->charged);
 		return;
 	}
 	wrote_budget = settle_release(account, j, s);
