@@ -41,6 +41,7 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_index.h"
+#include "commands/defrem.h"
 #include "executor/tuptable.h"
 #include "nodes/pg_list.h"
 #include "utils/datum.h"
@@ -67,9 +68,15 @@ forget_reads(Datum arg, Oid relid)
 	}
 }
 
-/* a non-partial valid B-tree index whose leading columns are the keys */
+/*
+ * A non-partial valid B-tree index whose leading columns are the keys, each
+ * compared as the statement's "column = $n" compares them: in the column's
+ * own collation and by the default B-tree operator family of its type.  An
+ * index an operator added on the same columns in another collation (a
+ * case-insensitive one, say) would match other rows.
+ */
 static bool
-index_fits(Relation idx, AttrNumber *keyatts, int nkeys)
+index_fits(Relation rel, Relation idx, AttrNumber *keyatts, int nkeys)
 {
 	Form_pg_index form = idx->rd_index;
 	int			i;
@@ -80,7 +87,13 @@ index_fits(Relation idx, AttrNumber *keyatts, int nkeys)
 		return false;
 	for (i = 0; i < nkeys; i++)
 	{
-		if (form->indkey.values[i] != keyatts[i])
+		Form_pg_attribute att = TupleDescAttr(RelationGetDescr(rel), keyatts[i] - 1);
+		Oid			opclass = GetDefaultOpClass(att->atttypid, BTREE_AM_OID);
+
+		if (form->indkey.values[i] != keyatts[i] ||
+			idx->rd_indcollation[i] != att->attcollation ||
+			!OidIsValid(opclass) ||
+			idx->rd_opfamily[i] != get_opclass_family(opclass))
 			return false;
 	}
 	return true;
@@ -132,7 +145,7 @@ resolve(EmDirect *d, Relation rel)
 	foreach(lc, indexes)
 	{
 		Relation	idx = index_open(lfirst_oid(lc), AccessShareLock);
-		bool		fits = index_fits(idx, keyatts, d->nkeys);
+		bool		fits = index_fits(rel, idx, keyatts, d->nkeys);
 
 		if (fits)
 		{

@@ -19,7 +19,9 @@
 /*
  * A read of a table of schema earmark by the leading columns of one of its
  * B-tree indexes (found by its columns, not by its name: an upgraded
- * install may name it otherwise): equality on keys[0 .. nkeys - 1], the
+ * install may name it otherwise; in each column's own collation and its
+ * type's default operator family, so that its equality is the SQL
+ * statement's "column = $n"): equality on keys[0 .. nkeys - 1], the
  * columns cols[0 .. ncols - 1] of each row the snapshot sees.  The rest is
  * resolved once per backend and forgotten on any relcache invalidation of
  * the table or the index.
