@@ -886,6 +886,33 @@ static EmStatement complete_claimed = {
 };
 
 /*
+ * Run a statement with a generic plan, prepared once per backend.  The
+ * plan cache would otherwise plan complete_claimed for its parameters at
+ * every call, for good: a custom plan folds "$4 OR NOT EXISTS (...)" to
+ * one side, so its estimate always beats the generic plan's, and the
+ * planning was a seventh of a consumer's CPU (docs/inbox.md#benchmark).
+ * The generic plan is as good for every event: a primary key lookup,
+ * with the handler's lookup run only when $4 is false.
+ */
+static void
+exec_generic(EmStatement *stmt, Datum *values, const char *nulls, long count)
+{
+	if (stmt->plan == NULL)
+	{
+		SPIPlanPtr	plan = SPI_prepare_cursor(stmt->sql, stmt->nargs, stmt->argtypes,
+											  CURSOR_OPT_GENERIC_PLAN);
+
+		if (plan == NULL)
+			elog(ERROR, "earmark: could not prepare statement: %s",
+				 SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(plan) != 0)
+			elog(ERROR, "earmark: could not keep plan");
+		stmt->plan = plan;
+	}
+	em_exec(stmt, values, nulls, count);
+}
+
+/*
  * The checks one at a time, with their errors: not the caller's to
  * finish (42501), no such event, not processing.  An event claimed again
  * since complete_claimed looked is completed here.
@@ -919,7 +946,7 @@ earmark_inbox_complete(PG_FUNCTION_ARGS)
 	args[1] = CStringGetTextDatum(result);
 	args[2] = TimestampTzGetDatum(GetCurrentTimestamp());
 	args[3] = BoolGetDatum(event_id == applying_event_id || is_admin(a.caller));
-	em_exec(&complete_claimed, args, NULL, 0);
+	exec_generic(&complete_claimed, args, NULL, 0);
 	if (SPI_processed == 0)
 		complete_slowly(event_id, result, a.caller);
 	SPI_finish();
