@@ -508,16 +508,10 @@ claim_plan(int max_events, bool with_handler)
 	if (claim_plans[i] == NULL)
 	{
 		char	   *sql = psprintf(CLAIM_SQL, max_events);
-		SPIPlanPtr	plan = SPI_prepare_cursor(sql, lengthof(claim_argtypes),
-											  (Oid *) claim_argtypes,
-											  CURSOR_OPT_GENERIC_PLAN);
 
-		if (plan == NULL)
-			elog(ERROR, "earmark: could not prepare the inbox claim: %s",
-				 SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "earmark: could not keep the inbox claim's plan");
-		claim_plans[i] = plan;
+		claim_plans[i] = em_prepare_kept(sql, lengthof(claim_argtypes),
+										 (Oid *) claim_argtypes,
+										 CURSOR_OPT_GENERIC_PLAN);
 		claim_plan_batch[i] = max_events;
 	}
 	return claim_plans[i];
@@ -876,6 +870,13 @@ arg_text(FunctionCallInfo fcinfo, int argno, const char *what)
  * is processing and the caller may finish it ($4: an admin, or the
  * handler of this event; otherwise only an event whose type has no
  * handler).  No row: the caller learns why from complete_slowly.
+ *
+ * It runs a generic plan (em_exec_generic): the plan cache would otherwise
+ * plan it for its parameters at every call, for good: a custom plan folds
+ * "$4 OR NOT EXISTS (...)" to one side, so its estimate always beats the
+ * generic plan's, and the planning was a seventh of a consumer's CPU
+ * (docs/inbox.md#benchmark).  The generic plan is as good for every event:
+ * a primary key lookup, with the handler's lookup run only when $4 is false.
  */
 static EmStatement complete_claimed = {
 	"UPDATE earmark.inbox_event AS e SET status = 'applied', result = $2, locked_until = NULL, updated_at = $3, "
@@ -884,33 +885,6 @@ static EmStatement complete_claimed = {
 	"  AND ($4 OR NOT EXISTS (SELECT 1 FROM earmark.inbox_handler h WHERE h.event_type = e.event_type))",
 	4, {INT8OID, TEXTOID, TIMESTAMPTZOID, BOOLOID}
 };
-
-/*
- * Run a statement with a generic plan, prepared once per backend.  The
- * plan cache would otherwise plan complete_claimed for its parameters at
- * every call, for good: a custom plan folds "$4 OR NOT EXISTS (...)" to
- * one side, so its estimate always beats the generic plan's, and the
- * planning was a seventh of a consumer's CPU (docs/inbox.md#benchmark).
- * The generic plan is as good for every event: a primary key lookup,
- * with the handler's lookup run only when $4 is false.
- */
-static void
-exec_generic(EmStatement *stmt, Datum *values, const char *nulls, long count)
-{
-	if (stmt->plan == NULL)
-	{
-		SPIPlanPtr	plan = SPI_prepare_cursor(stmt->sql, stmt->nargs, stmt->argtypes,
-											  CURSOR_OPT_GENERIC_PLAN);
-
-		if (plan == NULL)
-			elog(ERROR, "earmark: could not prepare statement: %s",
-				 SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "earmark: could not keep plan");
-		stmt->plan = plan;
-	}
-	em_exec(stmt, values, nulls, count);
-}
 
 /*
  * The checks one at a time, with their errors: not the caller's to
@@ -946,7 +920,7 @@ earmark_inbox_complete(PG_FUNCTION_ARGS)
 	args[1] = CStringGetTextDatum(result);
 	args[2] = TimestampTzGetDatum(GetCurrentTimestamp());
 	args[3] = BoolGetDatum(event_id == applying_event_id || is_admin(a.caller));
-	exec_generic(&complete_claimed, args, NULL, 0);
+	em_exec_generic(&complete_claimed, args, NULL, 0);
 	if (SPI_processed == 0)
 		complete_slowly(event_id, result, a.caller);
 	SPI_finish();

@@ -30,20 +30,24 @@
  * each statement (under READ COMMITTED), and the gate depends on that: a
  * read after a row lock must see what the lock waited for.
  */
+SPIPlanPtr
+em_prepare_kept(const char *sql, int nargs, Oid *argtypes, int cursor_options)
+{
+	SPIPlanPtr	plan = SPI_prepare_cursor(sql, nargs, argtypes, cursor_options);
+
+	if (plan == NULL)
+		elog(ERROR, "earmark: could not prepare statement: %s",
+			 SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "earmark: could not keep plan");
+	return plan;
+}
+
 static SPIPlanPtr
 em_plan(EmStatement *stmt)
 {
 	if (stmt->plan == NULL)
-	{
-		SPIPlanPtr	plan = SPI_prepare(stmt->sql, stmt->nargs, stmt->argtypes);
-
-		if (plan == NULL)
-			elog(ERROR, "earmark: could not prepare statement: %s",
-				 SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "earmark: could not keep plan");
-		stmt->plan = plan;
-	}
+		stmt->plan = em_prepare_kept(stmt->sql, stmt->nargs, stmt->argtypes, 0);
 	return stmt->plan;
 }
 
@@ -59,6 +63,22 @@ em_exec(EmStatement *stmt, Datum *values, const char *nulls, long count)
 	if (rc < 0)
 		elog(ERROR, "earmark: statement failed: %s", SPI_result_code_string(rc));
 	return rc;
+}
+
+/*
+ * em_exec with a generic plan, for a statement whose custom plans always
+ * look cheaper than the generic one and so would be planned at every call
+ * (the plan cache never switches): a custom plan that folds "$1 OR ..." to
+ * one side is such a case.  Only for statements whose best plan does not
+ * depend on the parameters' values.
+ */
+int
+em_exec_generic(EmStatement *stmt, Datum *values, const char *nulls, long count)
+{
+	if (stmt->plan == NULL)
+		stmt->plan = em_prepare_kept(stmt->sql, stmt->nargs, stmt->argtypes,
+									 CURSOR_OPT_GENERIC_PLAN);
+	return em_exec(stmt, values, nulls, count);
 }
 
 /*

@@ -33,6 +33,12 @@ extern int	em_exec(EmStatement *stmt, Datum *values, const char *nulls,
 					long count);
 extern int	em_exec_latest(EmStatement *stmt, Datum *values, const char *nulls,
 						   long count);
+extern int	em_exec_generic(EmStatement *stmt, Datum *values, const char *nulls,
+							long count);
+
+/* a plan prepared with these cursor options and kept (SPI_keepplan) */
+extern SPIPlanPtr em_prepare_kept(const char *sql, int nargs, Oid *argtypes,
+								  int cursor_options);
 
 /* result access for the last em_exec */
 extern Datum em_get(int row, int col, bool *isnull);
