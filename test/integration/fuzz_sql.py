@@ -961,12 +961,15 @@ class Corpus:
     def kinde_call(self):
         r = self.r
         tok, bad = self.token()
-        cls = "jwt" if bad else None
+        # the token's own class: a forced webhook id (the systematic pass
+        # replaces it) must not leave its class on a token that is fine
+        tcls = "jwt" if bad else None
+        cls = tcls
         wid = Val(q("wh_%d" % self.u()))
         if r.random() < 0.1:
             wid = self.bad_text()
             cls = wid.cls
-        tv = Val(self.text(tok), cls)
+        tv = Val(self.text(tok), tcls)
         if r.random() < 0.04:
             tv = Val(self.pick([self.V_A1M, self.V_A1M1, "''", NULL, q("a.b.c"), q("..")]), "big")
             cls = "big"
