@@ -1003,8 +1003,17 @@ em_arg_lease(FunctionCallInfo fcinfo, int argno, TimestampTz now)
 	return lease;
 }
 
+static Datum reserve_body(PG_FUNCTION_ARGS);
+
+/* the body under earmark's own search path (spi.c): no SET clause */
 Datum
 earmark_reserve(PG_FUNCTION_ARGS)
+{
+	return em_call_pinned(fcinfo, reserve_body);
+}
+
+static Datum
+reserve_body(PG_FUNCTION_ARGS)
 {
 	Reserve		r;
 	Admission	result;
@@ -1179,8 +1188,17 @@ charge_locked(text *account, int64 job_id, int64 tokens, bool has_step,
 	c->room = j.amount - j.used;
 }
 
+static Datum charge_body(PG_FUNCTION_ARGS);
+
+/* the body under earmark's own search path (spi.c): no SET clause */
 Datum
 earmark_charge(PG_FUNCTION_ARGS)
+{
+	return em_call_pinned(fcinfo, charge_body);
+}
+
+static Datum
+charge_body(PG_FUNCTION_ARGS)
 {
 	text	   *account;
 	int64		job_id;
@@ -1254,8 +1272,17 @@ static EmStatement job_exists = {
 	2, {TEXTOID, INT8OID}
 };
 
+static Datum heartbeat_body(PG_FUNCTION_ARGS);
+
+/* the body under earmark's own search path (spi.c): no SET clause */
 Datum
 earmark_heartbeat(PG_FUNCTION_ARGS)
+{
+	return em_call_pinned(fcinfo, heartbeat_body);
+}
+
+static Datum
+heartbeat_body(PG_FUNCTION_ARGS)
 {
 	text	   *account;
 	int64		job_id;
@@ -1525,8 +1552,17 @@ settle_job_now(text *account, int64 job_id, bool has_used, int64 used,
 	write_settlement(account, &j, s);
 }
 
+static Datum settle_body(PG_FUNCTION_ARGS);
+
+/* the body under earmark's own search path (spi.c): no SET clause */
 Datum
 earmark_settle(PG_FUNCTION_ARGS)
+{
+	return em_call_pinned(fcinfo, settle_body);
+}
+
+static Datum
+settle_body(PG_FUNCTION_ARGS)
 {
 	text	   *account;
 	int64		job_id;
