@@ -44,6 +44,10 @@
  *	  Time is the wall clock (GetCurrentTimestamp), not the transaction
  *	  start: a lease that passes inside a long transaction has passed.
  *
+ *	  earmark_reserve, earmark_charge, earmark_heartbeat and earmark_settle
+ *	  have no SET search_path clause: each runs its body through
+ *	  em_call_pinned (spi.c), which pins the search path for the call.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

@@ -3,7 +3,8 @@
  * spi.c
  *	  The statements every earmark file runs: SPI with plans prepared once
  *	  per backend and kept, result access, the argument checks of the SQL
- *	  functions, and returning one row.
+ *	  functions, returning one row, and the search path pinned for the
+ *	  entry points that have no SET clause (em_call_pinned).
  *
  *	  Owns no shared state and takes no locks of its own.
  *
