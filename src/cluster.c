@@ -9,7 +9,7 @@
  *	  Tables: reads pg_extension and, when Citus is installed,
  *	  pg_dist_local_group; writes nothing but the id sequences.
  *
- *	  Locks: none beyond the catalog scans' AccessShareLock and the
+ *	  Locks: none beyond the catalog reads' AccessShareLock and the
  *	  sequences' own.
  *
  *	  Why a version check: between a server restart with a new library and
@@ -24,6 +24,7 @@
 
 #include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/heapam.h"
 #include "access/table.h"
 #include "catalog/indexing.h"
 #include "catalog/namespace.h"
@@ -35,11 +36,13 @@
 #include "commands/sequence.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
+#include "storage/bufmgr.h"
 #include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
+#include "utils/snapmgr.h"
 
 #include "cluster.h"
 #include "earmark.h"
@@ -58,35 +61,95 @@ static bool distributed = false;
 static int32 node_group = -1;
 
 /*
- * The extversion of earmark in this database, palloc'd, or NULL when the
- * extension is not installed.
+ * Where the pg_extension row this backend last found to be earmark at this
+ * library's version is (its TID), or invalid.  A later transaction reads
+ * that one tuple again instead of searching the index: if it is still
+ * visible in the catalog snapshot and is earmark's row at this version, it
+ * is the row the index would find (extname is unique among the visible
+ * rows), so the answer is the same.  ALTER EXTENSION ... UPDATE and DROP
+ * EXTENSION make a new version of the row or delete it, and the old tuple
+ * stops being visible; if its slot is reused, the contents are checked.
+ * (No invalidation would do: pg_extension has no catalog cache, and an
+ * update whose script changes nothing cached sends none.)
  */
-static char *
-installed_version(void)
+static ItemPointerData checked_tid;
+
+/* whether tup is earmark's row at this library's version */
+static bool
+row_matches(Relation rel, HeapTuple tup, char **version)
+{
+	Form_pg_extension ext = (Form_pg_extension) GETSTRUCT(tup);
+	bool		isnull;
+	Datum		d;
+	text	   *v;
+
+	if (strcmp(NameStr(ext->extname), "earmark") != 0)
+		return false;
+	d = heap_getattr(tup, Anum_pg_extension_extversion, RelationGetDescr(rel), &isnull);
+	if (isnull)
+		return false;
+	v = DatumGetTextPP(d);
+	if (version)
+		*version = text_to_cstring(v);
+	return VARSIZE_ANY_EXHDR(v) == strlen(EARMARK_VERSION) &&
+		memcmp(VARDATA_ANY(v), EARMARK_VERSION, strlen(EARMARK_VERSION)) == 0;
+}
+
+/* the tuple at checked_tid is visible in snap and is still what we accepted */
+static bool
+checked_row_current(Relation rel, Snapshot snap)
+{
+	HeapTupleData tup;
+	Buffer		buf;
+	bool		current;
+
+	if (!ItemPointerIsValid(&checked_tid) ||
+		ItemPointerGetBlockNumber(&checked_tid) >= RelationGetNumberOfBlocks(rel))
+		return false;
+	tup.t_self = checked_tid;
+	if (!heap_fetch(rel, snap, &tup, &buf, false))
+		return false;
+	current = row_matches(rel, &tup, NULL);
+	ReleaseBuffer(buf);
+	return current;
+}
+
+/*
+ * Whether earmark is installed in this database at this library's version;
+ * if not, *version is the installed one (palloc'd), or NULL when earmark
+ * is not installed.
+ */
+static bool
+installed_version_matches(char **version)
 {
 	Relation	rel;
+	Snapshot	snap;
 	SysScanDesc scan;
 	ScanKeyData key;
 	HeapTuple	tup;
-	char	   *version = NULL;
+	bool		matches;
 
+	*version = NULL;
 	rel = table_open(ExtensionRelationId, AccessShareLock);
-	ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber,
-				F_NAMEEQ, CStringGetDatum("earmark"));
-	scan = systable_beginscan(rel, ExtensionNameIndexId, true, NULL, 1, &key);
-	tup = systable_getnext(scan);
-	if (HeapTupleIsValid(tup))
+	snap = RegisterSnapshot(GetCatalogSnapshot(ExtensionRelationId));
+	matches = checked_row_current(rel, snap);
+	if (!matches)
 	{
-		bool		isnull;
-		Datum		d = heap_getattr(tup, Anum_pg_extension_extversion,
-									 RelationGetDescr(rel), &isnull);
-
-		if (!isnull)
-			version = text_to_cstring(DatumGetTextPP(d));
+		ItemPointerSetInvalid(&checked_tid);
+		ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber,
+					F_NAMEEQ, CStringGetDatum("earmark"));
+		scan = systable_beginscan(rel, ExtensionNameIndexId, true, snap, 1, &key);
+		tup = systable_getnext(scan);
+		if (HeapTupleIsValid(tup) && row_matches(rel, tup, version))
+		{
+			matches = true;
+			checked_tid = tup->t_self;
+		}
+		systable_endscan(scan);
 	}
-	systable_endscan(scan);
+	UnregisterSnapshot(snap);
 	table_close(rel, AccessShareLock);
-	return version;
+	return matches;
 }
 
 /*
@@ -101,8 +164,7 @@ em_require_schema(void)
 
 	if (MyProc->lxid == schema_checked_lxid || creating_extension)
 		return;
-	version = installed_version();
-	if (version == NULL || strcmp(version, EARMARK_VERSION) != 0)
+	if (!installed_version_matches(&version))
 		ereport(ERROR,
 				(errcode(ERRCODE_EARMARK_SCHEMA_VERSION),
 				 errmsg("earmark's library is version %s, but this database has earmark %s installed",

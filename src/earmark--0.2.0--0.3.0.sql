@@ -928,3 +928,13 @@ REVOKE ALL ON earmark.ledger FROM PUBLIC;
 -- a cycle's settled jobs, read by cycle (src/earmark.sql says why)
 CREATE INDEX job_entry ON earmark.job (account, budget_id)
     WHERE charged > 0;
+
+-- ---------------------------------------------------------------------------
+-- The hot entry points pin their search path in C (src/spi.c,
+-- em_call_pinned) instead of with a SET clause, which cost a GUC nesting
+-- level and two recomputations of the namespace path a call.
+-- ---------------------------------------------------------------------------
+ALTER FUNCTION earmark_reserve(text, bigint, text, text, interval) RESET search_path;
+ALTER FUNCTION earmark_charge(text, bigint, bigint, bigint) RESET search_path;
+ALTER FUNCTION earmark_heartbeat(text, bigint) RESET search_path;
+ALTER FUNCTION earmark_settle(text, bigint, bigint, text) RESET search_path;

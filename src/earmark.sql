@@ -467,30 +467,31 @@ AS 'MODULE_PATHNAME', 'earmark_budget'
 LANGUAGE C CALLED ON NULL INPUT STABLE SECURITY DEFINER ROWS 1
 SET search_path = pg_catalog, pg_temp;
 
+-- reserve, charge, heartbeat and settle have no SET search_path clause: their
+-- C code pins the same search path (pg_catalog, pg_temp) itself for exactly
+-- the duration of the call, at a fraction of a SET clause's cost (spi.c,
+-- em_call_pinned; docs/security.md).  Give none of them a SET clause back
+-- without removing the pin.
 CREATE FUNCTION earmark_reserve(account text, amount bigint, idempotency_key text,
                                 feature text DEFAULT 'default', lease interval DEFAULT NULL)
 RETURNS TABLE (job_id bigint, admitted boolean, remaining bigint, reason text)
 AS 'MODULE_PATHNAME', 'earmark_reserve'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1;
 
 CREATE FUNCTION earmark_charge(account text, job_id bigint, tokens bigint, step bigint DEFAULT NULL)
 RETURNS TABLE (charged bigint, capped boolean, room bigint, status text)
 AS 'MODULE_PATHNAME', 'earmark_charge'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1;
 
 CREATE FUNCTION earmark_heartbeat(account text, job_id bigint)
 RETURNS timestamptz
 AS 'MODULE_PATHNAME', 'earmark_heartbeat'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER;
 
 CREATE FUNCTION earmark_settle(account text, job_id bigint, used bigint DEFAULT NULL, outcome text DEFAULT 'completed')
 RETURNS TABLE (charged bigint, released bigint, status text)
 AS 'MODULE_PATHNAME', 'earmark_settle'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1;
 
 -- The 0.2.0 forms of charge, heartbeat and settle took no account.  They
 -- stay, so that a 0.2.0 caller gets a message that says what to change

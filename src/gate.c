@@ -44,6 +44,10 @@
  *	  Time is the wall clock (GetCurrentTimestamp), not the transaction
  *	  start: a lease that passes inside a long transaction has passed.
  *
+ *	  earmark_reserve, earmark_charge, earmark_heartbeat and earmark_settle
+ *	  have no SET search_path clause: each runs its body through
+ *	  em_call_pinned (spi.c), which pins the search path for the call.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -355,31 +359,67 @@ read_key_job(Reserve *r, KeyJob *k)
 		key_job_from_spi(k, JK_JOB_ID);
 }
 
+/*
+ * The account's row and its limit's row for the feature, read by index
+ * from C (direct.c) in snap: what the reserve's first read and its limit
+ * read after the budget lock both need.
+ */
+typedef struct AccountLimit
+{
+	Datum		account[4];		/* account_row's columns */
+	bool		account_null[4];
+	bool		has_anchor;
+	TimestampTz anchor;
+	bool		has_limit;		/* the feature has a limit row */
+	bool		unlimited;		/* no limit row, or its lim is NULL */
+	int64		lim;
+	bool		provider_row;	/* the limit row came from the provider */
+} AccountLimit;
+
+/* false when the account has no row (then nothing else is read) */
+static bool
+read_account_limit_direct(Reserve *r, Snapshot snap, AccountLimit *a)
+{
+	Datum		keys[2];
+	Datum		v[2];
+	bool		n[2];
+	text	   *source;
+
+	keys[0] = PointerGetDatum(r->h.account);
+	if (!em_direct_get(&account_row, keys, snap, a->account, a->account_null))
+		return false;
+	a->has_anchor = !a->account_null[0];
+	a->anchor = a->has_anchor ? DatumGetTimestampTz(a->account[0]) : 0;
+	keys[1] = PointerGetDatum(r->h.feature);
+	a->has_limit = em_direct_get(&limit_row, keys, snap, v, n);
+	a->unlimited = !a->has_limit || n[0];
+	a->lim = a->unlimited ? 0 : DatumGetInt64(v[0]);
+	source = a->has_limit ? DatumGetTextPP(v[1]) : NULL;
+	a->provider_row = source != NULL && VARSIZE_ANY_EXHDR(source) == strlen("provider") &&
+		memcmp(VARDATA_ANY(source), "provider", strlen("provider")) == 0;
+	return true;
+}
+
 static bool
 read_start_direct(Reserve *r, StartRow *s)
 {
 	Snapshot	snap = em_direct_statement_snapshot();
-	Datum		keys[2];
-	Datum		v[4];
-	bool		n[4];
-	bool		found;
+	AccountLimit a;
+	bool		found = read_account_limit_direct(r, snap, &a);
 
-	keys[0] = PointerGetDatum(r->h.account);
-	found = em_direct_get(&account_row, keys, snap, v, n);
 	if (found)
 	{
-		s->has_anchor = !n[0];
-		s->anchor = n[0] ? 0 : DatumGetTimestampTz(v[0]);
-		s->has_escrow = !n[1];
-		s->escrow_slots = n[1] ? 0 : DatumGetInt32(v[1]);
-		s->has_fetched = !n[2];
-		s->fetched_at = n[2] ? 0 : DatumGetTimestampTz(v[2]);
-		s->wanted = !n[3];
-		keys[1] = PointerGetDatum(r->h.feature);
-		s->has_limit = em_direct_get(&limit_row, keys, snap, v, n);
-		s->unlimited = !s->has_limit || n[0];
-		s->lim = s->unlimited ? 0 : DatumGetInt64(v[0]);
-		s->provider_row = s->has_limit && strcmp(TextDatumGetCString(v[1]), "provider") == 0;
+		s->has_anchor = a.has_anchor;
+		s->anchor = a.anchor;
+		s->has_escrow = !a.account_null[1];
+		s->escrow_slots = a.account_null[1] ? 0 : DatumGetInt32(a.account[1]);
+		s->has_fetched = !a.account_null[2];
+		s->fetched_at = a.account_null[2] ? 0 : DatumGetTimestampTz(a.account[2]);
+		s->wanted = !a.account_null[3];
+		s->has_limit = a.has_limit;
+		s->unlimited = a.unlimited;
+		s->lim = a.lim;
+		s->provider_row = a.provider_row;
 		read_key_job_direct(r, snap, &s->job);
 	}
 	em_direct_release(snap);
@@ -643,21 +683,19 @@ add_units(Datum *values, bool *nulls, void *arg)
 static void
 read_limit_direct(Reserve *r, Snapshot snap, LimitRow *l)
 {
+	AccountLimit a;
 	Datum		keys[2];
-	Datum		v[4];
-	bool		n[4];
 
-	keys[0] = PointerGetDatum(r->h.account);
-	if (!em_direct_get(&account_row, keys, snap, v, n))
+	if (!read_account_limit_direct(r, snap, &a))
 		return;
-	l->has_anchor = !n[0];
-	l->anchor = n[0] ? 0 : DatumGetTimestampTz(v[0]);
-	keys[1] = PointerGetDatum(r->h.feature);
-	l->known = em_direct_get(&limit_row, keys, snap, v, n);
+	l->has_anchor = a.has_anchor;
+	l->anchor = a.anchor;
+	l->known = a.has_limit;
 	if (!l->known)
 		return;
-	l->unlimited = n[0];
-	l->lim = n[0] ? 0 : DatumGetInt64(v[0]);
+	l->unlimited = a.unlimited;
+	l->lim = a.lim;
+	keys[0] = PointerGetDatum(r->h.account);
 	keys[1] = Int64GetDatum(r->b.budget_id);
 	(void) em_direct_scan(&usage_of_cycle, keys, snap, add_units, &l->recorded);
 }
@@ -1003,8 +1041,17 @@ em_arg_lease(FunctionCallInfo fcinfo, int argno, TimestampTz now)
 	return lease;
 }
 
+static Datum reserve_body(PG_FUNCTION_ARGS);
+
+/* the body under earmark's own search path (spi.c): no SET clause */
 Datum
 earmark_reserve(PG_FUNCTION_ARGS)
+{
+	return em_call_pinned(fcinfo, reserve_body);
+}
+
+static Datum
+reserve_body(PG_FUNCTION_ARGS)
 {
 	Reserve		r;
 	Admission	result;
@@ -1179,8 +1226,17 @@ charge_locked(text *account, int64 job_id, int64 tokens, bool has_step,
 	c->room = j.amount - j.used;
 }
 
+static Datum charge_body(PG_FUNCTION_ARGS);
+
+/* the body under earmark's own search path (spi.c): no SET clause */
 Datum
 earmark_charge(PG_FUNCTION_ARGS)
+{
+	return em_call_pinned(fcinfo, charge_body);
+}
+
+static Datum
+charge_body(PG_FUNCTION_ARGS)
 {
 	text	   *account;
 	int64		job_id;
@@ -1254,8 +1310,17 @@ static EmStatement job_exists = {
 	2, {TEXTOID, INT8OID}
 };
 
+static Datum heartbeat_body(PG_FUNCTION_ARGS);
+
+/* the body under earmark's own search path (spi.c): no SET clause */
 Datum
 earmark_heartbeat(PG_FUNCTION_ARGS)
+{
+	return em_call_pinned(fcinfo, heartbeat_body);
+}
+
+static Datum
+heartbeat_body(PG_FUNCTION_ARGS)
 {
 	text	   *account;
 	int64		job_id;
@@ -1525,8 +1590,17 @@ settle_job_now(text *account, int64 job_id, bool has_used, int64 used,
 	write_settlement(account, &j, s);
 }
 
+static Datum settle_body(PG_FUNCTION_ARGS);
+
+/* the body under earmark's own search path (spi.c): no SET clause */
 Datum
 earmark_settle(PG_FUNCTION_ARGS)
+{
+	return em_call_pinned(fcinfo, settle_body);
+}
+
+static Datum
+settle_body(PG_FUNCTION_ARGS)
 {
 	text	   *account;
 	int64		job_id;

@@ -3,7 +3,8 @@
  * spi.c
  *	  The statements every earmark file runs: SPI with plans prepared once
  *	  per backend and kept, result access, the argument checks of the SQL
- *	  functions, and returning one row.
+ *	  functions, returning one row, and the search path pinned for the
+ *	  entry points that have no SET clause (em_call_pinned).
  *
  *	  Owns no shared state and takes no locks of its own.
  *
@@ -12,6 +13,8 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_namespace.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "utils/builtins.h"
@@ -20,6 +23,59 @@
 
 #include "cluster.h"
 #include "spi.h"
+
+/*
+ * The search path of earmark's hot entry points, pinned by the C code for
+ * exactly the duration of the call instead of by a SET clause on the
+ * function (which costs a GUC nesting level, parsing and assigning
+ * search_path twice, and a recomputation of the namespace path inside the
+ * call and again in the caller's next statement).  The path is the one
+ * "SET search_path = pg_catalog, pg_temp" gives: pg_catalog, then this
+ * session's temporary schema if it has one (searched for relations and
+ * types only, as always).  Being the same list, a plan that earmark's
+ * statements share with entry points that still use the SET clause is not
+ * re-planned when a session calls both (the plan cache compares the path a
+ * plan was made under with the active one).
+ *
+ * The override is popped on a normal return (em_call_pinned); on an error
+ * the abort of the (sub)transaction the call ran in pops it
+ * (AtEOXact_Namespace, AtEOSubXact_Namespace), before a caller's
+ * EXCEPTION block runs.  While it is in force the caller's search_path
+ * setting is not consulted at all.
+ */
+static void
+pin_search_path(void)
+{
+	OverrideSearchPath path;
+	Oid			temp;
+	Oid			temp_toast;
+
+	memset(&path, 0, sizeof(path));
+	path.schemas = list_make1_oid(PG_CATALOG_NAMESPACE);
+	GetTempNamespaceState(&temp, &temp_toast);
+	if (OidIsValid(temp))
+		path.schemas = lappend_oid(path.schemas, temp);
+	path.addCatalog = false;
+	path.addTemp = false;
+	PushOverrideSearchPath(&path);	/* copies the list */
+	list_free(path.schemas);
+}
+
+/*
+ * Call body, a SQL-callable function's implementation, under the pinned
+ * search path.  For SECURITY DEFINER functions declared without a SET
+ * search_path clause: nothing may resolve a name before this.
+ */
+Datum
+em_call_pinned(FunctionCallInfo fcinfo, PGFunction body)
+{
+	Datum		result;
+
+	pin_search_path();
+	result = body(fcinfo);
+	PopOverrideSearchPath();
+	return result;
+}
 
 /*
  * Run a cached statement.  Errors from SPI itself are internal errors; the

@@ -40,6 +40,9 @@ extern int	em_exec_generic(EmStatement *stmt, Datum *values, const char *nulls,
 extern SPIPlanPtr em_prepare_kept(const char *sql, int nargs, Oid *argtypes,
 								  int cursor_options);
 
+/* call a SQL function's body under earmark's own search path */
+extern Datum em_call_pinned(FunctionCallInfo fcinfo, PGFunction body);
+
 /* result access for the last em_exec */
 extern Datum em_get(int row, int col, bool *isnull);
 extern int64 em_get_int64(int row, int col, int64 if_null);

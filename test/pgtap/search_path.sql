@@ -4,9 +4,14 @@
 -- when it runs (and then behaves like the real one).  The gate then runs
 -- under search_path = evil, public (pg_catalog implicitly first) and
 -- evil, pg_catalog, public (evil wins over pg_catalog): it must give the
--- right answers and evil.calls must stay empty.
+-- right answers and evil.calls must stay empty.  Variant C: reserve,
+-- charge, heartbeat and settle pin their search path in C rather than
+-- with a SET clause (spi.c); views named like earmark's tables, in evil
+-- and in the session's temporary schema (searched last by earmark), log
+-- any read, and errors of earmark's caught by a PL/pgSQL EXCEPTION block
+-- must leave the caller's own search_path in force afterwards.
 BEGIN;
-SELECT plan(14);
+SELECT plan(19);
 
 CREATE SCHEMA evil;
 CREATE TABLE evil.calls (what text NOT NULL);
@@ -240,6 +245,82 @@ SELECT results_eq(
 SELECT is(:B_j1_again::bigint, :B_j1::bigint, 'variant B: the repeated key returned the same job');
 SELECT is((SELECT string_agg(DISTINCT what, ', ') FROM evil.calls), NULL,
           'variant B: no planted operator or function was called');
+
+-- ---------------------------------------------------------------------
+-- variant C: the C-pinned search path (reserve, charge, heartbeat and
+-- settle have no SET clause) against shadowing relations, and errors
+-- caught by the caller
+-- ---------------------------------------------------------------------
+SELECT is((SELECT count(*)::int FROM pg_catalog.pg_proc
+            WHERE proname IN ('earmark_reserve', 'earmark_charge', 'earmark_heartbeat', 'earmark_settle')
+              AND prolang = (SELECT oid FROM pg_catalog.pg_language WHERE lanname = 'c')
+              AND prosecdef AND proconfig IS NULL), 4,
+          'variant C: the four C entry points are SECURITY DEFINER without a SET clause (their C code pins the path)');
+CREATE FUNCTION evil.logged(what text) RETURNS boolean LANGUAGE plpgsql AS
+$$BEGIN PERFORM evil.log(what); RETURN true; END$$;
+DO $$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['account', 'account_limit', 'budget', 'budget_slot', 'job',
+                             'ledger', 'ledger_entry', 'usage_shard', 'meter_mark', 'plan_limit'] LOOP
+        EXECUTE format('CREATE VIEW evil.%I AS SELECT * FROM earmark.%I WHERE evil.logged(%L)',
+                       t, t, 'view evil.' || t);
+        EXECUTE format('CREATE TEMP VIEW %I AS SELECT * FROM earmark.%I WHERE evil.logged(%L)',
+                       t, t, 'view pg_temp.' || t);
+    END LOOP;
+END
+$$;
+-- an earmark error caught by the caller, then an unqualified comparison of
+-- the caller's own: it must use the caller's search_path (evil.=), not
+-- earmark's, which the error must not have left in force
+CREATE FUNCTION pg_temp.caught(account text, job bigint) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    r text := '';
+BEGIN
+    BEGIN
+        PERFORM * FROM earmark_settle(account, job + 1000000, 1);
+    EXCEPTION WHEN OTHERS THEN
+        r := r || 'settle: ' || SQLSTATE || '; ';
+    END;
+    BEGIN
+        PERFORM * FROM earmark_charge(account, job, -1);
+    EXCEPTION WHEN OTHERS THEN
+        r := r || 'charge: ' || SQLSTATE || '; ';
+    END;
+    RETURN r || 'eq: ' || ('x'::text = 'x'::text);
+END
+$$;
+SET search_path = evil, pg_catalog, public;
+SELECT earmark_set_limit('em_tap_sp_C', 1000) \gset sp_
+WITH r AS (SELECT * FROM earmark_reserve('em_tap_sp_C', 600, 'sp-k1')),
+     o AS (INSERT INTO pg_temp.out (variant, step, r) SELECT 'C', 'reserve 600', ROW(admitted, remaining, reason)::text FROM r)
+SELECT job_id AS j1 FROM r \gset C_
+INSERT INTO pg_temp.out (variant, step, r)
+SELECT 'C', 'charge 100 step 1', ROW(c.*)::text FROM earmark_charge('em_tap_sp_C', :C_j1, 100, 1) c;
+INSERT INTO pg_temp.out (variant, step, r)
+SELECT 'C', 'heartbeat is set', ROW(earmark_heartbeat('em_tap_sp_C', :C_j1) IS NOT NULL)::text;
+INSERT INTO pg_temp.out (variant, step, r)
+SELECT 'C', 'settle 250', ROW(s.*)::text FROM earmark_settle('em_tap_sp_C', :C_j1, 250) s;
+SELECT pg_temp.caught('em_tap_sp_C', :C_j1) AS caught \gset C_
+INSERT INTO pg_temp.out (variant, step, r)
+SELECT 'C', 'reserve 900', ROW(admitted, remaining, reason)::text FROM earmark_reserve('em_tap_sp_C', 900, 'sp-k2');
+RESET search_path;
+
+SELECT results_eq(
+    $$SELECT step, r FROM out WHERE variant = 'C' ORDER BY seq$$,
+    $$VALUES ('reserve 600', '(t,400,)'),
+             ('charge 100 step 1', '(100,f,500,running)'),
+             ('heartbeat is set', '(t)'),
+             ('settle 250', '(250,350,completed)'),
+             ('reserve 900', '(f,750,"the job needs 900 and 750 is left")')$$,
+    'variant C (evil, pg_catalog, public; shadowing views): the gate gives its normal answers');
+SELECT is(:'C_caught'::text, 'settle: EM003; charge: 22023; eq: true',
+          'variant C: earmark''s errors were caught by the caller''s EXCEPTION blocks');
+SELECT is((SELECT string_agg(DISTINCT what, ', ') FROM evil.calls WHERE what <> '=(text,text)'), NULL,
+          'variant C: no planted operator, function or view was used by earmark');
+SELECT is((SELECT count(*)::int FROM evil.calls WHERE what = '=(text,text)'), 1,
+          'variant C: after the caught errors the caller''s own search_path was back in force (its = is evil.=)');
 
 SELECT * FROM finish();
 ROLLBACK;
