@@ -41,12 +41,29 @@ out=$({
     other "DROP EXTENSION earmark;"
     echo "CREATE EXTENSION earmark VERSION '0.2.0'; ALTER EXTENSION earmark UPDATE;"
     call f1
+    # changes rolled back: the row accepted in the rolled-back transaction
+    # is no longer visible, the one before it is again; then, after VACUUM
+    # may have given the rolled-back row's slot to another row, a 0.2.0 row
+    echo "BEGIN; DROP EXTENSION earmark; CREATE EXTENSION earmark VERSION '0.2.0';"
+    call g1
+    echo "ROLLBACK;"
+    call g2
+    echo "BEGIN; DROP EXTENSION earmark; CREATE EXTENSION earmark;"
+    call h1
+    echo "ROLLBACK;"
+    call h2
+    other "VACUUM pg_catalog.pg_extension;"
+    other "DROP EXTENSION earmark; CREATE EXTENSION earmark VERSION '0.2.0';"
+    call h3
+    other "VACUUM pg_catalog.pg_extension;"
+    other "ALTER EXTENSION earmark UPDATE;"
+    call h4
 } | "$EM_PGBIN/psql" -X -q -A -t -v ON_ERROR_STOP=1 -d $DB 2>&1)
 ok $? "the session ran to its end"
 calls=$(grep -o 'call [a-z0-9]*: .*' <<<"$out" | tr '\n' ';')
 is "$(grep -c OTHER-FAILED <<<"$out")" 0 "the other backend's changes were made"
-is "$calls" "call a1: accepted;call a2: accepted;call b1: refused EM008;call c1: accepted;call c2: accepted;call d1: refused EM008;call e1: accepted;call f1: accepted;" \
-    "accepted at $VERSION; refused after this backend installed 0.2.0, accepted after its update; the same when another backend changes it"
+is "$calls" "call a1: accepted;call a2: accepted;call b1: refused EM008;call c1: accepted;call c2: accepted;call d1: refused EM008;call e1: accepted;call f1: accepted;call g1: refused EM008;call g2: accepted;call h1: accepted;call h2: accepted;call h3: refused EM008;call h4: accepted;" \
+    "accepted at $VERSION; refused after this backend installed 0.2.0, accepted after its update; the same when another backend changes it; the same after changes rolled back and VACUUM"
 is "$(q -d $DB -c "SELECT extversion FROM pg_extension WHERE extname = 'earmark'")" "$VERSION" "earmark is at $VERSION at the end"
 
 q -d postgres -c "DROP DATABASE $DB" >/dev/null
