@@ -49,11 +49,13 @@ out=$({
     echo "ROLLBACK;"
     call g2
     echo "BEGIN; DROP EXTENSION earmark; CREATE EXTENSION earmark;"
+    echo "SELECT 'ctid h1: ' || ctid FROM pg_catalog.pg_extension WHERE extname = 'earmark';"
     call h1
     echo "ROLLBACK;"
     call h2
     other "VACUUM pg_catalog.pg_extension;"
     other "DROP EXTENSION earmark; CREATE EXTENSION earmark VERSION '0.2.0';"
+    echo "SELECT 'ctid h3: ' || ctid FROM pg_catalog.pg_extension WHERE extname = 'earmark';"
     call h3
     other "VACUUM pg_catalog.pg_extension;"
     other "ALTER EXTENSION earmark UPDATE;"
@@ -64,6 +66,8 @@ calls=$(grep -o 'call [a-z0-9]*: .*' <<<"$out" | tr '\n' ';')
 is "$(grep -c OTHER-FAILED <<<"$out")" 0 "the other backend's changes were made"
 is "$calls" "call a1: accepted;call a2: accepted;call b1: refused EM008;call c1: accepted;call c2: accepted;call d1: refused EM008;call e1: accepted;call f1: accepted;call g1: refused EM008;call g2: accepted;call h1: accepted;call h2: accepted;call h3: refused EM008;call h4: accepted;" \
     "accepted at $VERSION; refused after this backend installed 0.2.0, accepted after its update; the same when another backend changes it; the same after changes rolled back and VACUUM"
+# where the rows were (whether VACUUM gave h1's slot to h3's row), for the record
+echo "# $(grep -o 'ctid h[13]: .*' <<<"$out" | paste -sd' ')"
 is "$(q -d $DB -c "SELECT extversion FROM pg_extension WHERE extname = 'earmark'")" "$VERSION" "earmark is at $VERSION at the end"
 
 q -d postgres -c "DROP DATABASE $DB" >/dev/null
