@@ -175,6 +175,25 @@ em_require_schema(void)
 }
 
 /*
+ * A read-only query of this file, planned without parallelism.  SPI_execute
+ * and SPI_execute_with_args allow a parallel plan, and a parallel worker
+ * takes the caller's search_path setting rather than the search path the
+ * hot entry points pin for their call (spi.c, em_call_pinned), while it
+ * runs as earmark's owner: none of earmark's statements may run in one
+ * (docs/security.md).  The plan is freed by SPI_finish.
+ */
+static int
+exec_serial(const char *sql, int nargs, Oid *argtypes, Datum *args, long count)
+{
+	SPIPlanPtr	plan = SPI_prepare(sql, nargs, argtypes);
+
+	if (plan == NULL)
+		elog(ERROR, "earmark: could not prepare statement: %s",
+			 SPI_result_code_string(SPI_result));
+	return SPI_execute_plan(plan, args, NULL, true, count);
+}
+
+/*
  * This node's Citus group id, read once per backend: 0 on the coordinator
  * and without Citus.  (A node keeps its group for as long as it is in the
  * cluster.)
@@ -188,7 +207,7 @@ em_node_group(void)
 	if (OidIsValid(get_relname_relid("pg_dist_local_group", PG_CATALOG_NAMESPACE)))
 	{
 		SPI_connect();
-		if (SPI_execute("SELECT groupid FROM pg_catalog.pg_dist_local_group", true, 1) == SPI_OK_SELECT &&
+		if (exec_serial("SELECT groupid FROM pg_catalog.pg_dist_local_group", 0, NULL, NULL, 1) == SPI_OK_SELECT &&
 			SPI_processed == 1)
 		{
 			bool		isnull;
@@ -259,9 +278,9 @@ em_distributed(void)
 	if (OidIsValid(get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE)))
 	{
 		SPI_connect();
-		if (SPI_execute("SELECT 1 FROM pg_catalog.pg_dist_partition "
+		if (exec_serial("SELECT 1 FROM pg_catalog.pg_dist_partition "
 						"WHERE logicalrelid = 'earmark.account'::regclass",
-						true, 1) == SPI_OK_SELECT)
+						0, NULL, NULL, 1) == SPI_OK_SELECT)
 			distributed = SPI_processed == 1;
 		SPI_finish();
 	}
@@ -288,10 +307,10 @@ em_require_account_local(text *account)
 		return;
 	args[0] = PointerGetDatum(account);
 	SPI_connect();
-	if (SPI_execute_with_args("SELECT p.groupid FROM pg_catalog.pg_dist_placement p "
-							  "WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column("
-							  "'earmark.account'::regclass, $1)",
-							  1, argtypes, args, NULL, true, 0) == SPI_OK_SELECT)
+	if (exec_serial("SELECT p.groupid FROM pg_catalog.pg_dist_placement p "
+					"WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column("
+					"'earmark.account'::regclass, $1)",
+					1, argtypes, args, 0) == SPI_OK_SELECT)
 	{
 		uint64		i;
 
