@@ -40,6 +40,13 @@
  *	  application finishes (complete, ignore, fail) only events of types
  *	  without a handler; the worker's events are earmark_admin's.
  *
+ *	  earmark_inbox_receive, _claim, _complete, _ignore and _fail have no
+ *	  SET search_path clause: each runs its body through em_call_pinned
+ *	  (spi.c), which pins the search path for the call.  None of them runs
+ *	  a handler or any other code of the user's: under the pin a function's
+ *	  own SET search_path would not take effect.  Handlers run only in the
+ *	  worker (em_inbox_apply), which pins its path with its own setting.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -172,10 +179,11 @@ static int64 applying_event_id = 0;
  * earmark_inbox_receive, _complete, _ignore and _fail decide with the
  * caller's rights (is it a member of earmark_admin?), which a SECURITY
  * DEFINER function can no longer see: the caller is gone once fmgr has
- * switched to the owner.  So they are SECURITY INVOKER, with the pinned
- * search_path, and switch to the function's owner themselves, as SECURITY
- * DEFINER would have, for their statements.  An error on the way is
- * undone by the (sub)transaction's abort, which restores the user.
+ * switched to the owner.  So they are SECURITY INVOKER, with the search
+ * path pinned in C (em_call_pinned), and switch to the function's owner
+ * themselves, as SECURITY DEFINER would have, for their statements.  An
+ * error on the way is undone by the (sub)transaction's abort, which
+ * restores the user.
  */
 typedef struct AsOwner
 {
@@ -386,8 +394,17 @@ em_return_event_id(FunctionCallInfo fcinfo, int64 event_id, bool inserted)
  * else's event is unverified, and is refused where only verified events
  * may go (check_unverified).
  */
+static Datum receive_body(PG_FUNCTION_ARGS);
+
+/* the body under earmark's own search path (spi.c): no SET clause */
 Datum
 earmark_inbox_receive(PG_FUNCTION_ARGS)
+{
+	return em_call_pinned(fcinfo, receive_body);
+}
+
+static Datum
+receive_body(PG_FUNCTION_ARGS)
 {
 	text	   *source = em_arg_name(fcinfo, 0, "source");
 	text	   *dedupe_key = em_arg_name(fcinfo, 1, "dedupe_key");
@@ -601,8 +618,17 @@ em_inbox_claim(int max_events, Interval *lease, bool with_handler)
  * earmark_inbox_claim(max_events, lease) RETURNS SETOF earmark.inbox_event
  * Due events of types without a handler, oldest event time first.
  */
+static Datum claim_body(PG_FUNCTION_ARGS);
+
+/* the body under earmark's own search path (spi.c): no SET clause */
 Datum
 earmark_inbox_claim(PG_FUNCTION_ARGS)
+{
+	return em_call_pinned(fcinfo, claim_body);
+}
+
+static Datum
+claim_body(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	int32		max_events;
@@ -905,8 +931,17 @@ complete_slowly(int64 event_id, const char *result, Oid caller)
 }
 
 /* earmark_inbox_complete(event_id, result) RETURNS text: 'applied' */
+static Datum complete_body(PG_FUNCTION_ARGS);
+
+/* the body under earmark's own search path (spi.c): no SET clause */
 Datum
 earmark_inbox_complete(PG_FUNCTION_ARGS)
+{
+	return em_call_pinned(fcinfo, complete_body);
+}
+
+static Datum
+complete_body(PG_FUNCTION_ARGS)
 {
 	int64		event_id = arg_event_id(fcinfo);
 	char	   *result = arg_text(fcinfo, 1, "result");
@@ -932,8 +967,17 @@ earmark_inbox_complete(PG_FUNCTION_ARGS)
  * earmark_inbox_ignore(event_id, reason) RETURNS text: 'ignored', with the
  * reason kept in result.  Any event not yet applied may be ignored.
  */
+static Datum ignore_body(PG_FUNCTION_ARGS);
+
+/* the body under earmark's own search path (spi.c): no SET clause */
 Datum
 earmark_inbox_ignore(PG_FUNCTION_ARGS)
+{
+	return em_call_pinned(fcinfo, ignore_body);
+}
+
+static Datum
+ignore_body(PG_FUNCTION_ARGS)
 {
 	int64		event_id = arg_event_id(fcinfo);
 	char	   *reason = arg_text(fcinfo, 1, "reason");
@@ -983,8 +1027,17 @@ em_inbox_fail(int64 event_id, const char *error)
 }
 
 /* earmark_inbox_fail(event_id, error) RETURNS text: 'failed' or 'dead' */
+static Datum fail_body(PG_FUNCTION_ARGS);
+
+/* the body under earmark's own search path (spi.c): no SET clause */
 Datum
 earmark_inbox_fail(PG_FUNCTION_ARGS)
+{
+	return em_call_pinned(fcinfo, fail_body);
+}
+
+static Datum
+fail_body(PG_FUNCTION_ARGS)
 {
 	int64		event_id = arg_event_id(fcinfo);
 	char	   *error = arg_text(fcinfo, 1, "error");
