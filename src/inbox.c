@@ -893,29 +893,39 @@ arg_text(FunctionCallInfo fcinfo, int argno, const char *what)
 
 /*
  * Complete a claimed event in one statement, the common case: the event
- * is processing and the caller may finish it ($4: an admin, or the
- * handler of this event; otherwise only an event whose type has no
- * handler).  No row: the caller learns why from complete_slowly.
+ * is processing and the caller may finish it.  complete_claimed is for
+ * an application, which may finish only an event whose type has no
+ * handler; complete_claimed_any for a caller that may finish any event
+ * (an admin, or the handler of this event), whose plan then has no
+ * handler lookup to start and end at every call (it was about 6 % of an
+ * admin consumer's completion, docs/inbox.md#benchmark).  No row: the
+ * caller learns why from complete_slowly.
  *
- * It runs a generic plan (em_exec_generic): the plan cache would otherwise
- * plan it for its parameters at every call, for good: a custom plan folds
- * "$4 OR NOT EXISTS (...)" to one side, so its estimate always beats the
- * generic plan's, and the planning was a seventh of a consumer's CPU
- * (docs/inbox.md#benchmark).  The generic plan is as good for every event:
- * a primary key lookup, with the handler's lookup run only when $4 is false.
+ * Both run a generic plan (em_exec_generic), a primary key lookup, made
+ * once per session: the plan cache planned the single statement they
+ * replace ("$4 OR NOT EXISTS (...)") for its parameters at every call,
+ * for good, and the planning was a seventh of a consumer's CPU.
  */
+#define COMPLETE_CLAIMED \
+	"UPDATE earmark.inbox_event AS e SET status = 'applied', result = $2, locked_until = NULL, updated_at = $3, " \
+	"  finished = true " \
+	"WHERE e.event_id = $1 AND e.status = 'processing'"
+
 static EmStatement complete_claimed = {
-	"UPDATE earmark.inbox_event AS e SET status = 'applied', result = $2, locked_until = NULL, updated_at = $3, "
-	"  finished = true "
-	"WHERE e.event_id = $1 AND e.status = 'processing' "
-	"  AND ($4 OR NOT EXISTS (SELECT 1 FROM earmark.inbox_handler h WHERE h.event_type = e.event_type))",
-	4, {INT8OID, TEXTOID, TIMESTAMPTZOID, BOOLOID}
+	COMPLETE_CLAIMED
+	"  AND NOT EXISTS (SELECT 1 FROM earmark.inbox_handler h WHERE h.event_type = e.event_type)",
+	3, {INT8OID, TEXTOID, TIMESTAMPTZOID}
+};
+
+static EmStatement complete_claimed_any = {
+	COMPLETE_CLAIMED,
+	3, {INT8OID, TEXTOID, TIMESTAMPTZOID}
 };
 
 /*
  * The checks one at a time, with their errors: not the caller's to
  * finish (42501), no such event, not processing.  An event claimed again
- * since complete_claimed looked is completed here.
+ * since complete_claimed or complete_claimed_any looked is completed here.
  */
 static void
 complete_slowly(int64 event_id, const char *result, Oid caller)
@@ -945,8 +955,9 @@ complete_body(PG_FUNCTION_ARGS)
 {
 	int64		event_id = arg_event_id(fcinfo);
 	char	   *result = arg_text(fcinfo, 1, "result");
-	Datum		args[4];
+	Datum		args[3];
 	AsOwner		a;
+	bool		may_finish_any;
 	em_require_coordinator("earmark_inbox_complete");
 
 	become_owner(fcinfo, &a);
@@ -954,8 +965,9 @@ complete_body(PG_FUNCTION_ARGS)
 	args[0] = Int64GetDatum(event_id);
 	args[1] = CStringGetTextDatum(result);
 	args[2] = TimestampTzGetDatum(GetCurrentTimestamp());
-	args[3] = BoolGetDatum(event_id == applying_event_id || is_admin(a.caller));
-	em_exec_generic(&complete_claimed, args, NULL, 0);
+	may_finish_any = event_id == applying_event_id || is_admin(a.caller);
+	em_exec_generic(may_finish_any ? &complete_claimed_any : &complete_claimed,
+					args, NULL, 0);
 	if (SPI_processed == 0)
 		complete_slowly(event_id, result, a.caller);
 	SPI_finish();
