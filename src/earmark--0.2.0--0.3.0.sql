@@ -938,3 +938,15 @@ ALTER FUNCTION earmark_reserve(text, bigint, text, text, interval) RESET search_
 ALTER FUNCTION earmark_charge(text, bigint, bigint, bigint) RESET search_path;
 ALTER FUNCTION earmark_heartbeat(text, bigint) RESET search_path;
 ALTER FUNCTION earmark_settle(text, bigint, bigint, text) RESET search_path;
+
+-- ---------------------------------------------------------------------------
+-- The inbox's entry points on the delivery and consumer paths pin their
+-- search path in C too (src/spi.c, em_call_pinned; src/earmark.sql says
+-- which and why none of them may run user code).
+-- ---------------------------------------------------------------------------
+ALTER FUNCTION earmark_inbox_receive(text, text, text, jsonb, timestamptz, text) RESET search_path;
+ALTER FUNCTION earmark_inbox_receive_signed(text, text, text, text, text) RESET search_path;
+ALTER FUNCTION earmark_inbox_claim(int, interval) RESET search_path;
+ALTER FUNCTION earmark_inbox_complete(bigint, text) RESET search_path;
+ALTER FUNCTION earmark_inbox_ignore(bigint, text) RESET search_path;
+ALTER FUNCTION earmark_inbox_fail(bigint, text) RESET search_path;

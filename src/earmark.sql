@@ -572,18 +572,24 @@ REVOKE ALL ON FUNCTION earmark.report_cycle(text, bigint, text, bigint, boolean,
 -- them (a member of earmark_admin may vouch for an event, and finish the
 -- worker's events), which a SECURITY DEFINER function cannot: they are
 -- SECURITY INVOKER, and switch to their owner in C for their statements.
+--
+-- Like reserve, charge, heartbeat and settle, those four, earmark_inbox_claim
+-- and earmark_inbox_receive_signed have no SET search_path clause: their C
+-- code pins the same search path (pg_catalog, pg_temp) for the call (spi.c,
+-- em_call_pinned; docs/security.md).  None of them runs a handler or any
+-- other code of the user's (under the pin, a function's own SET search_path
+-- would not take effect).  Give none of them a SET clause back without
+-- removing the pin.
 CREATE FUNCTION earmark_inbox_receive(source text, dedupe_key text, event_type text, payload jsonb,
                                       occurred_at timestamptz DEFAULT NULL, account text DEFAULT NULL)
 RETURNS TABLE (event_id bigint, inserted boolean)
 AS 'MODULE_PATHNAME', 'earmark_inbox_receive'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY INVOKER ROWS 1
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY INVOKER ROWS 1;
 
 CREATE FUNCTION earmark_inbox_claim(max_events int DEFAULT 25, lease interval DEFAULT '30 seconds')
 RETURNS SETOF earmark.inbox_event
 AS 'MODULE_PATHNAME', 'earmark_inbox_claim'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 25
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 25;
 
 -- the claim's plan, as it runs: for admins who want to see that a claim
 -- walks inbox_event_due and stops after its batch (docs/inbox.md)
@@ -596,20 +602,17 @@ SET search_path = pg_catalog, pg_temp;
 CREATE FUNCTION earmark_inbox_complete(event_id bigint, result text DEFAULT 'applied')
 RETURNS text
 AS 'MODULE_PATHNAME', 'earmark_inbox_complete'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY INVOKER;
 
 CREATE FUNCTION earmark_inbox_ignore(event_id bigint, reason text)
 RETURNS text
 AS 'MODULE_PATHNAME', 'earmark_inbox_ignore'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY INVOKER;
 
 CREATE FUNCTION earmark_inbox_fail(event_id bigint, error text)
 RETURNS text
 AS 'MODULE_PATHNAME', 'earmark_inbox_fail'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY INVOKER;
 
 CREATE FUNCTION earmark_inbox_replay(event_id bigint, account text)
 RETURNS text
@@ -821,8 +824,7 @@ CREATE FUNCTION earmark_inbox_receive_signed(source text, webhook_id text, webho
                                              webhook_signature text, body text)
 RETURNS TABLE (event_id bigint, inserted boolean)
 AS 'MODULE_PATHNAME', 'earmark_inbox_receive_signed'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER ROWS 1;
 
 CREATE FUNCTION earmark_webhook_signature_valid(secret text, webhook_id text, webhook_timestamp text,
                                                 webhook_signature text, body text,

@@ -40,6 +40,13 @@
  *	  application finishes (complete, ignore, fail) only events of types
  *	  without a handler; the worker's events are earmark_admin's.
  *
+ *	  earmark_inbox_receive, _claim, _complete, _ignore and _fail have no
+ *	  SET search_path clause: each runs its body through em_call_pinned
+ *	  (spi.c), which pins the search path for the call.  None of them runs
+ *	  a handler or any other code of the user's: under the pin a function's
+ *	  own SET search_path would not take effect.  Handlers run only in the
+ *	  worker (em_inbox_apply), which pins its path with its own setting.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -172,10 +179,11 @@ static int64 applying_event_id = 0;
  * earmark_inbox_receive, _complete, _ignore and _fail decide with the
  * caller's rights (is it a member of earmark_admin?), which a SECURITY
  * DEFINER function can no longer see: the caller is gone once fmgr has
- * switched to the owner.  So they are SECURITY INVOKER, with the pinned
- * search_path, and switch to the function's owner themselves, as SECURITY
- * DEFINER would have, for their statements.  An error on the way is
- * undone by the (sub)transaction's abort, which restores the user.
+ * switched to the owner.  So they are SECURITY INVOKER, with the search
+ * path pinned in C (em_call_pinned), and switch to the function's owner
+ * themselves, as SECURITY DEFINER would have, for their statements.  An
+ * error on the way is undone by the (sub)transaction's abort, which
+ * restores the user.
  */
 typedef struct AsOwner
 {
@@ -386,8 +394,17 @@ em_return_event_id(FunctionCallInfo fcinfo, int64 event_id, bool inserted)
  * else's event is unverified, and is refused where only verified events
  * may go (check_unverified).
  */
+static Datum receive_body(PG_FUNCTION_ARGS);
+
+/* the body under earmark's own search path (spi.c): no SET clause */
 Datum
 earmark_inbox_receive(PG_FUNCTION_ARGS)
+{
+	return em_call_pinned(fcinfo, receive_body);
+}
+
+static Datum
+receive_body(PG_FUNCTION_ARGS)
 {
 	text	   *source = em_arg_name(fcinfo, 0, "source");
 	text	   *dedupe_key = em_arg_name(fcinfo, 1, "dedupe_key");
@@ -601,8 +618,17 @@ em_inbox_claim(int max_events, Interval *lease, bool with_handler)
  * earmark_inbox_claim(max_events, lease) RETURNS SETOF earmark.inbox_event
  * Due events of types without a handler, oldest event time first.
  */
+static Datum claim_body(PG_FUNCTION_ARGS);
+
+/* the body under earmark's own search path (spi.c): no SET clause */
 Datum
 earmark_inbox_claim(PG_FUNCTION_ARGS)
+{
+	return em_call_pinned(fcinfo, claim_body);
+}
+
+static Datum
+claim_body(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	int32		max_events;
@@ -867,29 +893,39 @@ arg_text(FunctionCallInfo fcinfo, int argno, const char *what)
 
 /*
  * Complete a claimed event in one statement, the common case: the event
- * is processing and the caller may finish it ($4: an admin, or the
- * handler of this event; otherwise only an event whose type has no
- * handler).  No row: the caller learns why from complete_slowly.
+ * is processing and the caller may finish it.  complete_claimed is for
+ * an application, which may finish only an event whose type has no
+ * handler; complete_claimed_any for a caller that may finish any event
+ * (an admin, or the handler of this event), whose plan then has no
+ * handler lookup to start and end at every call (it was about 6 % of an
+ * admin consumer's completion, docs/inbox.md#benchmark).  No row: the
+ * caller learns why from complete_slowly.
  *
- * It runs a generic plan (em_exec_generic): the plan cache would otherwise
- * plan it for its parameters at every call, for good: a custom plan folds
- * "$4 OR NOT EXISTS (...)" to one side, so its estimate always beats the
- * generic plan's, and the planning was a seventh of a consumer's CPU
- * (docs/inbox.md#benchmark).  The generic plan is as good for every event:
- * a primary key lookup, with the handler's lookup run only when $4 is false.
+ * Both run a generic plan (em_exec_generic), a primary key lookup, made
+ * once per session: the plan cache planned the single statement they
+ * replace ("$4 OR NOT EXISTS (...)") for its parameters at every call,
+ * for good, and the planning was a seventh of a consumer's CPU.
  */
+#define COMPLETE_CLAIMED \
+	"UPDATE earmark.inbox_event AS e SET status = 'applied', result = $2, locked_until = NULL, updated_at = $3, " \
+	"  finished = true " \
+	"WHERE e.event_id = $1 AND e.status = 'processing'"
+
 static EmStatement complete_claimed = {
-	"UPDATE earmark.inbox_event AS e SET status = 'applied', result = $2, locked_until = NULL, updated_at = $3, "
-	"  finished = true "
-	"WHERE e.event_id = $1 AND e.status = 'processing' "
-	"  AND ($4 OR NOT EXISTS (SELECT 1 FROM earmark.inbox_handler h WHERE h.event_type = e.event_type))",
-	4, {INT8OID, TEXTOID, TIMESTAMPTZOID, BOOLOID}
+	COMPLETE_CLAIMED
+	"  AND NOT EXISTS (SELECT 1 FROM earmark.inbox_handler h WHERE h.event_type = e.event_type)",
+	3, {INT8OID, TEXTOID, TIMESTAMPTZOID}
+};
+
+static EmStatement complete_claimed_any = {
+	COMPLETE_CLAIMED,
+	3, {INT8OID, TEXTOID, TIMESTAMPTZOID}
 };
 
 /*
  * The checks one at a time, with their errors: not the caller's to
  * finish (42501), no such event, not processing.  An event claimed again
- * since complete_claimed looked is completed here.
+ * since complete_claimed or complete_claimed_any looked is completed here.
  */
 static void
 complete_slowly(int64 event_id, const char *result, Oid caller)
@@ -905,13 +941,23 @@ complete_slowly(int64 event_id, const char *result, Oid caller)
 }
 
 /* earmark_inbox_complete(event_id, result) RETURNS text: 'applied' */
+static Datum complete_body(PG_FUNCTION_ARGS);
+
+/* the body under earmark's own search path (spi.c): no SET clause */
 Datum
 earmark_inbox_complete(PG_FUNCTION_ARGS)
 {
+	return em_call_pinned(fcinfo, complete_body);
+}
+
+static Datum
+complete_body(PG_FUNCTION_ARGS)
+{
 	int64		event_id = arg_event_id(fcinfo);
 	char	   *result = arg_text(fcinfo, 1, "result");
-	Datum		args[4];
+	Datum		args[3];
 	AsOwner		a;
+	bool		may_finish_any;
 	em_require_coordinator("earmark_inbox_complete");
 
 	become_owner(fcinfo, &a);
@@ -919,8 +965,9 @@ earmark_inbox_complete(PG_FUNCTION_ARGS)
 	args[0] = Int64GetDatum(event_id);
 	args[1] = CStringGetTextDatum(result);
 	args[2] = TimestampTzGetDatum(GetCurrentTimestamp());
-	args[3] = BoolGetDatum(event_id == applying_event_id || is_admin(a.caller));
-	em_exec_generic(&complete_claimed, args, NULL, 0);
+	may_finish_any = event_id == applying_event_id || is_admin(a.caller);
+	em_exec_generic(may_finish_any ? &complete_claimed_any : &complete_claimed,
+					args, NULL, 0);
 	if (SPI_processed == 0)
 		complete_slowly(event_id, result, a.caller);
 	SPI_finish();
@@ -932,8 +979,17 @@ earmark_inbox_complete(PG_FUNCTION_ARGS)
  * earmark_inbox_ignore(event_id, reason) RETURNS text: 'ignored', with the
  * reason kept in result.  Any event not yet applied may be ignored.
  */
+static Datum ignore_body(PG_FUNCTION_ARGS);
+
+/* the body under earmark's own search path (spi.c): no SET clause */
 Datum
 earmark_inbox_ignore(PG_FUNCTION_ARGS)
+{
+	return em_call_pinned(fcinfo, ignore_body);
+}
+
+static Datum
+ignore_body(PG_FUNCTION_ARGS)
 {
 	int64		event_id = arg_event_id(fcinfo);
 	char	   *reason = arg_text(fcinfo, 1, "reason");
@@ -983,8 +1039,17 @@ em_inbox_fail(int64 event_id, const char *error)
 }
 
 /* earmark_inbox_fail(event_id, error) RETURNS text: 'failed' or 'dead' */
+static Datum fail_body(PG_FUNCTION_ARGS);
+
+/* the body under earmark's own search path (spi.c): no SET clause */
 Datum
 earmark_inbox_fail(PG_FUNCTION_ARGS)
+{
+	return em_call_pinned(fcinfo, fail_body);
+}
+
+static Datum
+fail_body(PG_FUNCTION_ARGS)
 {
 	int64		event_id = arg_event_id(fcinfo);
 	char	   *error = arg_text(fcinfo, 1, "error");

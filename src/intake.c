@@ -38,6 +38,12 @@
  *	  cooldown holds across connections.  Without earmark in
  *	  shared_preload_libraries a delivery never fetches (may_refetch).
  *
+ *	  earmark_inbox_receive_signed has no SET search_path clause: its body
+ *	  runs through em_call_pinned (spi.c), which pins the search path for
+ *	  the call; it runs no code of the user's (a function's own SET
+ *	  search_path would not take effect under the pin).  The Kinde intake,
+ *	  which may fetch the key set, keeps its clause.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -488,8 +494,17 @@ fill_message(EmWebhookMessage *msg, text *id, text *ts, text *sig, text *body)
  * The signature is checked before the body is parsed: an unsigned body
  * learns nothing from the parser.
  */
+static Datum receive_signed_body(PG_FUNCTION_ARGS);
+
+/* the body under earmark's own search path (spi.c): no SET clause */
 Datum
 earmark_inbox_receive_signed(PG_FUNCTION_ARGS)
+{
+	return em_call_pinned(fcinfo, receive_signed_body);
+}
+
+static Datum
+receive_signed_body(PG_FUNCTION_ARGS)
 {
 	text	   *source = em_arg_name(fcinfo, 0, "source");
 	text	   *webhook_id = em_arg_name(fcinfo, 1, "webhook_id");

@@ -63,8 +63,11 @@ pin_search_path(void)
 
 /*
  * Call body, a SQL-callable function's implementation, under the pinned
- * search path.  For SECURITY DEFINER functions declared without a SET
- * search_path clause: nothing may resolve a name before this.
+ * search path.  For functions declared without a SET search_path clause
+ * (SECURITY DEFINER, or SECURITY INVOKER ones that switch to their owner
+ * themselves, inbox.c): nothing may resolve a name before this, and body
+ * must run no code of the user's, whose own SET search_path would not
+ * take effect while the override is in force.
  */
 Datum
 em_call_pinned(FunctionCallInfo fcinfo, PGFunction body)

@@ -9,9 +9,14 @@
 -- with a SET clause (spi.c); views named like earmark's tables, in evil
 -- and in the session's temporary schema (searched last by earmark), log
 -- any read, and errors of earmark's caught by a PL/pgSQL EXCEPTION block
--- must leave the caller's own search_path in force afterwards.
+-- must leave the caller's own search_path in force afterwards.  Variant
+-- D: the same for the inbox's C-pinned entry points (receive,
+-- receive_signed, claim, complete, ignore, fail), with more planted
+-- operators (the ones their statements use) and views named like the
+-- inbox's tables, as a superuser and as a member of earmark_user, and the
+-- caller's path back after a normal return and after caught errors.
 BEGIN;
-SELECT plan(19);
+SELECT plan(27);
 
 CREATE SCHEMA evil;
 CREATE TABLE evil.calls (what text NOT NULL);
@@ -321,6 +326,217 @@ SELECT is((SELECT string_agg(DISTINCT what, ', ') FROM evil.calls WHERE what <> 
           'variant C: no planted operator, function or view was used by earmark');
 SELECT is((SELECT count(*)::int FROM evil.calls WHERE what = '=(text,text)'), 1,
           'variant C: after the caught errors the caller''s own search_path was back in force (its = is evil.=)');
+
+-- ---------------------------------------------------------------------
+-- variant D: the inbox's C-pinned entry points (no SET clause) against a
+-- hostile caller: planted operators for every comparison and arithmetic
+-- of their statements, shadowing views, a member of earmark_user, and
+-- the caller's path back after a normal return and after caught errors
+-- ---------------------------------------------------------------------
+TRUNCATE evil.calls;
+SELECT is((SELECT string_agg(proname || CASE WHEN prosecdef THEN ' (definer)' ELSE ' (invoker)' END, ', ' ORDER BY proname)
+             FROM pg_catalog.pg_proc
+            WHERE proname IN ('earmark_inbox_receive', 'earmark_inbox_receive_signed', 'earmark_inbox_claim',
+                              'earmark_inbox_complete', 'earmark_inbox_ignore', 'earmark_inbox_fail')
+              AND prolang = (SELECT oid FROM pg_catalog.pg_language WHERE lanname = 'c')
+              AND proconfig IS NULL),
+          'earmark_inbox_claim (definer), earmark_inbox_complete (invoker), earmark_inbox_fail (invoker), '
+          'earmark_inbox_ignore (invoker), earmark_inbox_receive (invoker), earmark_inbox_receive_signed (definer)',
+          'variant D: the six inbox entry points are C without a SET clause (claim and receive_signed SECURITY DEFINER, the four that switch to their owner SECURITY INVOKER)');
+
+CREATE FUNCTION evil.int4_pl(integer, integer) RETURNS integer LANGUAGE plpgsql AS
+$$BEGIN PERFORM evil.log('+(int,int)'); RETURN pg_catalog.int4pl($1, $2); END$$;
+CREATE OPERATOR evil.+ (LEFTARG = integer, RIGHTARG = integer, FUNCTION = evil.int4_pl);
+CREATE FUNCTION evil.int4_lt(integer, integer) RETURNS boolean LANGUAGE plpgsql AS
+$$BEGIN PERFORM evil.log('<(int,int)'); RETURN pg_catalog.int4lt($1, $2); END$$;
+CREATE OPERATOR evil.< (LEFTARG = integer, RIGHTARG = integer, FUNCTION = evil.int4_lt);
+CREATE FUNCTION evil.int4_ge(integer, integer) RETURNS boolean LANGUAGE plpgsql AS
+$$BEGIN PERFORM evil.log('>=(int,int)'); RETURN pg_catalog.int4ge($1, $2); END$$;
+CREATE OPERATOR evil.>= (LEFTARG = integer, RIGHTARG = integer, FUNCTION = evil.int4_ge);
+CREATE FUNCTION evil.tstz_le(timestamptz, timestamptz) RETURNS boolean LANGUAGE plpgsql AS
+$$BEGIN PERFORM evil.log('<=(timestamptz,timestamptz)'); RETURN pg_catalog.timestamptz_le($1, $2); END$$;
+CREATE OPERATOR evil.<= (LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTION = evil.tstz_le);
+CREATE FUNCTION evil.tstz_gt(timestamptz, timestamptz) RETURNS boolean LANGUAGE plpgsql AS
+$$BEGIN PERFORM evil.log('>(timestamptz,timestamptz)'); RETURN pg_catalog.timestamptz_gt($1, $2); END$$;
+CREATE OPERATOR evil.> (LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTION = evil.tstz_gt);
+CREATE FUNCTION evil.int8_gt(bigint, bigint) RETURNS boolean LANGUAGE plpgsql AS
+$$BEGIN PERFORM evil.log('>(bigint,bigint)'); RETURN pg_catalog.int8gt($1, $2); END$$;
+CREATE OPERATOR evil.> (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = evil.int8_gt);
+CREATE FUNCTION evil.bool_eq(boolean, boolean) RETURNS boolean LANGUAGE plpgsql AS
+$$BEGIN PERFORM evil.log('=(boolean,boolean)'); RETURN pg_catalog.booleq($1, $2); END$$;
+CREATE OPERATOR evil.= (LEFTARG = boolean, RIGHTARG = boolean, FUNCTION = evil.bool_eq);
+CREATE FUNCTION evil.xid_eq(xid, integer) RETURNS boolean LANGUAGE plpgsql AS
+$$BEGIN PERFORM evil.log('=(xid,int)'); RETURN pg_catalog.xideqint4($1, $2); END$$;
+CREATE OPERATOR evil.= (LEFTARG = xid, RIGHTARG = integer, FUNCTION = evil.xid_eq);
+DO $$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['inbox_event', 'inbox_receipt', 'inbox_handler', 'webhook_secret'] LOOP
+        EXECUTE format('CREATE VIEW evil.%I AS SELECT * FROM earmark.%I WHERE evil.logged(%L)',
+                       t, t, 'view evil.' || t);
+        EXECUTE format('CREATE TEMP VIEW %I AS SELECT * FROM earmark.%I WHERE evil.logged(%L)',
+                       t, t, 'view pg_temp.' || t);
+    END LOOP;
+END
+$$;
+
+-- a member of earmark_user, who may use evil's objects as the caller
+CREATE ROLE em_tap_sp_app IN ROLE earmark_user;
+GRANT USAGE ON SCHEMA evil TO em_tap_sp_app;
+GRANT INSERT ON evil.calls TO em_tap_sp_app;
+GRANT INSERT ON pg_temp.out TO em_tap_sp_app;
+GRANT USAGE ON SEQUENCE pg_temp.out_seq_seq TO em_tap_sp_app;
+
+-- a signed delivery of source sp-D-signed for the account of customer
+-- cus_sp_D (signed here, before the hostile path is set)
+SELECT earmark_set_account('em_tap_sp_D', :'sp_anchor', 'cus_sp_D', 'agr_D') \gset sp_
+SELECT earmark_inbox_set_secret('sp-D-signed', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw') \gset sp_
+CREATE FUNCTION pg_temp.hmac_sha256(key bytea, msg bytea) RETURNS bytea LANGUAGE plpgsql AS $$
+DECLARE
+    k bytea := key || decode(repeat('00', 64 - length(key)), 'hex');
+    ipad bytea := k;
+    opad bytea := k;
+BEGIN
+    FOR i IN 0..63 LOOP
+        ipad := set_byte(ipad, i, get_byte(k, i) # 54);
+        opad := set_byte(opad, i, get_byte(k, i) # 92);
+    END LOOP;
+    RETURN sha256(opad || sha256(ipad || msg));
+END $$;
+SELECT round(extract(epoch FROM now()))::bigint::text AS ts,
+       '{"type": "sp.thing", "event_timestamp": "2001-01-01T00:00:04Z", "data": {"customer_id": "cus_sp_D"}}' AS body
+\gset D_
+SELECT 'v1,' || encode(pg_temp.hmac_sha256(decode('MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', 'base64'),
+                                           convert_to('d4.' || :'D_ts' || '.' || :'D_body', 'UTF8')),
+                       'base64') AS sig \gset D_
+
+-- an event's id, looked up with a search path of its own (the caller's
+-- own lookups must not call evil's = either)
+CREATE FUNCTION pg_temp.event_of(src text, key text) RETURNS bigint LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT event_id FROM earmark.inbox_event WHERE source = src AND dedupe_key = key
+$$;
+
+-- after a normal return of each kind of call, an unqualified comparison of
+-- the caller's own must use the caller's search_path (evil.=)
+CREATE FUNCTION pg_temp.after_ok(event bigint) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    r text;
+BEGIN
+    r := earmark_inbox_complete(event, 'done');
+    RETURN r || '; eq: ' || ('x'::text = 'x'::text);
+END
+$$;
+-- earmark errors caught by the caller, then the caller's own comparison
+CREATE FUNCTION pg_temp.caught_inbox(done bigint, ts text, body text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    r text := '';
+BEGIN
+    BEGIN
+        PERFORM earmark_inbox_complete(done);
+    EXCEPTION WHEN OTHERS THEN
+        r := r || 'complete: ' || SQLSTATE || '; ';
+    END;
+    BEGIN
+        PERFORM earmark_inbox_fail(done, 'late');
+    EXCEPTION WHEN OTHERS THEN
+        r := r || 'fail: ' || SQLSTATE || '; ';
+    END;
+    BEGIN
+        PERFORM earmark_inbox_ignore(-1, 'no such event');
+    EXCEPTION WHEN OTHERS THEN
+        r := r || 'ignore: ' || SQLSTATE || '; ';
+    END;
+    BEGIN
+        PERFORM * FROM earmark_inbox_claim(0);
+    EXCEPTION WHEN OTHERS THEN
+        r := r || 'claim: ' || SQLSTATE || '; ';
+    END;
+    BEGIN
+        PERFORM * FROM earmark_inbox_receive('sp-D', 'd9', 'sp.thing', NULL);
+    EXCEPTION WHEN OTHERS THEN
+        r := r || 'receive: ' || SQLSTATE || '; ';
+    END;
+    BEGIN
+        PERFORM * FROM earmark_inbox_receive_signed('sp-D-signed', 'd9', ts, 'v1,' || encode(sha256('x'), 'base64'), body);
+    EXCEPTION WHEN OTHERS THEN
+        r := r || 'receive_signed: ' || SQLSTATE || '; ';
+    END;
+    RETURN r || 'eq: ' || ('x'::text = 'x'::text);
+END
+$$;
+
+SET search_path = evil, pg_catalog, public;
+INSERT INTO pg_temp.out (variant, step, r)
+SELECT 'D', 'receive d1', ROW(inserted)::text FROM earmark_inbox_receive('sp-D', 'd1', 'sp.thing', '{"n": 1}', '2001-01-01 00:00:01+00');
+INSERT INTO pg_temp.out (variant, step, r)
+SELECT 'D', 'receive d1 again', ROW(inserted)::text FROM earmark_inbox_receive('sp-D', 'd1', 'sp.thing', '{"n": 1}', '2001-01-01 00:00:01+00');
+INSERT INTO pg_temp.out (variant, step, r)
+SELECT 'D', 'receive d2', ROW(inserted)::text FROM earmark_inbox_receive('sp-D', 'd2', 'sp.thing', '{"n": 2}', '2001-01-01 00:00:02+00');
+INSERT INTO pg_temp.out (variant, step, r)
+SELECT 'D', 'receive d3', ROW(inserted)::text FROM earmark_inbox_receive('sp-D', 'd3', 'sp.thing', '{"n": 3}', '2001-01-01 00:00:03+00');
+INSERT INTO pg_temp.out (variant, step, r)
+SELECT 'D', 'receive_signed d4', ROW(inserted)::text
+  FROM earmark_inbox_receive_signed('sp-D-signed', 'd4', :'D_ts', :'D_sig', :'D_body');
+SET ROLE em_tap_sp_app;
+INSERT INTO pg_temp.out (variant, step, r)
+SELECT 'D', 'app: receive a5', ROW(inserted)::text FROM earmark_inbox_receive('sp-D-app', 'a5', 'sp.thing', '{"n": 5}', '2001-01-01 00:00:05+00');
+RESET ROLE;
+INSERT INTO pg_temp.out (variant, step, r)
+SELECT 'D', 'claim', string_agg(ROW(source, dedupe_key, status, attempts, verified_by, account)::text, ' ' ORDER BY occurred_at)
+  FROM earmark_inbox_claim(10, '1 hour');
+INSERT INTO pg_temp.out (variant, step, r)
+SELECT 'D', 'complete d1', earmark_inbox_complete(pg_temp.event_of('sp-D', 'd1'));
+INSERT INTO pg_temp.out (variant, step, r)
+SELECT 'D', 'ignore d2', earmark_inbox_ignore(pg_temp.event_of('sp-D', 'd2'), 'not needed');
+INSERT INTO pg_temp.out (variant, step, r)
+SELECT 'D', 'fail d3', earmark_inbox_fail(pg_temp.event_of('sp-D', 'd3'), 'boom');
+SELECT pg_temp.event_of('sp-D-signed', 'd4') AS d4 \gset D_
+SELECT pg_temp.after_ok(:D_d4) AS after_ok \gset D_
+SELECT pg_temp.event_of('sp-D-app', 'a5') AS a5 \gset D_
+SET ROLE em_tap_sp_app;
+INSERT INTO pg_temp.out (variant, step, r)
+SELECT 'D', 'app: complete a5', earmark_inbox_complete(:D_a5);
+RESET ROLE;
+SELECT pg_temp.caught_inbox(:D_d4, :'D_ts', :'D_body') AS caught \gset D_
+RESET search_path;
+
+SELECT results_eq(
+    $$SELECT step, r FROM out WHERE variant = 'D' ORDER BY seq$$,
+    $$VALUES ('receive d1', '(t)'),
+             ('receive d1 again', '(f)'),
+             ('receive d2', '(t)'),
+             ('receive d3', '(t)'),
+             ('receive_signed d4', '(t)'),
+             ('app: receive a5', '(t)'),
+             ('claim', '(sp-D,d1,processing,1,admin,) (sp-D,d2,processing,1,admin,) (sp-D,d3,processing,1,admin,) (sp-D-signed,d4,processing,1,standard_webhooks,em_tap_sp_D) (sp-D-app,a5,processing,1,,)'),
+             ('complete d1', 'applied'),
+             ('ignore d2', 'ignored'),
+             ('fail d3', 'failed'),
+             ('app: complete a5', 'applied')$$,
+    'variant D (evil, pg_catalog, public; shadowing views): the inbox gives its normal answers');
+SELECT results_eq(
+    $$SELECT source, dedupe_key, status, seen_count FROM earmark.inbox_event
+       WHERE source LIKE 'sp-D%' ORDER BY occurred_at$$,
+    $$VALUES ('sp-D'::text, 'd1'::text, 'applied'::text, 2),
+             ('sp-D', 'd2', 'ignored', 1),
+             ('sp-D', 'd3', 'failed', 1),
+             ('sp-D-signed', 'd4', 'applied', 1),
+             ('sp-D-app', 'a5', 'applied', 1)$$,
+    'variant D: the events ended as they should');
+SELECT is((SELECT count(*)::int FROM earmark.inbox_receipt r JOIN earmark.inbox_event e USING (event_id)
+            WHERE e.source LIKE 'sp-D%'), 6,
+          'variant D: every delivery left a receipt');
+SELECT is(:'D_after_ok'::text, 'applied; eq: true',
+          'variant D: a completion returned normally');
+SELECT is(:'D_caught'::text,
+          'complete: EM005; fail: EM005; ignore: EM004; claim: 22023; receive: 22004; receive_signed: EM101; eq: true',
+          'variant D: the inbox''s errors were caught by the caller''s EXCEPTION blocks');
+SELECT is((SELECT string_agg(DISTINCT what, ', ') FROM evil.calls WHERE what <> '=(text,text)'), NULL,
+          'variant D: no planted operator, function or view was used by the inbox');
+SELECT is((SELECT count(*)::int FROM evil.calls WHERE what = '=(text,text)'), 2,
+          'variant D: after a normal return and after the caught errors the caller''s own search_path was back in force (its = is evil.=)');
 
 SELECT * FROM finish();
 ROLLBACK;
