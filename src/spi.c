@@ -92,10 +92,12 @@ pin_search_path(void)
  * here) is in force, the hook pushes the path the function's own setting
  * names, computed as namespace.c would compute it, for the function's
  * call, and pops it on its return.  On an error the abort of the
- * (sub)transaction pops it, as it pops the pin.  frames mirrors what is
- * pushed here, with the transaction nest level of each, so that the hook
- * knows a pin is in force and which push a return ends; the
- * (sub)transaction callbacks drop the frames the abort popped.
+ * (sub)transaction pops it, as it pops the pin.  frames records each pin
+ * and each call the hook sees under one (whether it pushed a path for
+ * it), with the transaction nest level of each, so that the hook knows a
+ * pin is in force and which start a return ends, also when a function's
+ * SET clause changed between two nested calls of it; the (sub)transaction
+ * callbacks drop the frames whose paths an abort popped.
  *
  * Not covered: a function that changes search_path as it runs (SET
  * inside its body, set_config) does not change the path under the pin,
@@ -107,6 +109,7 @@ typedef struct PinFrame
 {
 	int			nest_level;
 	FmgrInfo   *flinfo;			/* the function's call, NULL for a pin */
+	bool		pushed;			/* a path was pushed for the function */
 } PinFrame;
 
 static PinFrame *frames = NULL;
@@ -115,7 +118,7 @@ static int	maxframes = 0;
 static fmgr_hook_type prev_fmgr_hook = NULL;
 
 static void
-push_frame(FmgrInfo *flinfo)
+push_frame(FmgrInfo *flinfo, bool pushed)
 {
 	if (nframes == maxframes)
 	{
@@ -126,6 +129,7 @@ push_frame(FmgrInfo *flinfo)
 	}
 	frames[nframes].nest_level = GetCurrentTransactionNestLevel();
 	frames[nframes].flinfo = flinfo;
+	frames[nframes].pushed = pushed;
 	nframes++;
 }
 
@@ -225,17 +229,22 @@ user_function_hook(FmgrHookEventType event, FmgrInfo *flinfo, Datum *private)
 		prev_fmgr_hook(event, flinfo, private);
 	if (nframes == 0)
 		return;
-	if (event == FHET_START && sets_search_path(flinfo->fn_oid))
+	if (event == FHET_START)
 	{
-		push_setting_path();
-		push_frame(flinfo);
+		/* every call under a pin has a frame, so that starts and ends pair */
+		bool		sets = sets_search_path(flinfo->fn_oid);
+
+		if (sets)
+			push_setting_path();
+		push_frame(flinfo, sets);
 	}
 	else if (event == FHET_END &&
 			 frames[nframes - 1].flinfo == flinfo &&
 			 frames[nframes - 1].nest_level == GetCurrentTransactionNestLevel())
 	{
+		if (frames[nframes - 1].pushed)
+			PopOverrideSearchPath();
 		pop_frame();
-		PopOverrideSearchPath();
 	}
 	/* FHET_ABORT: the (sub)transaction's abort pops the path (and frame) */
 }
@@ -295,7 +304,7 @@ em_call_pinned(FunctionCallInfo fcinfo, PGFunction body)
 
 	watch_user_functions();
 	pin_search_path();
-	push_frame(NULL);
+	push_frame(NULL, true);
 	result = body(fcinfo);
 	pop_frame();
 	PopOverrideSearchPath();
