@@ -4,9 +4,12 @@
  *	  The statements every earmark file runs: SPI with plans prepared once
  *	  per backend and kept, result access, the argument checks of the SQL
  *	  functions, returning one row, and the search path pinned for the
- *	  entry points that have no SET clause (em_call_pinned).
+ *	  entry points that have no SET clause (em_call_pinned), with an
+ *	  fmgr_hook that gives a function of the user's run inside such a call
+ *	  its own SET search_path (user_function_hook).
  *
- *	  Owns no shared state and takes no locks of its own.
+ *	  Owns no shared state and takes no locks of its own; installs the
+ *	  hook and a transaction and a subtransaction callback once per backend.
  *
  *-------------------------------------------------------------------------
  */
@@ -14,12 +17,21 @@
 
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "catalog/objectaccess.h"
 #include "catalog/pg_namespace.h"
+#include "catalog/pg_proc.h"
+#include "catalog/pg_type.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/memutils.h"
+#include "utils/syscache.h"
 #include "utils/snapmgr.h"
 #include "utils/tuplestore.h"
+#include "utils/varlena.h"
 
 #include "cluster.h"
 #include "spi.h"
@@ -61,21 +73,240 @@ pin_search_path(void)
 	list_free(path.schemas);
 }
 
+/* ---------------------------------------------------------------------
+ * A function's own search path under the pin
+ * ---------------------------------------------------------------------
+ *
+ * While an override search path is in force, a function's SET
+ * search_path clause changes the setting but not the path names resolve
+ * through (namespace.c consults the setting only when no override is in
+ * force).  So a function of the user's that runs inside a pinned call, a
+ * trigger a superuser put on an earmark table say, declared the safe way
+ * ("SET search_path = app, pg_catalog, pg_temp"), would resolve its
+ * unqualified names through earmark's pg_catalog, pg_temp instead: to
+ * nothing, or to a table the caller planted in its temporary schema.
+ *
+ * fmgr runs every function with a SET clause through
+ * fmgr_security_definer, which calls fmgr_hook after applying the clause
+ * and again when the function returns.  While a pin (or a path pushed
+ * here) is in force, the hook pushes the path the function's own setting
+ * names, computed as namespace.c would compute it, for the function's
+ * call, and pops it on its return.  On an error the abort of the
+ * (sub)transaction pops it, as it pops the pin.  frames records each pin
+ * and each call the hook sees under one (whether it pushed a path for
+ * it), with the transaction nest level of each, so that the hook knows a
+ * pin is in force and which start a return ends, also when a function's
+ * SET clause changed between two nested calls of it; the (sub)transaction
+ * callbacks drop the frames whose paths an abort popped.
+ *
+ * Not covered: a function that changes search_path as it runs (SET
+ * inside its body, set_config) does not change the path under the pin,
+ * and a function whose path starts with pg_temp before the session has a
+ * temporary schema creates unqualified objects in the next schema rather
+ * than in a new temporary one.
+ */
+typedef struct PinFrame
+{
+	int			nest_level;
+	FmgrInfo   *flinfo;			/* the function's call, NULL for a pin */
+	bool		pushed;			/* a path was pushed for the function */
+} PinFrame;
+
+static PinFrame *frames = NULL;
+static int	nframes = 0;
+static int	maxframes = 0;
+static fmgr_hook_type prev_fmgr_hook = NULL;
+
+static void
+push_frame(FmgrInfo *flinfo, bool pushed)
+{
+	if (nframes == maxframes)
+	{
+		maxframes = Max(8, maxframes * 2);
+		frames = frames == NULL
+			? MemoryContextAlloc(TopMemoryContext, maxframes * sizeof(PinFrame))
+			: repalloc(frames, maxframes * sizeof(PinFrame));
+	}
+	frames[nframes].nest_level = GetCurrentTransactionNestLevel();
+	frames[nframes].flinfo = flinfo;
+	frames[nframes].pushed = pushed;
+	nframes++;
+}
+
+static void
+pop_frame(void)
+{
+	Assert(nframes > 0);
+	nframes--;
+}
+
+/* does the function set search_path itself (a SET clause)? */
+static bool
+sets_search_path(Oid fn)
+{
+	HeapTuple	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn));
+	bool		isnull;
+	Datum		config;
+	bool		found = false;
+
+	if (!HeapTupleIsValid(tup))
+		return false;
+	config = SysCacheGetAttr(PROCOID, tup, Anum_pg_proc_proconfig, &isnull);
+	if (!isnull)
+	{
+		ArrayType  *a = DatumGetArrayTypeP(config);
+		Datum	   *items;
+		int			n;
+		int			i;
+
+		deconstruct_array(a, TEXTOID, -1, false, TYPALIGN_INT, &items, NULL, &n);
+		for (i = 0; i < n && !found; i++)
+			found = strncmp(TextDatumGetCString(items[i]), "search_path=", 12) == 0;
+	}
+	ReleaseSysCache(tup);
+	return found;
+}
+
+/*
+ * Push the path the search_path setting names, as namespace.c's
+ * recomputeNamespacePath computes it: "$user" and the named schemas that
+ * exist and that the current user may use, pg_temp where it stands if the
+ * session has a temporary schema, pg_catalog first unless named, the
+ * temporary schema first unless named.
+ */
+static void
+push_setting_path(void)
+{
+	char	   *raw = pstrdup(namespace_search_path);
+	List	   *names;
+	ListCell   *lc;
+	Oid			role = GetUserId();
+	Oid			temp;
+	Oid			temp_toast;
+	OverrideSearchPath path;
+
+	memset(&path, 0, sizeof(path));
+	GetTempNamespaceState(&temp, &temp_toast);
+	if (!SplitIdentifierString(raw, ',', &names))
+		elog(ERROR, "earmark: search_path \"%s\" is not a list", namespace_search_path);
+	foreach(lc, names)
+	{
+		char	   *name = (char *) lfirst(lc);
+		Oid			ns;
+
+		if (strcmp(name, "$user") == 0)
+		{
+			char	   *rolname = GetUserNameFromId(role, true);
+
+			ns = rolname ? get_namespace_oid(rolname, true) : InvalidOid;
+		}
+		else if (strcmp(name, "pg_temp") == 0)
+		{
+			if (OidIsValid(temp) && !list_member_oid(path.schemas, temp) &&
+				InvokeNamespaceSearchHook(temp, false))
+				path.schemas = lappend_oid(path.schemas, temp);
+			continue;
+		}
+		else
+			ns = get_namespace_oid(name, true);
+		if (OidIsValid(ns) && !list_member_oid(path.schemas, ns) &&
+			pg_namespace_aclcheck(ns, role, ACL_USAGE) == ACLCHECK_OK &&
+			InvokeNamespaceSearchHook(ns, false))
+			path.schemas = lappend_oid(path.schemas, ns);
+	}
+	path.addCatalog = !list_member_oid(path.schemas, PG_CATALOG_NAMESPACE);
+	path.addTemp = OidIsValid(temp) && !list_member_oid(path.schemas, temp);
+	PushOverrideSearchPath(&path);
+	list_free(path.schemas);
+	list_free(names);
+	pfree(raw);
+}
+
+static void
+user_function_hook(FmgrHookEventType event, FmgrInfo *flinfo, Datum *private)
+{
+	if (prev_fmgr_hook)
+		prev_fmgr_hook(event, flinfo, private);
+	if (nframes == 0)
+		return;
+	if (event == FHET_START)
+	{
+		/* every call under a pin has a frame, so that starts and ends pair */
+		bool		sets = sets_search_path(flinfo->fn_oid);
+
+		if (sets)
+			push_setting_path();
+		push_frame(flinfo, sets);
+	}
+	else if (event == FHET_END &&
+			 frames[nframes - 1].flinfo == flinfo &&
+			 frames[nframes - 1].nest_level == GetCurrentTransactionNestLevel())
+	{
+		if (frames[nframes - 1].pushed)
+			PopOverrideSearchPath();
+		pop_frame();
+	}
+	/* FHET_ABORT: the (sub)transaction's abort pops the path (and frame) */
+}
+
+/* drop the frames whose paths the end of a (sub)transaction pops */
+static void
+drop_frames_from(int nest_level)
+{
+	while (nframes > 0 && frames[nframes - 1].nest_level >= nest_level)
+		nframes--;
+}
+
+static void
+frames_subxact_end(SubXactEvent event, SubTransactionId mySubid,
+				   SubTransactionId parentSubid, void *arg)
+{
+	if (event == SUBXACT_EVENT_ABORT_SUB || event == SUBXACT_EVENT_COMMIT_SUB)
+		drop_frames_from(GetCurrentTransactionNestLevel());
+}
+
+static void
+frames_xact_end(XactEvent event, void *arg)
+{
+	if (event == XACT_EVENT_ABORT || event == XACT_EVENT_COMMIT ||
+		event == XACT_EVENT_PARALLEL_ABORT || event == XACT_EVENT_PARALLEL_COMMIT ||
+		event == XACT_EVENT_PREPARE)
+		nframes = 0;
+}
+
+/* install the hook and the callbacks, once per backend */
+static void
+watch_user_functions(void)
+{
+	static bool installed = false;
+
+	if (installed)
+		return;
+	prev_fmgr_hook = fmgr_hook;
+	fmgr_hook = user_function_hook;
+	RegisterSubXactCallback(frames_subxact_end, NULL);
+	RegisterXactCallback(frames_xact_end, NULL);
+	installed = true;
+}
+
 /*
  * Call body, a SQL-callable function's implementation, under the pinned
  * search path.  For functions declared without a SET search_path clause
  * (SECURITY DEFINER, or SECURITY INVOKER ones that switch to their owner
- * themselves, inbox.c): nothing may resolve a name before this, and body
- * must run no code of the user's, whose own SET search_path would not
- * take effect while the override is in force.
+ * themselves, inbox.c): nothing may resolve a name before this.  Code of
+ * the user's that body's statements run (a trigger on an earmark table,
+ * and what it calls) gets its own SET search_path (user_function_hook).
  */
 Datum
 em_call_pinned(FunctionCallInfo fcinfo, PGFunction body)
 {
 	Datum		result;
 
+	watch_user_functions();
 	pin_search_path();
+	push_frame(NULL, true);
 	result = body(fcinfo);
+	pop_frame();
 	PopOverrideSearchPath();
 	return result;
 }
