@@ -576,10 +576,10 @@ REVOKE ALL ON FUNCTION earmark.report_cycle(text, bigint, text, bigint, boolean,
 -- Like reserve, charge, heartbeat and settle, those four, earmark_inbox_claim
 -- and earmark_inbox_receive_signed have no SET search_path clause: their C
 -- code pins the same search path (pg_catalog, pg_temp) for the call (spi.c,
--- em_call_pinned; docs/security.md).  None of them runs a handler or any
--- other code of the user's (under the pin, a function's own SET search_path
--- would not take effect).  Give none of them a SET clause back without
--- removing the pin.
+-- em_call_pinned; docs/security.md).  None of them calls a handler; a
+-- trigger of the user's that their statements run gets its own SET
+-- search_path from spi.c's fmgr hook.  Give none of them a SET clause back
+-- without removing the pin.
 CREATE FUNCTION earmark_inbox_receive(source text, dedupe_key text, event_type text, payload jsonb,
                                       occurred_at timestamptz DEFAULT NULL, account text DEFAULT NULL)
 RETURNS TABLE (event_id bigint, inserted boolean)

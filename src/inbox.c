@@ -42,10 +42,11 @@
  *
  *	  earmark_inbox_receive, _claim, _complete, _ignore and _fail have no
  *	  SET search_path clause: each runs its body through em_call_pinned
- *	  (spi.c), which pins the search path for the call.  None of them runs
- *	  a handler or any other code of the user's: under the pin a function's
- *	  own SET search_path would not take effect.  Handlers run only in the
- *	  worker (em_inbox_apply), which pins its path with its own setting.
+ *	  (spi.c), which pins the search path for the call.  None of them calls
+ *	  a handler: handlers run only in the worker (em_inbox_apply), under
+ *	  the worker's own setting.  Code of the user's that their statements
+ *	  may run (a trigger put on an earmark table) gets its own SET
+ *	  search_path from spi.c's fmgr hook.
  *
  *-------------------------------------------------------------------------
  */

@@ -40,9 +40,9 @@
  *
  *	  earmark_inbox_receive_signed has no SET search_path clause: its body
  *	  runs through em_call_pinned (spi.c), which pins the search path for
- *	  the call; it runs no code of the user's (a function's own SET
- *	  search_path would not take effect under the pin).  The Kinde intake,
- *	  which may fetch the key set, keeps its clause.
+ *	  the call; it calls no handler (a trigger of the user's that its
+ *	  statements run gets its own SET search_path from spi.c's fmgr hook).
+ *	  The Kinde intake, which may fetch the key set, keeps its clause.
  *
  *-------------------------------------------------------------------------
  */
