@@ -903,6 +903,29 @@ CREATE INDEX inbox_event_due ON earmark.inbox_event (occurred_at, event_id)
 ALTER TABLE earmark.inbox_receipt DROP CONSTRAINT inbox_receipt_event_id_fkey;
 DROP INDEX earmark.inbox_receipt_event;
 
+-- ---------------------------------------------------------------------------
+-- Inbox: the event's key moves to the first delivery's receipt, which is
+-- never updated (src/earmark.sql says why).  Each event's first receipt
+-- with inserted takes the event's key; an event without one (its receipts
+-- deleted by hand, or the event inserted by hand) gets one, dated at its
+-- arrival.
+-- ---------------------------------------------------------------------------
+ALTER TABLE earmark.inbox_receipt ADD COLUMN source text, ADD COLUMN dedupe_key text;
+UPDATE earmark.inbox_receipt r
+   SET source = e.source, dedupe_key = e.dedupe_key
+  FROM (SELECT pg_catalog.min(receipt_id) AS receipt_id, event_id
+          FROM earmark.inbox_receipt WHERE inserted GROUP BY event_id) f
+  JOIN earmark.inbox_event e ON e.event_id = f.event_id
+ WHERE r.receipt_id = f.receipt_id;
+INSERT INTO earmark.inbox_receipt (event_id, inserted, received_at, source, dedupe_key)
+SELECT e.event_id, true, e.received_at, e.source, e.dedupe_key
+  FROM earmark.inbox_event e
+ WHERE NOT EXISTS (SELECT 1 FROM earmark.inbox_receipt r
+                    WHERE r.event_id = e.event_id AND r.dedupe_key IS NOT NULL);
+CREATE UNIQUE INDEX inbox_receipt_key ON earmark.inbox_receipt (source, dedupe_key)
+    WHERE dedupe_key IS NOT NULL;
+ALTER TABLE earmark.inbox_event DROP CONSTRAINT inbox_event_source_dedupe_key_key;
+
 -- ---------------------------------------------------------------------
 -- A settled job is its own ledger entry.  A settlement (or an
 -- expiry) writes its charged units, budget and settled_at into the job

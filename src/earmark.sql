@@ -358,7 +358,12 @@ CREATE INDEX evidence_budget ON earmark.evidence (account, budget_id, evidence_i
 ------------------------------------------------------------------------------
 
 -- One row per event, keyed by (source, dedupe_key): a copy of a delivery
--- adds one to seen_count and nothing else.  occurred_at is the event's own
+-- adds one to seen_count and nothing else.  The key is kept unique by the
+-- first delivery's receipt (earmark.inbox_receipt below), not here: a
+-- completion's update of the event is not HOT (finished is in
+-- inbox_event_due's predicate), and a unique index on the key here would
+-- take a new entry on a scattered page at every completion (a full-page
+-- image after each checkpoint).  occurred_at is the event's own
 -- time, not the arrival.  status: received -> processing -> applied |
 -- ignored | failed (waits next_attempt_at) -> dead after 6 attempts.
 -- verified_by: how the event's source was verified (a signed intake, or a
@@ -386,7 +391,6 @@ CREATE TABLE earmark.inbox_event (
     last_error      text,
     received_at     timestamptz NOT NULL DEFAULT pg_catalog.now(),
     updated_at      timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    UNIQUE (source, dedupe_key),
     verified_by     text,
     finished        boolean NOT NULL DEFAULT false
 ) WITH (fillfactor = 50);
@@ -401,17 +405,25 @@ CREATE INDEX inbox_event_due ON earmark.inbox_event (occurred_at, event_id)
 -- (no index on account: nothing in earmark looks events up by account,
 -- and every index costs each receive, claim and completion a write)
 
--- Every delivery, copies included.  No foreign key to the event: the
--- receipt is written by the statement that stores the event, with its id
--- (store_event, inbox.c), and the key's check was a tenth of a receive.
--- No index on event_id: nothing in earmark reads receipts, and every index
--- costs each receive a write.
+-- Every delivery, copies included.  The first delivery's receipt
+-- (inserted) carries the event's (source, dedupe_key), unique: it is the
+-- key a copy finds, written once and never updated, so the event's own
+-- updates write no entry in a key index.  A copy's receipt carries no key.
+-- (source and dedupe_key were added in 0.3.0, hence last.)  No foreign key
+-- to the event: the receipt is written by the statement that stores the
+-- event, with its id (store_event, inbox.c), and the key's check was a
+-- tenth of a receive.  No index on event_id: nothing in earmark reads
+-- receipts by event, and every index costs each receive a write.
 CREATE TABLE earmark.inbox_receipt (
     receipt_id  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     event_id    bigint NOT NULL,
     inserted    boolean NOT NULL,
-    received_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp()
+    received_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    source      text,
+    dedupe_key  text
 );
+CREATE UNIQUE INDEX inbox_receipt_key ON earmark.inbox_receipt (source, dedupe_key)
+    WHERE dedupe_key IS NOT NULL;
 
 -- Event types the worker applies, and the function that applies them:
 -- handler(earmark.inbox_event) RETURNS text.  A handler is given only

@@ -7,9 +7,10 @@
  *	  Tables: earmark.inbox_event, earmark.inbox_receipt,
  *	  earmark.inbox_handler.
  *
- *	  Locks: receiving takes the event row through INSERT ... ON CONFLICT
- *	  (a copy waits for a concurrent first delivery of the same key, then
- *	  only counts itself).  Claims lock due rows FOR UPDATE SKIP LOCKED, so
+ *	  Locks: receiving takes the event's key through the first delivery's
+ *	  receipt, INSERT ... ON CONFLICT DO NOTHING (a copy waits for a
+ *	  concurrent first delivery of the same key, then, in a statement of
+ *	  its own, only counts itself under the event's row lock).  Claims lock due rows FOR UPDATE SKIP LOCKED, so
  *	  two consumers never wait for each other and never get the same event;
  *	  an event whose lease passed on its last attempt is marked dead under
  *	  the same lock, by the claim whose walk meets it.  inbox_event has no
@@ -229,26 +230,98 @@ is_admin(Oid role)
  * ---------------------------------------------------------------------
  */
 /*
- * A delivery in one statement: the event (a copy only counts itself, from
- * xmax = 0 we learn which) and its receipt.
+ * A first delivery in one statement: its receipt takes the event's key,
+ * then the event is stored with the id the receipt took from the event's
+ * identity sequence.  ON CONFLICT DO NOTHING: when the key is taken (by a
+ * committed delivery, or by one in progress, which the insert waits for)
+ * nothing is written; if the delivery it waited for rolled back, this one
+ * is stored.  (The key is on the receipt, which nothing updates, so that
+ * the event's own updates write no entry in a key index: earmark.sql.)
  */
-/* the columns of store_event */
-enum
-{
-	SE_EVENT_ID = 1, SE_INSERTED
-};
-
-static EmStatement store_event = {
-	"WITH e AS ("
-	"  INSERT INTO earmark.inbox_event AS e "
-	"    (source, dedupe_key, event_type, payload, occurred_at, account, verified_by) "
-	"  VALUES ($1, $2, $3, $4, $5, $6, $7) "
-	"  ON CONFLICT (source, dedupe_key) DO UPDATE SET seen_count = e.seen_count + 1 "
-	"  RETURNING e.event_id, (e.xmax = 0) AS inserted) "
-	"INSERT INTO earmark.inbox_receipt (event_id, inserted) SELECT event_id, inserted FROM e "
-	"RETURNING event_id, inserted",
+static EmStatement store_first = {
+	"WITH r AS ("
+	"  INSERT INTO earmark.inbox_receipt AS r (event_id, inserted, source, dedupe_key) "
+	"  VALUES (pg_catalog.nextval('earmark.inbox_event_event_id_seq'::pg_catalog.regclass), "
+	"          true, $1, $2) "
+	"  ON CONFLICT (source, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING "
+	"  RETURNING r.event_id) "
+	"INSERT INTO earmark.inbox_event "
+	"    (event_id, source, dedupe_key, event_type, payload, occurred_at, account, verified_by) "
+	"  OVERRIDING SYSTEM VALUE "
+	"SELECT r.event_id, $1, $2, $3, $4, $5, $6, $7 FROM r "
+	"RETURNING event_id",
 	7, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID, TEXTOID, TEXTOID}
 };
+
+/*
+ * A copy: one more on the event's seen_count (a HOT update), and a receipt
+ * without the key.  A separate statement, so that under READ COMMITTED its
+ * snapshot sees the delivery whose key store_first met (under REPEATABLE
+ * READ a key committed after the snapshot fails store_first with 40001).
+ * The event must still carry the key: an event deleted without its
+ * receipts, or one whose id was dealt again after a restart of the
+ * identity, is not this key's.
+ */
+static EmStatement store_copy = {
+	"WITH u AS ("
+	"  UPDATE earmark.inbox_event e SET seen_count = e.seen_count + 1 "
+	"    FROM earmark.inbox_receipt r "
+	"   WHERE r.source = $1 AND r.dedupe_key = $2 AND e.event_id = r.event_id "
+	"     AND e.source = $1 AND e.dedupe_key = $2 "
+	"  RETURNING e.event_id) "
+	"INSERT INTO earmark.inbox_receipt (event_id, inserted) SELECT event_id, false FROM u "
+	"RETURNING event_id",
+	2, {TEXTOID, TEXTOID}
+};
+
+/*
+ * The key's receipt outlived its event (deleted without its receipts, as
+ * docs/inbox.md asks not to): the key is free again, as it was when the
+ * event's row held it.  The receipt stays, without the key.
+ */
+static EmStatement free_stale_key = {
+	"UPDATE earmark.inbox_receipt r SET source = NULL, dedupe_key = NULL "
+	" WHERE r.source = $1 AND r.dedupe_key = $2 "
+	"   AND NOT EXISTS (SELECT 1 FROM earmark.inbox_event e "
+	"                    WHERE e.event_id = r.event_id AND e.source = $1 AND e.dedupe_key = $2)",
+	2, {TEXTOID, TEXTOID}
+};
+
+/*
+ * Store the delivery: first, or a copy.  Each round either stores, counts
+ * a copy, or frees a key whose event is gone (or finds that a concurrent
+ * delivery did); a key that changes hands at every round is a
+ * serialization failure the caller retries.
+ */
+static void
+store_delivery(Datum *args, const char *nulls, int64 *event_id, bool *inserted)
+{
+	int			round;
+
+	for (round = 0; round < 3; round++)
+	{
+		em_exec(&store_first, args, nulls, 1);
+		if (SPI_processed == 1)
+		{
+			*event_id = em_get_int64(0, 1, 0);
+			*inserted = true;
+			return;
+		}
+		em_exec(&store_copy, args, nulls, 1);
+		if (SPI_processed == 1)
+		{
+			*event_id = em_get_int64(0, 1, 0);
+			*inserted = false;
+			return;
+		}
+		em_exec(&free_stale_key, args, nulls, 0);
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			 errmsg("could not store the event: its key changed hands during the delivery"),
+			 errdetail("Concurrent deliveries and deletions of events with this key kept taking and freeing it."),
+			 errhint("Retry the delivery.")));
+}
 
 /*
  * Where an unverified event may not go: under a source earmark verifies
@@ -318,8 +391,7 @@ check_not_future(TimestampTz occurred_at, TimestampTz now)
 
 /*
  * Store a delivery: the event once per (source, dedupe_key), a copy only
- * counted, and a receipt for every delivery, in one statement
- * (store_event).  verified_by says how its source was verified (NULL: not
+ * counted, and a receipt for every delivery (store_delivery).  verified_by says how its source was verified (NULL: not
  * at all).  Runs in the caller's SPI connection.
  */
 void
@@ -330,7 +402,6 @@ em_inbox_store_verified(text *source, text *dedupe_key, text *event_type,
 {
 	Datum		args[7];
 	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
-	bool		isnull;
 	TimestampTz now = GetCurrentTimestamp();
 
 	if (!has_occurred_at && !payload_event_time(payload, &occurred_at))
@@ -359,9 +430,7 @@ em_inbox_store_verified(text *source, text *dedupe_key, text *event_type,
 	args[6] = verified_by ? CStringGetTextDatum(verified_by) : (Datum) 0;
 	if (verified_by == NULL)
 		nulls[6] = 'n';
-	em_exec(&store_event, args, nulls, 1);
-	*event_id = em_get_int64(0, SE_EVENT_ID, 0);
-	*inserted = DatumGetBool(em_get(0, SE_INSERTED, &isnull));
+	store_delivery(args, nulls, event_id, inserted);
 }
 
 /* an unverified store (earmark.h's older entry point) */
