@@ -38,7 +38,8 @@
 # defaults on a busy 2-core machine.
 #
 # The queues differ in what they keep: earmark stores each event once per
-# (source, dedupe_key) with a receipt per delivery, and keeps the event
+# (source, dedupe_key) with a receipt per delivery (the first one carries
+# the key; the fill writes it too), and keeps the event
 # (status applied) with its attempts and result; the plain queue inserts
 # every delivery (no dedupe) and deletes a message once it is handled.
 # The SQL files are in test/bench/inbox/.
@@ -95,8 +96,9 @@ top_up() {
                                                                      'plan', jsonb_build_object('key', 'pro'))),
                        clock_timestamp(), 'admin'
                   FROM generate_series($FILLED + 1, $FILLED + $need) g
-                RETURNING event_id)
-            INSERT INTO earmark.inbox_receipt (event_id, inserted) SELECT event_id, true FROM e" ;;
+                RETURNING event_id, source, dedupe_key)
+            INSERT INTO earmark.inbox_receipt (event_id, inserted, source, dedupe_key)
+            SELECT event_id, true, source, dedupe_key FROM e" ;;
         plain) em_psql -d "$DB" -c "
             INSERT INTO plain_q (vt, message)
             SELECT clock_timestamp(),

@@ -44,8 +44,9 @@ fill() {   # fill B
                                                                      'plan', jsonb_build_object('key', 'pro'))),
                        clock_timestamp(), 'admin'
                   FROM generate_series(1, $1) g
-                RETURNING event_id)
-            INSERT INTO earmark.inbox_receipt (event_id, inserted) SELECT event_id, true FROM e" \
+                RETURNING event_id, source, dedupe_key)
+            INSERT INTO earmark.inbox_receipt (event_id, inserted, source, dedupe_key)
+            SELECT event_id, true, source, dedupe_key FROM e" \
         -c "INSERT INTO plain_q (vt, message)
             SELECT clock_timestamp(),
                    jsonb_build_object('type', 'invoice.paid', 'key', 'fill-' || g,
