@@ -407,13 +407,15 @@ CREATE INDEX inbox_event_due ON earmark.inbox_event (occurred_at, event_id)
 
 -- Every delivery, copies included.  The first delivery's receipt
 -- (inserted) carries the event's (source, dedupe_key), unique: it is the
--- key a copy finds, written once and never updated, so the event's own
--- updates write no entry in a key index.  A copy's receipt carries no key.
--- (source and dedupe_key were added in 0.3.0, hence last.)  No foreign key
--- to the event: the receipt is written by the statement that stores the
--- event, with its id (store_event, inbox.c), and the key's check was a
--- tenth of a receive.  No index on event_id: nothing in earmark reads
--- receipts by event, and every index costs each receive a write.
+-- key a copy finds, written once (a key whose event is gone is cleared
+-- by the next delivery with it), so the event's own updates write no
+-- entry in a key index.  A copy's receipt carries no key.  (source and
+-- dedupe_key were added in 0.3.0, hence last.)  No foreign key to the
+-- event: a receipt is written by the statement that stores the event or
+-- counts the copy, with its id (store_first, store_copy in inbox.c), and
+-- the key's check was a tenth of a receive.  No index on event_id:
+-- nothing in earmark reads receipts by event, and every index costs each
+-- receive a write.
 CREATE TABLE earmark.inbox_receipt (
     receipt_id  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     event_id    bigint NOT NULL,

@@ -7,10 +7,11 @@
  *	  Tables: earmark.inbox_event, earmark.inbox_receipt,
  *	  earmark.inbox_handler.
  *
- *	  Locks: receiving takes the event's key through the first delivery's
- *	  receipt, INSERT ... ON CONFLICT DO NOTHING (a copy waits for a
- *	  concurrent first delivery of the same key, then, in a statement of
- *	  its own, only counts itself under the event's row lock).  Claims lock due rows FOR UPDATE SKIP LOCKED, so
+ *	  Locks: receiving takes the event's key through the first
+ *	  delivery's receipt, INSERT ... ON CONFLICT DO NOTHING (a copy waits
+ *	  for a concurrent first delivery of the same key, then, in a
+ *	  statement of its own, only counts itself under the event's row
+ *	  lock).  Claims lock due rows FOR UPDATE SKIP LOCKED, so
  *	  two consumers never wait for each other and never get the same event;
  *	  an event whose lease passed on its last attempt is marked dead under
  *	  the same lock, by the claim whose walk meets it.  inbox_event has no
@@ -235,21 +236,32 @@ is_admin(Oid role)
  * identity sequence.  ON CONFLICT DO NOTHING: when the key is taken (by a
  * committed delivery, or by one in progress, which the insert waits for)
  * nothing is written; if the delivery it waited for rolled back, this one
- * is stored.  (The key is on the receipt, which nothing updates, so that
- * the event's own updates write no entry in a key index: earmark.sql.)
+ * is stored.  (The key is on the receipt, written once, so that the
+ * event's own updates write no entry in a key index: earmark.sql.)  It
+ * returns the receipt's event id, and the event's (NULL when a trigger of
+ * the user's skipped the event's insert).
  */
+/* the columns of store_first */
+enum
+{
+	SF_RECEIPT_EVENT_ID = 1, SF_EVENT_ID
+};
+
 static EmStatement store_first = {
 	"WITH r AS ("
 	"  INSERT INTO earmark.inbox_receipt AS r (event_id, inserted, source, dedupe_key) "
 	"  VALUES (pg_catalog.nextval('earmark.inbox_event_event_id_seq'::pg_catalog.regclass), "
 	"          true, $1, $2) "
 	"  ON CONFLICT (source, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING "
-	"  RETURNING r.event_id) "
-	"INSERT INTO earmark.inbox_event "
+	"  RETURNING r.event_id"
+	"), e AS ("
+	"  INSERT INTO earmark.inbox_event "
 	"    (event_id, source, dedupe_key, event_type, payload, occurred_at, account, verified_by) "
 	"  OVERRIDING SYSTEM VALUE "
-	"SELECT r.event_id, $1, $2, $3, $4, $5, $6, $7 FROM r "
-	"RETURNING event_id",
+	"  SELECT r.event_id, $1, $2, $3, $4, $5, $6, $7 FROM r "
+	"  RETURNING event_id"
+	") "
+	"SELECT r.event_id, e.event_id FROM r LEFT JOIN e ON true",
 	7, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID, TEXTOID, TEXTOID}
 };
 
@@ -303,8 +315,16 @@ store_delivery(Datum *args, const char *nulls, int64 *event_id, bool *inserted)
 		em_exec(&store_first, args, nulls, 1);
 		if (SPI_processed == 1)
 		{
-			*event_id = em_get_int64(0, 1, 0);
+			bool		isnull;
+
+			*event_id = em_get_int64(0, SF_RECEIPT_EVENT_ID, 0);
 			*inserted = true;
+			(void) em_get(0, SF_EVENT_ID, &isnull);
+			if (isnull)
+				ereport(ERROR,
+						(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+						 errmsg("the event was not stored: a trigger on earmark.inbox_event skipped its insert"),
+						 errhint("A BEFORE INSERT trigger on earmark.inbox_event must return the row.")));
 			return;
 		}
 		em_exec(&store_copy, args, nulls, 1);
@@ -319,7 +339,8 @@ store_delivery(Datum *args, const char *nulls, int64 *event_id, bool *inserted)
 	ereport(ERROR,
 			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 			 errmsg("could not store the event: its key changed hands during the delivery"),
-			 errdetail("Concurrent deliveries and deletions of events with this key kept taking and freeing it."),
+			 errdetail("Concurrent deliveries and deletions of events with this key kept taking and freeing it, "
+					   "or a trigger on earmark.inbox_event skipped the copy's update."),
 			 errhint("Retry the delivery.")));
 }
 
