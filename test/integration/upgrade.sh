@@ -6,7 +6,9 @@
 #   a fresh install's (a normalised pg_dump --binary-upgrade --schema-only of both,
 #   and the tables pg_dump keeps), every row is still there, and the gate,
 #   the sweeper, the usage ledger, the inbox, the reporter and the
-#   reconciler work on the old rows with earmark_check() clean.  The data
+#   reconciler work on the old rows with earmark_check() clean.  The
+#   inbox's key moves to each event's first receipt (one is written for an
+#   event that had none), and a redelivery of an old event is a copy.  The data
 #   is written by INSERTs as the superuser: the installed earmark.so is
 #   the current version's and expects its tables.
 # - pg_dump / pg_restore: the billing state is in the dump (its tables are
@@ -107,7 +109,8 @@ is "$(q -d "$OLD" -c "SELECT extversion FROM pg_extension WHERE extname = 'earma
 # anchored account's closed cycle; jobs settled every way, open and past
 # their lease; a ledger row per settled job that used something, a meter
 # mark per cycle with a ledger row (0.1.0 never reported); inbox events,
-# a copy's receipt, a secret and a cached key set.
+# a copy's receipt, an event without receipts (deleted by hand) and one
+# with only a copy's receipt, a secret and a cached key set.
 q -d "$OLD" >/dev/null <<'SQL'
 CREATE TEMP TABLE cyc AS
 SELECT date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS cs,
@@ -170,10 +173,14 @@ VALUES ('kinde', 'evt-1', 'customer.plan_changed', '{"data": {"plan": {"key": "p
        ('kinde', 'evt-2', 'customer.plan_changed', '{"data": {"plan": {"key": "team"}}}', now() - interval '1 hour',
         'beta', 'received', 0, 1, NULL, now() - interval '1 hour'),
        ('app', 'inv-0', 'invoice.paid', '{"id": 0}', now() - interval '2 hours',
-        'acme', 'received', 0, 1, NULL, now() - interval '2 hours');
+        'acme', 'received', 0, 1, NULL, now() - interval '2 hours'),
+       ('app', 'inv-bare', 'invoice.paid', '{"id": -1}', now() - interval '3 days',
+        'acme', 'applied', 1, 1, 'paid', now() - interval '3 days'),
+       ('app', 'inv-copied', 'invoice.paid', '{"id": -2}', now() - interval '4 days',
+        'acme', 'applied', 1, 2, 'paid', now() - interval '4 days');
 INSERT INTO earmark.inbox_receipt (event_id, inserted)
-SELECT event_id, true FROM earmark.inbox_event UNION ALL
-SELECT event_id, false FROM earmark.inbox_event WHERE dedupe_key = 'evt-1';
+SELECT event_id, true FROM earmark.inbox_event WHERE dedupe_key NOT IN ('inv-bare', 'inv-copied') UNION ALL
+SELECT event_id, false FROM earmark.inbox_event WHERE dedupe_key IN ('evt-1', 'inv-copied');
 INSERT INTO earmark.webhook_secret (source, secret) VALUES ('kinde', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw');
 INSERT INTO earmark.jwks VALUES ('https://example.kinde.com/.well-known/jwks', '{"keys": []}', now());
 SQL
@@ -182,8 +189,9 @@ ok $? "0.1.0-era data written"
 OLDCOLS=$(colsets "$OLD")
 before=$(sums "$OLD" "$OLDCOLS")
 is "$(echo "$before" | cut -d'|' -f1,2 | tr '|\n' '= ' | sed 's/ $//')" \
-   "account=3 account_limit=3 budget=4 budget_slot=0 inbox_event=3 inbox_handler=1 inbox_receipt=4 job=9 jwks=1 ledger=5 meter_mark=4 plan_limit=2 webhook_secret=1" \
+   "account=3 account_limit=3 budget=4 budget_slot=0 inbox_event=5 inbox_handler=1 inbox_receipt=5 job=9 jwks=1 ledger=5 meter_mark=4 plan_limit=2 webhook_secret=1" \
    "the 0.1.0 tables hold the rows written"
+MAX_RECEIPT=$(q -d "$OLD" -c "SELECT max(receipt_id) FROM earmark.inbox_receipt")
 
 # --- the update ------------------------------------------------------------------
 q -d "$OLD" -c "ALTER EXTENSION earmark UPDATE TO '0.2.0'" -c "ALTER EXTENSION earmark UPDATE TO '0.3.0'" >/dev/null
@@ -204,7 +212,46 @@ ok "$(( n_tables >= 19 && n_functions >= 31 && n_views >= 3 ? 0 : 1 ))" \
 is "$(config "$OLD")" "$(config "$FRESH")" "the same tables, sequences and filters are registered for pg_dump"
 
 after=$(sums "$OLD" "$OLDCOLS")
-is "$after" "$before" "every 0.1.0 row is still there, unchanged (row counts and checksums of every table)"
+is "$(echo "$after" | grep -v '^inbox_receipt|')" "$(echo "$before" | grep -v '^inbox_receipt|')" \
+   "every 0.1.0 row is still there, unchanged (row counts and checksums of every table)"
+# the receipts: the old ones unchanged in their old columns, and one more,
+# for inv-bare, which had none
+RCOLS=$(echo "$OLDCOLS" | awk -F'\t' '$1 == "inbox_receipt" { print $2 }')
+is "$(q -d "$OLD" -c "SELECT 'inbox_receipt', count(*), md5(coalesce(string_agg(r::text, E'\\n' ORDER BY r::text), ''))
+                        FROM (SELECT $RCOLS FROM earmark.inbox_receipt WHERE receipt_id <= $MAX_RECEIPT) r")" \
+   "$(echo "$before" | grep '^inbox_receipt|')" "... the old receipts too"
+is "$(q -d "$OLD" -c "SELECT count(*) || ' ' || string_agg(e.dedupe_key || ' ' || r.inserted || ' ' || (r.received_at = e.received_at), ',' ORDER BY e.dedupe_key)
+                        FROM earmark.inbox_receipt r JOIN earmark.inbox_event e USING (event_id)
+                       WHERE r.receipt_id > $MAX_RECEIPT")" \
+   "2 inv-bare true true,inv-copied true true" \
+   "the update wrote a first receipt, dated at the event's arrival, for the two events that had none (inv-bare: no receipt; inv-copied: a copy's only)"
+# the key: on each event's first receipt with inserted, on no other
+is "$(q -d "$OLD" -c "
+        SELECT string_agg(e.dedupe_key || ':' || (
+                   SELECT string_agg(CASE WHEN r.dedupe_key IS NULL THEN 'none'
+                                          WHEN (r.source, r.dedupe_key) = (e.source, e.dedupe_key) THEN 'key'
+                                          ELSE 'other' END || '/' || r.inserted, ',' ORDER BY r.receipt_id)
+                     FROM earmark.inbox_receipt r WHERE r.event_id = e.event_id), ' ' ORDER BY e.dedupe_key)
+          FROM earmark.inbox_event e")" \
+   "evt-1:key/true,none/false evt-2:key/true inv-0:key/true inv-bare:key/true inv-copied:none/false,key/true" \
+   "each event's key is on its first receipt with inserted (written by the update where there was none), a copy's receipt has none"
+is "$(q -d "$OLD" -c "SELECT count(*) FROM earmark.inbox_receipt WHERE dedupe_key IS NOT NULL AND source IS NULL
+                                 OR source IS NOT NULL AND dedupe_key IS NULL")" 0 "... source and dedupe_key together or neither"
+is "$(colsets "$OLD" | grep '^inbox_receipt' | cut -f2)" "receipt_id, event_id, inserted, received_at, source, dedupe_key" \
+   "inbox_receipt's columns after the update, in order"
+is "$(colsets "$OLD" | grep -E '^inbox_(event|receipt)')" "$(colsets "$FRESH" | grep -E '^inbox_(event|receipt)')" \
+   "... the same as a fresh install's, and inbox_event's too"
+is "$(q -d "$OLD" -c "SELECT string_agg(indexname || ': ' || indexdef, '; ' ORDER BY indexname) FROM pg_indexes
+                       WHERE schemaname = 'earmark' AND tablename IN ('inbox_event', 'inbox_receipt')")" \
+   "$(q -d "$FRESH" -c "SELECT string_agg(indexname || ': ' || indexdef, '; ' ORDER BY indexname) FROM pg_indexes
+                       WHERE schemaname = 'earmark' AND tablename IN ('inbox_event', 'inbox_receipt')")" \
+   "the inbox's indexes after the update are a fresh install's"
+is "$(q -d "$OLD" -c "SELECT indexdef FROM pg_indexes WHERE schemaname = 'earmark' AND indexname = 'inbox_receipt_key'")" \
+   "CREATE UNIQUE INDEX inbox_receipt_key ON earmark.inbox_receipt USING btree (source, dedupe_key) WHERE (dedupe_key IS NOT NULL)" \
+   "... among them inbox_receipt_key, the key's"
+is "$(q -d "$OLD" -c "SELECT count(*) FROM pg_indexes WHERE schemaname = 'earmark' AND tablename = 'inbox_event'
+                                                    AND indexdef LIKE '%dedupe_key%'")" 0 \
+   "... and no index of inbox_event holds the key any more"
 is "$(q -d "$OLD" -c "SELECT count(*) FILTER (WHERE l.account = j.account) || '/' || count(*)
                       FROM earmark.ledger l LEFT JOIN earmark.job j ON j.job_id = l.job_id")" \
    "5/5" "the old ledger rows are job rows that now carry their job's account, as 0.3.0 writes them"
@@ -270,6 +317,24 @@ E2=$(q -d "$OLD" -c "SELECT event_id FROM earmark.inbox_event WHERE dedupe_key =
 is "$(q -d "$OLD" -c "SELECT string_agg(event_id || ' ' || attempts, ',') FROM earmark_inbox_claim(10)")" "$E0 1" \
    "an application claims the old received event"
 is "$(q -d "$OLD" -c "SELECT earmark_inbox_complete($E0, 'paid')")" applied "... and completes it"
+# redeliveries of the old events are copies: their keys came through the
+# update, on the first receipt or, where there was none, on a new one
+E1=$(q -d "$OLD" -c "SELECT event_id FROM earmark.inbox_event WHERE dedupe_key = 'evt-1'")
+EB=$(q -d "$OLD" -c "SELECT event_id FROM earmark.inbox_event WHERE dedupe_key = 'inv-bare'")
+EC=$(q -d "$OLD" -c "SELECT event_id FROM earmark.inbox_event WHERE dedupe_key = 'inv-copied'")
+is "$(q -d "$OLD" -c "SELECT event_id || ' ' || inserted FROM earmark_inbox_receive('kinde', 'evt-1', 'customer.plan_changed', '{}')")" \
+   "$E1 false" "a redelivery of an event stored before the update is a copy of it (inserted false)"
+is "$(q -d "$OLD" -c "SELECT seen_count || ' ' || status || ' ' || (SELECT count(*) FROM earmark.inbox_receipt r WHERE r.event_id = e.event_id)
+                      FROM earmark.inbox_event e WHERE event_id = $E1")" \
+   "3 applied 3" "... its seen_count one up (2 to 3), a third receipt, nothing else changed"
+is "$(q -d "$OLD" -c "SELECT string_agg(event_id || ' ' || inserted, ',') FROM (
+                        SELECT * FROM earmark_inbox_receive('app', 'inv-bare', 'invoice.paid', '{}', NULL, 'acme') UNION ALL
+                        SELECT * FROM earmark_inbox_receive('app', 'inv-copied', 'invoice.paid', '{}', NULL, 'acme')) c")" \
+   "$EB false,$EC false" "the events that had no first receipt before the update kept their keys: their redeliveries are copies"
+is "$(q -d "$OLD" -c "SELECT string_agg(dedupe_key || ' ' || seen_count, ',' ORDER BY dedupe_key) FROM earmark.inbox_event
+                       WHERE dedupe_key IN ('inv-bare', 'inv-copied')")" \
+   "inv-bare 2,inv-copied 3" "... each seen once more"
+is "$(q -d "$OLD" -c "SELECT count(*) FROM earmark.inbox_event")" 5 "... and no event was added"
 is "$(q -d "$OLD" -c "SELECT coalesce(verified_by, 'unverified') FROM earmark.inbox_event WHERE event_id = $E2")" \
    unverified "an event stored before 0.3.0 is unverified (0.2.0 did not record how it came)"
 is "$(q -d "$OLD" -c "UPDATE earmark.inbox_event SET verified_by = 'admin' WHERE event_id = $E2" \
@@ -351,6 +416,8 @@ is "$(q -d "$RESTORED" -c "SELECT earmark_record_usage('acme', 1, 'after-restore
 is "$(q -d "$RESTORED" -c "SELECT earmark_record_usage('acme', 30, 'rec-1')")" f "... and a restored key is still known"
 is "$(q -d "$RESTORED" -c "SELECT inserted FROM earmark_inbox_receive('app', 'inv-2', 'invoice.paid', '{}', NULL, 'acme')")" \
    t "the inbox takes a new event (new event and receipt ids)"
+is "$(q -d "$RESTORED" -c "SELECT event_id || ' ' || inserted FROM earmark_inbox_receive('kinde', 'evt-1', 'customer.plan_changed', '{}')")" \
+   "$E1 false" "... and a redelivery of a restored event is a copy of it (its key's receipt was restored)"
 q -d "$RESTORED" -c "SELECT earmark_settle('acme', job_id, 5) FROM earmark.job WHERE account = 'acme' AND idempotency_key = 'after-restore'" >/dev/null
 is "$(q -d "$RESTORED" -c "SELECT earmark_report()")" 2 "the reporter sends the cycles marked before the dump (hot) and after it (acme)"
 is "$(q -d "$RESTORED" -c "SELECT string_agg(account || '=' || total, ' ' ORDER BY account) FROM earmark.local_meter WHERE feature = 'default' AND cycle_start >= date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'")" \
