@@ -152,3 +152,31 @@ FROM generate_series(1, 10) i, earmark_inbox_receive('src', 'done-' || i, 'note'
 SELECT status, count(*), sum(seen_count) AS seen FROM earmark.inbox_event GROUP BY status;
 DROP EXTENSION pageinspect;
 TRUNCATE earmark.inbox_receipt, earmark.inbox_event RESTART IDENTITY;
+
+-- a trigger of the user's that skips the event's insert is an error (09000)
+-- and stores nothing, rather than a key taken and freed again; one that
+-- skips a copy's update ends in 40001 after three rounds, storing nothing
+CREATE FUNCTION pg_temp.skip_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN NULL;
+END $$;
+CREATE TRIGGER skip_insert BEFORE INSERT ON earmark.inbox_event
+    FOR EACH ROW EXECUTE FUNCTION pg_temp.skip_row();
+\set VERBOSITY sqlstate
+SELECT * FROM earmark_inbox_receive('src', 'trig-1', 'note', '{}');
+\set VERBOSITY default
+SELECT * FROM earmark_inbox_receive('src', 'trig-1', 'note', '{}');
+SELECT (SELECT count(*) FROM earmark.inbox_event) AS events,
+       (SELECT count(*) FROM earmark.inbox_receipt) AS receipts;
+DROP TRIGGER skip_insert ON earmark.inbox_event;
+SELECT inserted FROM earmark_inbox_receive('src', 'trig-1', 'note', '{}');
+CREATE TRIGGER skip_update BEFORE UPDATE ON earmark.inbox_event
+    FOR EACH ROW EXECUTE FUNCTION pg_temp.skip_row();
+\set VERBOSITY sqlstate
+SELECT * FROM earmark_inbox_receive('src', 'trig-1', 'note', '{}');
+\set VERBOSITY default
+DROP TRIGGER skip_update ON earmark.inbox_event;
+SELECT seen_count, (SELECT count(*) FROM earmark.inbox_receipt) AS receipts,
+       (SELECT count(*) FROM earmark.inbox_receipt WHERE dedupe_key IS NOT NULL) AS keyed
+FROM earmark.inbox_event;
+TRUNCATE earmark.inbox_receipt, earmark.inbox_event RESTART IDENTITY;
