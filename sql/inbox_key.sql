@@ -180,3 +180,24 @@ SELECT seen_count, (SELECT count(*) FROM earmark.inbox_receipt) AS receipts,
        (SELECT count(*) FROM earmark.inbox_receipt WHERE dedupe_key IS NOT NULL) AS keyed
 FROM earmark.inbox_event;
 TRUNCATE earmark.inbox_receipt, earmark.inbox_event RESTART IDENTITY;
+
+-- a look-up by key, as a copy's statement and inbox.md's query make it
+-- (parameters of the database's default collation against the receipt's
+-- "C" columns), can use inbox_receipt_key
+SET enable_seqscan = off;
+PREPARE by_key(text, text) AS
+SELECT r.event_id FROM earmark.inbox_receipt r WHERE r.source = $1 AND r.dedupe_key = $2;
+SET plan_cache_mode = force_generic_plan;
+CREATE FUNCTION pg_temp.plan_of(q text) RETURNS SETOF text LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY EXECUTE 'EXPLAIN (COSTS OFF) ' || q;
+END $$;
+SELECT p FROM pg_temp.plan_of('EXECUTE by_key(''src'', ''k1'')') p
+ WHERE p LIKE '%Scan%';
+SELECT p FROM pg_temp.plan_of('SELECT e.event_id FROM earmark.inbox_receipt r
+                                 JOIN earmark.inbox_event e USING (event_id)
+                                WHERE r.source = ''src'' AND r.dedupe_key = ''k1''') p
+ WHERE p LIKE '%inbox_receipt%';
+DEALLOCATE by_key;
+RESET plan_cache_mode;
+RESET enable_seqscan;

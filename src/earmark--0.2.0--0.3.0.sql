@@ -910,7 +910,8 @@ DROP INDEX earmark.inbox_receipt_event;
 -- deleted by hand, or the event inserted by hand) gets one, dated at its
 -- arrival.
 -- ---------------------------------------------------------------------------
-ALTER TABLE earmark.inbox_receipt ADD COLUMN source text, ADD COLUMN dedupe_key text;
+ALTER TABLE earmark.inbox_receipt ADD COLUMN source text COLLATE "C",
+                                  ADD COLUMN dedupe_key text COLLATE "C";
 UPDATE earmark.inbox_receipt r
    SET source = e.source, dedupe_key = e.dedupe_key
   FROM (SELECT pg_catalog.min(receipt_id) AS receipt_id, event_id
@@ -922,7 +923,7 @@ SELECT e.event_id, true, e.received_at, e.source, e.dedupe_key
   FROM earmark.inbox_event e
  WHERE NOT EXISTS (SELECT 1 FROM earmark.inbox_receipt r
                     WHERE r.event_id = e.event_id AND r.dedupe_key IS NOT NULL);
-CREATE UNIQUE INDEX inbox_receipt_key ON earmark.inbox_receipt (source, dedupe_key)
+CREATE UNIQUE INDEX inbox_receipt_key ON earmark.inbox_receipt (dedupe_key, source)
     WHERE dedupe_key IS NOT NULL;
 ALTER TABLE earmark.inbox_event DROP CONSTRAINT inbox_event_source_dedupe_key_key;
 

@@ -58,6 +58,7 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
+#include "commands/sequence.h"
 #include "commands/explain.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -232,37 +233,35 @@ is_admin(Oid role)
  */
 /*
  * A first delivery in one statement: its receipt takes the event's key,
- * then the event is stored with the id the receipt took from the event's
- * identity sequence.  ON CONFLICT DO NOTHING: when the key is taken (by a
+ * then the event is stored with the id taken for it ($8, from the event's
+ * identity sequence).  ON CONFLICT DO NOTHING: when the key is taken (by a
  * committed delivery, or by one in progress, which the insert waits for)
  * nothing is written; if the delivery it waited for rolled back, this one
  * is stored.  (The key is on the receipt, written once, so that the
- * event's own updates write no entry in a key index: earmark.sql.)  It
- * returns the receipt's event id, and the event's (NULL when a trigger of
- * the user's skipped the event's insert).
+ * event's own updates write no entry in a key index: earmark.sql.)  No
+ * row back: the key was taken, or a trigger of the user's skipped the
+ * event's insert (key_is_ours tells, on that rare path only).
  */
-/* the columns of store_first */
-enum
-{
-	SF_RECEIPT_EVENT_ID = 1, SF_EVENT_ID
-};
-
 static EmStatement store_first = {
 	"WITH r AS ("
 	"  INSERT INTO earmark.inbox_receipt AS r (event_id, inserted, source, dedupe_key) "
-	"  VALUES (pg_catalog.nextval('earmark.inbox_event_event_id_seq'::pg_catalog.regclass), "
-	"          true, $1, $2) "
+	"  VALUES ($8, true, $1, $2) "
 	"  ON CONFLICT (source, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING "
 	"  RETURNING r.event_id"
-	"), e AS ("
-	"  INSERT INTO earmark.inbox_event "
+	") "
+	"INSERT INTO earmark.inbox_event "
 	"    (event_id, source, dedupe_key, event_type, payload, occurred_at, account, verified_by) "
 	"  OVERRIDING SYSTEM VALUE "
 	"  SELECT r.event_id, $1, $2, $3, $4, $5, $6, $7 FROM r "
-	"  RETURNING event_id"
-	") "
-	"SELECT r.event_id, e.event_id FROM r LEFT JOIN e ON true",
-	7, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID, TEXTOID, TEXTOID}
+	"RETURNING event_id",
+	8, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, INT8OID}
+};
+
+/* whether the key's receipt is the one this delivery just wrote */
+static EmStatement key_is_ours = {
+	"SELECT 1 FROM earmark.inbox_receipt r "
+	" WHERE r.source = $1 AND r.dedupe_key = $2 AND r.event_id = $3",
+	3, {TEXTOID, TEXTOID, INT8OID}
 };
 
 /*
@@ -299,32 +298,57 @@ static EmStatement free_stale_key = {
 	2, {TEXTOID, TEXTOID}
 };
 
+/* the next event id, from the event's identity sequence */
+static int64
+next_event_id(void)
+{
+	Oid			seq = get_relname_relid("inbox_event_event_id_seq",
+										get_namespace_oid("earmark", false));
+
+	if (!OidIsValid(seq))
+		elog(ERROR, "earmark: sequence earmark.inbox_event_event_id_seq does not exist");
+	return nextval_internal(seq, true);
+}
+
+/* after store_first and store_copy found nothing: did a trigger skip the event? */
+static void
+check_not_skipped(Datum *args, int64 id)
+{
+	Datum		kargs[3];
+
+	kargs[0] = args[0];
+	kargs[1] = args[1];
+	kargs[2] = Int64GetDatum(id);
+	em_exec(&key_is_ours, kargs, NULL, 1);
+	if (SPI_processed > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+				 errmsg("the event was not stored: a trigger on earmark.inbox_event skipped its insert"),
+				 errhint("A BEFORE INSERT trigger on earmark.inbox_event must return the row.")));
+}
+
 /*
- * Store the delivery: first, or a copy.  Each round either stores, counts
- * a copy, or frees a key whose event is gone (or finds that a concurrent
- * delivery did); a key that changes hands at every round is a
- * serialization failure the caller retries.
+ * Store the delivery (args: store_first's, whose $8 this fills): first, or
+ * a copy.  Each round either stores, counts a copy, or frees a key whose
+ * event is gone (or finds that a concurrent delivery did); a key that
+ * changes hands at every round is a serialization failure the caller
+ * retries.
  */
 static void
 store_delivery(Datum *args, const char *nulls, int64 *event_id, bool *inserted)
 {
 	int			round;
+	int64		id;
 
 	for (round = 0; round < 3; round++)
 	{
+		id = next_event_id();
+		args[7] = Int64GetDatum(id);
 		em_exec(&store_first, args, nulls, 1);
 		if (SPI_processed == 1)
 		{
-			bool		isnull;
-
-			*event_id = em_get_int64(0, SF_RECEIPT_EVENT_ID, 0);
+			*event_id = id;
 			*inserted = true;
-			(void) em_get(0, SF_EVENT_ID, &isnull);
-			if (isnull)
-				ereport(ERROR,
-						(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
-						 errmsg("the event was not stored: a trigger on earmark.inbox_event skipped its insert"),
-						 errhint("A BEFORE INSERT trigger on earmark.inbox_event must return the row.")));
 			return;
 		}
 		em_exec(&store_copy, args, nulls, 1);
@@ -334,6 +358,7 @@ store_delivery(Datum *args, const char *nulls, int64 *event_id, bool *inserted)
 			*inserted = false;
 			return;
 		}
+		check_not_skipped(args, id);
 		em_exec(&free_stale_key, args, nulls, 0);
 	}
 	ereport(ERROR,
@@ -421,8 +446,8 @@ em_inbox_store_verified(text *source, text *dedupe_key, text *event_type,
 						TimestampTz occurred_at, text *account,
 						const char *verified_by, int64 *event_id, bool *inserted)
 {
-	Datum		args[7];
-	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		args[8];
+	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	TimestampTz now = GetCurrentTimestamp();
 
 	if (!has_occurred_at && !payload_event_time(payload, &occurred_at))
@@ -915,8 +940,8 @@ static void
 set_event_status(int64 event_id, const char *status, const char *result,
 				 const char *error, bool has_next, int64 retry_after_us)
 {
-	Datum		args[7];
-	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		args[8];
+	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	TimestampTz now = GetCurrentTimestamp();
 	int			i = status_index(status);
 

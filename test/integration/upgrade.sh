@@ -247,7 +247,7 @@ is "$(q -d "$OLD" -c "SELECT string_agg(indexname || ': ' || indexdef, '; ' ORDE
                        WHERE schemaname = 'earmark' AND tablename IN ('inbox_event', 'inbox_receipt')")" \
    "the inbox's indexes after the update are a fresh install's"
 is "$(q -d "$OLD" -c "SELECT indexdef FROM pg_indexes WHERE schemaname = 'earmark' AND indexname = 'inbox_receipt_key'")" \
-   "CREATE UNIQUE INDEX inbox_receipt_key ON earmark.inbox_receipt USING btree (source, dedupe_key) WHERE (dedupe_key IS NOT NULL)" \
+   "CREATE UNIQUE INDEX inbox_receipt_key ON earmark.inbox_receipt USING btree (dedupe_key, source) WHERE (dedupe_key IS NOT NULL)" \
    "... among them inbox_receipt_key, the key's"
 is "$(q -d "$OLD" -c "SELECT count(*) FROM pg_indexes WHERE schemaname = 'earmark' AND tablename = 'inbox_event'
                                                     AND indexdef LIKE '%dedupe_key%'")" 0 \
