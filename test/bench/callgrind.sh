@@ -19,6 +19,10 @@
 #   reserve   SELECT * FROM earmark_reserve('cg', 10, $1)  | SELECT ref.reserve('cg', 10, $1)
 #   charge    SELECT * FROM earmark_charge('cg', $1, 5)    | SELECT ref.charge($1, 5)
 #   settle    SELECT * FROM earmark_settle('cg', $1, 5)    | SELECT ref.settle($1, 5)
+# and, with CG_ONLY="earmark_receive plain_send", a webhook delivery (a new
+# key each) against test/bench/inbox's plain queue's send:
+#   receive   SELECT * FROM earmark_inbox_receive('bench', $1, 'invoice.paid', <payload>)
+#             | SELECT plain_send(<payload with the key>)
 # Each also reports the instructions inside the function call itself
 # (inclusive): fmgr_security_definer for earmark (its functions are
 # SECURITY DEFINER with a pinned search_path, so this wraps the C function
@@ -42,6 +46,7 @@ trap '[ -n "${CG_KEEP:-}" ] && em_log "kept $CG_TMP" || rm -rf "$CG_TMP"; em_sto
 em_psql -d postgres >/dev/null <<SQL
 CREATE EXTENSION earmark;
 \i $EM_ROOT/test/bench/reference.sql
+\i $EM_ROOT/test/bench/inbox/plain_queue.sql
 SELECT earmark_set_limit('cg', $LIMIT);
 SELECT ref.set_limit('cg', $LIMIT);
 -- the cycle's budget row exists before any measurement
@@ -75,6 +80,9 @@ declare -A PREP=(
     [reference_charge]="PREPARE q(bigint) AS SELECT ref.charge(\$1, 5);"
     [earmark_settle]="PREPARE q(bigint) AS SELECT * FROM earmark_settle('cg', \$1, 5);"
     [reference_settle]="PREPARE q(bigint) AS SELECT ref.settle(\$1, 5);"
+    # (one line each: a single-user backend reads a statement a line)
+    [earmark_receive]="PREPARE q(text) AS SELECT * FROM earmark_inbox_receive('bench', \$1, 'invoice.paid', jsonb_build_object('type', 'invoice.paid', 'data', jsonb_build_object('customer_id', 'customer_1', 'plan', jsonb_build_object('key', 'pro'))));"
+    [plain_send]="PREPARE q(text) AS SELECT plain_send(jsonb_build_object('type', 'invoice.paid', 'key', \$1, 'data', jsonb_build_object('customer_id', 'customer_1', 'plan', jsonb_build_object('key', 'pro'))));"
 )
 
 # the argument of call I (1-based) of the run with N calls: a new key for
@@ -84,7 +92,7 @@ declare -A PREP=(
 arg() {
     local name=$1 n=$2 i=$3 first off
     case $name in
-        *_reserve) echo "'$name-$n-$i'"; return ;;
+        *_reserve | *_receive | *_send) echo "'$name-$n-$i'"; return ;;
         earmark_*) first=$EM_FIRST ;;
         *) first=$REF_FIRST ;;
     esac
@@ -145,3 +153,10 @@ for op in reserve charge settle; do
     te=$((te + e)); tr=$((tr + r)); fe=$((fe + ${FNPER[earmark_$op]})); fr=$((fr + ${FNPER[reference_$op]}))
 done
 [ "$te" -gt 0 ] && echo "| **a job** (the three) | $(fmt $te) | $(fmt $fe) | $(fmt $tr) | $(fmt $fr) | $(ratio $te $tr) |"
+e=${PER[earmark_receive]:-}; r=${PER[plain_send]:-}
+if [ -n "$e" ] && [ -n "$r" ]; then
+    echo
+    echo "| call | earmark: statement | plain queue: statement | earmark / plain |"
+    echo "| --- | ---: | ---: | ---: |"
+    echo "| a delivery (receive / send) | $(fmt "$e") | $(fmt "$r") | $(ratio "$e" "$r") |"
+fi
