@@ -181,9 +181,8 @@ SELECT seen_count, (SELECT count(*) FROM earmark.inbox_receipt) AS receipts,
 FROM earmark.inbox_event;
 TRUNCATE earmark.inbox_receipt, earmark.inbox_event RESTART IDENTITY;
 
--- a look-up by key, as a copy's statement and inbox.md's query make it
--- (parameters of the database's default collation against the receipt's
--- "C" columns), can use inbox_receipt_key
+-- a look-up by key, as a copy's statement and inbox.md's query make it,
+-- uses inbox_receipt_key (whose columns are in the other order)
 SET enable_seqscan = off;
 PREPARE by_key(text, text) AS
 SELECT r.event_id FROM earmark.inbox_receipt r WHERE r.source = $1 AND r.dedupe_key = $2;

@@ -910,8 +910,7 @@ DROP INDEX earmark.inbox_receipt_event;
 -- deleted by hand, or the event inserted by hand) gets one, dated at its
 -- arrival.
 -- ---------------------------------------------------------------------------
-ALTER TABLE earmark.inbox_receipt ADD COLUMN source text COLLATE "C",
-                                  ADD COLUMN dedupe_key text COLLATE "C";
+ALTER TABLE earmark.inbox_receipt ADD COLUMN source text, ADD COLUMN dedupe_key text;
 UPDATE earmark.inbox_receipt r
    SET source = e.source, dedupe_key = e.dedupe_key
   FROM (SELECT pg_catalog.min(receipt_id) AS receipt_id, event_id

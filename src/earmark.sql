@@ -421,14 +421,12 @@ CREATE TABLE earmark.inbox_receipt (
     event_id    bigint NOT NULL,
     inserted    boolean NOT NULL,
     received_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
-    source      text COLLATE "C",
-    dedupe_key  text COLLATE "C"
+    source      text,
+    dedupe_key  text
 );
--- The key first, and compared bytewise ("C": a key is equal to another
--- only byte for byte under any deterministic collation anyway): each
--- comparison of a delivery's uniqueness check and of a copy's look-up is
--- then one memcmp of the part that differs, not a locale comparison after
--- a source that is the same in most entries.
+-- The key first: the source is the same in most entries, and each
+-- comparison of a delivery's uniqueness check and of a copy's look-up
+-- would compare it first, then read and compare the key.
 CREATE UNIQUE INDEX inbox_receipt_key ON earmark.inbox_receipt (dedupe_key, source)
     WHERE dedupe_key IS NOT NULL;
 
