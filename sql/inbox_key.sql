@@ -180,6 +180,37 @@ SELECT seen_count, (SELECT count(*) FROM earmark.inbox_receipt) AS receipts,
        (SELECT count(*) FROM earmark.inbox_receipt WHERE dedupe_key IS NOT NULL) AS keyed
 FROM earmark.inbox_event;
 TRUNCATE earmark.inbox_receipt, earmark.inbox_event RESTART IDENTITY;
+-- a trigger that stores the event its own way and skips earmark's insert:
+-- an error too, not a first delivery counted as a copy of itself
+CREATE FUNCTION pg_temp.insert_then_skip() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF pg_trigger_depth() = 1 THEN
+        INSERT INTO earmark.inbox_event (event_id, source, dedupe_key, event_type, payload, occurred_at)
+        OVERRIDING SYSTEM VALUE
+        VALUES (NEW.event_id, NEW.source, NEW.dedupe_key, NEW.event_type, NEW.payload, NEW.occurred_at);
+        RETURN NULL;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER insert_then_skip BEFORE INSERT ON earmark.inbox_event
+    FOR EACH ROW EXECUTE FUNCTION pg_temp.insert_then_skip();
+\set VERBOSITY sqlstate
+SELECT * FROM earmark_inbox_receive('src', 'trig-2', 'note', '{}');
+\set VERBOSITY default
+DROP TRIGGER insert_then_skip ON earmark.inbox_event;
+SELECT (SELECT count(*) FROM earmark.inbox_event) AS events,
+       (SELECT count(*) FROM earmark.inbox_receipt) AS receipts;
+-- the id of a key's stale receipt dealt again (the identity restarted after
+-- the event was deleted alone) is not this delivery's own receipt: the
+-- stale key is freed and the delivery stored, no error
+SELECT event_id AS again_id FROM earmark_inbox_receive('src', 'again', 'note', '{}') \gset
+DELETE FROM earmark.inbox_event;
+ALTER TABLE earmark.inbox_event ALTER COLUMN event_id RESTART WITH :again_id;
+SELECT event_id > :again_id AS later_id, inserted
+FROM earmark_inbox_receive('src', 'again', 'note', '{}');
+SELECT event_id > :again_id AS later_id, dedupe_key FROM earmark.inbox_event;
+SELECT event_id = :again_id AS old_id, inserted, dedupe_key FROM earmark.inbox_receipt ORDER BY receipt_id;
+TRUNCATE earmark.inbox_receipt, earmark.inbox_event RESTART IDENTITY;
 
 -- a look-up by key, as a copy's statement and inbox.md's query make it,
 -- uses inbox_receipt_key (whose columns are in the other order)

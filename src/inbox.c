@@ -257,9 +257,13 @@ static EmStatement store_first = {
 	8, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, INT8OID}
 };
 
-/* whether the key's receipt is the one this delivery just wrote */
+/*
+ * Whether the key's receipt is the one this delivery just wrote: its id,
+ * and written by this transaction (an id can be dealt again after a
+ * restart of the identity; xmin tells an old receipt from ours).
+ */
 static EmStatement key_is_ours = {
-	"SELECT 1 FROM earmark.inbox_receipt r "
+	"SELECT r.xmin FROM earmark.inbox_receipt r "
 	" WHERE r.source = $1 AND r.dedupe_key = $2 AND r.event_id = $3",
 	3, {TEXTOID, TEXTOID, INT8OID}
 };
@@ -310,21 +314,29 @@ next_event_id(void)
 	return nextval_internal(seq, true);
 }
 
+static void
+report_skipped_insert(void)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+			 errmsg("the event was not stored: a trigger on earmark.inbox_event skipped its insert"),
+			 errhint("A BEFORE INSERT trigger on earmark.inbox_event must return the row.")));
+}
+
 /* after store_first and store_copy found nothing: did a trigger skip the event? */
 static void
 check_not_skipped(Datum *args, int64 id)
 {
 	Datum		kargs[3];
+	bool		isnull;
 
 	kargs[0] = args[0];
 	kargs[1] = args[1];
 	kargs[2] = Int64GetDatum(id);
 	em_exec(&key_is_ours, kargs, NULL, 1);
-	if (SPI_processed > 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
-				 errmsg("the event was not stored: a trigger on earmark.inbox_event skipped its insert"),
-				 errhint("A BEFORE INSERT trigger on earmark.inbox_event must return the row.")));
+	if (SPI_processed > 0 &&
+		TransactionIdIsCurrentTransactionId(DatumGetTransactionId(em_get(0, 1, &isnull))))
+		report_skipped_insert();
 }
 
 /*
@@ -356,6 +368,9 @@ store_delivery(Datum *args, const char *nulls, int64 *event_id, bool *inserted)
 		{
 			*event_id = em_get_int64(0, 1, 0);
 			*inserted = false;
+			/* this round's receipt: a trigger stored the event its own way */
+			if (*event_id == id)
+				report_skipped_insert();
 			return;
 		}
 		check_not_skipped(args, id);

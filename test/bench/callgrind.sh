@@ -24,10 +24,11 @@
 #   receive   SELECT * FROM earmark_inbox_receive('bench', $1, 'invoice.paid', <payload>)
 #             | SELECT plain_send(<payload with the key>)
 # Each also reports the instructions inside the function call itself
-# (inclusive): fmgr_security_definer for earmark (its functions are
+# (inclusive): fmgr_security_definer for earmark's gate (its functions are
 # SECURITY DEFINER with a pinned search_path, so this wraps the C function
-# and includes the search_path switch), plpgsql_call_handler for the
-# reference.  Instructions are user-space instructions (Ir): the kernel's
+# and includes the search_path switch), em_call_pinned for the receive
+# (it pins its search path in C), plpgsql_call_handler for the reference
+# and the plain queue.  Instructions are user-space instructions (Ir): the kernel's
 # share (the WAL fsync at commit) is not counted.
 #
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
@@ -118,7 +119,10 @@ measure() {
     local total fn
     total=$(sed -n 's/^\(totals\|summary\): *\([0-9]*\).*/\2/p' "$out" | head -1)
     local f=fmgr_security_definer
-    case $name in reference_*) f=plpgsql_call_handler ;; esac
+    case $name in
+        reference_* | plain_*) f=plpgsql_call_handler ;;
+        earmark_receive) f=em_call_pinned ;;
+    esac
     fn=$(callgrind_annotate --inclusive=yes --threshold=100 "$out" 2>/dev/null \
         | awk -v f="$f" '!done && ($0 ~ (":" f " ") || $0 ~ (":" f "$")) { gsub(",", "", $1); print $1; done = 1 }')
     echo "$total ${fn:-0}"
@@ -143,8 +147,10 @@ echo "Instructions (callgrind Ir) per call, single-user backend, $(date -u '+%Y-
 echo "(Ir with $((CALLS + 1)) calls - Ir with 1 call) / $CALLS; each call an EXECUTE of a prepared"
 echo "statement in its own transaction."
 echo
-echo "| call | earmark: statement | earmark: inside the function | reference: statement | reference: inside the function | earmark / reference (statement) |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+[ -n "${PER[earmark_reserve]:-}${PER[earmark_charge]:-}${PER[earmark_settle]:-}" ] && {
+    echo "| call | earmark: statement | earmark: inside the function | reference: statement | reference: inside the function | earmark / reference (statement) |"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+}
 te=0; tr=0; fe=0; fr=0
 for op in reserve charge settle; do
     e=${PER[earmark_$op]:-}; r=${PER[reference_$op]:-}
@@ -156,7 +162,7 @@ done
 e=${PER[earmark_receive]:-}; r=${PER[plain_send]:-}
 if [ -n "$e" ] && [ -n "$r" ]; then
     echo
-    echo "| call | earmark: statement | plain queue: statement | earmark / plain |"
-    echo "| --- | ---: | ---: | ---: |"
-    echo "| a delivery (receive / send) | $(fmt "$e") | $(fmt "$r") | $(ratio "$e" "$r") |"
+    echo "| call | earmark: statement | earmark: inside the function | plain queue: statement | plain queue: inside the function | earmark / plain (statement) |"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+    echo "| a delivery (receive / send) | $(fmt "$e") | $(fmt "${FNPER[earmark_receive]}") | $(fmt "$r") | $(fmt "${FNPER[plain_send]}") | $(ratio "$e" "$r") |"
 fi
