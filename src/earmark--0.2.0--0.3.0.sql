@@ -905,7 +905,7 @@ DROP INDEX earmark.inbox_receipt_event;
 
 -- ---------------------------------------------------------------------------
 -- Inbox: the event's key moves to the first delivery's receipt, which is
--- never updated (src/earmark.sql says why).  Each event's first receipt
+-- written once (src/earmark.sql says why).  Each event's first receipt
 -- with inserted takes the event's key; an event without one (its receipts
 -- deleted by hand, or the event inserted by hand) gets one, dated at its
 -- arrival.

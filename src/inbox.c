@@ -58,8 +58,8 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
-#include "commands/sequence.h"
 #include "commands/explain.h"
+#include "commands/sequence.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "utils/acl.h"
@@ -452,8 +452,9 @@ check_not_future(TimestampTz occurred_at, TimestampTz now)
 
 /*
  * Store a delivery: the event once per (source, dedupe_key), a copy only
- * counted, and a receipt for every delivery (store_delivery).  verified_by says how its source was verified (NULL: not
- * at all).  Runs in the caller's SPI connection.
+ * counted, and a receipt for every delivery (store_delivery).  verified_by
+ * says how its source was verified (NULL: not at all).  Runs in the
+ * caller's SPI connection.
  */
 void
 em_inbox_store_verified(text *source, text *dedupe_key, text *event_type,
@@ -955,8 +956,8 @@ static void
 set_event_status(int64 event_id, const char *status, const char *result,
 				 const char *error, bool has_next, int64 retry_after_us)
 {
-	Datum		args[8];
-	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		args[7];
+	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	TimestampTz now = GetCurrentTimestamp();
 	int			i = status_index(status);
 
