@@ -66,6 +66,12 @@ cd "$EM_ROOT"
 
 count() { PASSED=$((PASSED + $1)); FAILED=$((FAILED + $2)); }
 
+# What failed, printed again at the very end (after the server logs'
+# tails), so that the last lines of a long run's output say which tests
+# failed and how, without scrolling back through every layer.
+FAIL_NOTES=()
+FAIL_DIFFS=()
+
 # The table at the end: one row per layer run, its time and counts.
 TABLE=()
 T_NAME=
@@ -89,6 +95,10 @@ count_regress() {
     [ "$f" -lt 0 ] && f=0
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
     count "$p" "$f"
+    if [ "$f" -gt 0 ]; then
+        FAIL_NOTES+=("$2: $(grep -E '\.\.\. (FAILED|failed)' "$log" | awk '{print $2}' | tr '\n' ' ')(exit status $rc)")
+        [ -n "${5:-}" ] && [ -f "$5" ] && FAIL_DIFFS+=("$5")
+    fi
     em_log "$2: $p passed, $f failed (of $n, exit status $rc)"
 }
 
@@ -115,6 +125,9 @@ count_tap() {
         extra=1
     fi
     count "$p" $((f + extra))
+    if [ $((f + extra)) -gt 0 ]; then
+        FAIL_NOTES+=("$name: $(grep -E '^not ok( |$)' "$log" | head -5 | cut -c1-160 | tr '\n' ';')")
+    fi
     em_log "$name: $p passed, $((f + extra)) failed (plan ${plan:-none}, exit status $rc)"
 }
 
@@ -154,7 +167,7 @@ run_regress() {
     rc=$?
     cat "$dir/regress.log"
     [ -f "$dir/regress/regression.diffs" ] && head -200 "$dir/regress/regression.diffs"
-    count_regress "$dir/regress.log" "$name" "$(echo $tests | wc -w)" "$rc"
+    count_regress "$dir/regress.log" "$name" "$(echo $tests | wc -w)" "$rc" "$dir/regress/regression.diffs"
 }
 
 # run_isolation NAME OUTDIR: the isolation specs against the cluster
@@ -169,7 +182,7 @@ run_isolation() {
     rc=$?
     cat "$dir/isolation.log"
     [ -f "$dir/isolation/regression.diffs" ] && head -200 "$dir/isolation/regression.diffs"
-    count_regress "$dir/isolation.log" "$name" "$(echo $tests | wc -w)" "$rc"
+    count_regress "$dir/isolation.log" "$name" "$(echo $tests | wc -w)" "$rc" "$dir/isolation/regression.diffs"
 }
 
 # run_pgtap NAME OUTDIR: every pgTAP file in a database of its own
@@ -371,6 +384,15 @@ if [ "$FAILED" -ne 0 ]; then
     for l in "${SERVER_LOGS[@]}"; do
         em_log "server log tail ($l):"
         tail -50 "$l" >&2
+    done
+fi
+if [ "$FAILED" -ne 0 ]; then
+    echo
+    echo "what failed:"
+    for n in "${FAIL_NOTES[@]}"; do echo "  $n"; done
+    for d in "${FAIL_DIFFS[@]}"; do
+        echo "--- the first lines of $d:"
+        head -60 "$d"
     done
 fi
 echo
