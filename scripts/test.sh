@@ -64,13 +64,20 @@ em_log "tier $TIER: layers $EM_LAYERS; output in $OUT"
 chmod 777 "$OUT"
 cd "$EM_ROOT"
 
-count() { PASSED=$((PASSED + $1)); FAILED=$((FAILED + $2)); }
-
-# What failed, printed again at the very end (after the server logs'
-# tails), so that the last lines of a long run's output say which tests
-# failed and how, without scrolling back through every layer.
+# count PASSED FAILED [WHAT [DIFFS]]: add to the totals; a failure is also
+# noted with its layer (WHAT: which tests, DIFFS: their regression.diffs)
+# for "what failed" at the very end, printed after the server logs' tails
+# so that the last lines of a long run's output say which tests failed and
+# how, without scrolling back through every layer.
 FAIL_NOTES=()
 FAIL_DIFFS=()
+count() {
+    PASSED=$((PASSED + $1))
+    FAILED=$((FAILED + $2))
+    [ "$2" -gt 0 ] || return 0
+    FAIL_NOTES+=("${T_NAME:-?}: ${3:-$2 failed}")
+    if [ -n "${4:-}" ] && [ -f "$4" ]; then FAIL_DIFFS+=("$4"); fi
+}
 
 # The table at the end: one row per layer run, its time and counts.
 TABLE=()
@@ -94,13 +101,15 @@ count_regress() {
     f=$((n - p))
     [ "$f" -lt 0 ] && f=0
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
-    count "$p" "$f"
-    if [ "$f" -gt 0 ]; then
-        FAIL_NOTES+=("$2: $(grep -E '\.\.\. (FAILED|failed)' "$log" | awk '{print $2}' | tr '\n' ' ')(exit status $rc)")
-        [ -n "${5:-}" ] && [ -f "$5" ] && FAIL_DIFFS+=("$5")
-    fi
+    count "$p" "$f" "$(grep -E '\.\.\. (FAILED|failed)' "$log" | awk '{print $2}' | tr '\n' ' ')(exit status $rc)" "${5:-}"
     em_log "$2: $p passed, $f failed (of $n, exit status $rc)"
 }
+
+# not_ok TEXT: one failure of the runner's own, printed as a TAP line
+not_ok() { echo "not ok - $1"; count 0 1 "$1"; }
+
+# not_ok_lines LOG: the first "not ok" lines of a TAP log, on one line
+not_ok_lines() { grep -E '^not ok( |$)' "$1" | head -5 | cut -c1-160 | tr '\n' ';'; }
 
 # count_tap LOG NAME RC: a TAP script's "ok" and "not ok" lines; its plan
 # "1..N" must be there once and N must be the number of those lines (a
@@ -124,10 +133,7 @@ count_tap() {
         echo "not ok - $name: exit status $rc without a failed assertion"
         extra=1
     fi
-    count "$p" $((f + extra))
-    if [ $((f + extra)) -gt 0 ]; then
-        FAIL_NOTES+=("$name: $(grep -E '^not ok( |$)' "$log" | head -5 | cut -c1-160 | tr '\n' ';')")
-    fi
+    count "$p" $((f + extra)) "$(not_ok_lines "$log")"
     em_log "$name: $p passed, $((f + extra)) failed (plan ${plan:-none}, exit status $rc)"
 }
 
@@ -156,7 +162,7 @@ stop_test_cluster() {
 
 # run_regress NAME OUTDIR [ENV...]: pg_regress over sql/ against the cluster
 run_regress() {
-    local name=$1 dir=$2 tests rc
+    local name=$1 dir=$2 tests rc diffs=$2/regress/regression.diffs
     shift 2
     tests=$(cd sql && ls *.sql 2>/dev/null | sed 's/\.sql$//' | sort)
     [ -n "$tests" ] || return 0
@@ -166,13 +172,13 @@ run_regress() {
         $tests >"$dir/regress.log" 2>&1
     rc=$?
     cat "$dir/regress.log"
-    [ -f "$dir/regress/regression.diffs" ] && head -200 "$dir/regress/regression.diffs"
-    count_regress "$dir/regress.log" "$name" "$(echo $tests | wc -w)" "$rc" "$dir/regress/regression.diffs"
+    [ -f "$diffs" ] && head -200 "$diffs"
+    count_regress "$dir/regress.log" "$name" "$(echo $tests | wc -w)" "$rc" "$diffs"
 }
 
 # run_isolation NAME OUTDIR: the isolation specs against the cluster
 run_isolation() {
-    local name=$1 dir=$2 tests rc
+    local name=$1 dir=$2 tests rc diffs=$2/isolation/regression.diffs
     tests=$(cd test/isolation/specs 2>/dev/null && ls *.spec 2>/dev/null | sed 's/\.spec$//' | sort)
     [ -n "$tests" ] || return 0
     em_log "$name: $(echo $tests | wc -w) specs"
@@ -181,8 +187,8 @@ run_isolation() {
         --dbname=earmark_isolation $tests >"$dir/isolation.log" 2>&1
     rc=$?
     cat "$dir/isolation.log"
-    [ -f "$dir/isolation/regression.diffs" ] && head -200 "$dir/isolation/regression.diffs"
-    count_regress "$dir/isolation.log" "$name" "$(echo $tests | wc -w)" "$rc" "$dir/isolation/regression.diffs"
+    [ -f "$diffs" ] && head -200 "$diffs"
+    count_regress "$dir/isolation.log" "$name" "$(echo $tests | wc -w)" "$rc" "$diffs"
 }
 
 # run_pgtap NAME OUTDIR: every pgTAP file in a database of its own
@@ -200,7 +206,7 @@ run_pgtap() {
     # a file that dies before its plan is done (pg_prove checks the plans)
     # counts as one failure
     if { ! grep -q '^Result: PASS' "$dir/pgtap.log" || [ "$rc" -ne 0 ]; } && [ "$f" -eq 0 ]; then f=1; fi
-    count "$p" "$f"
+    count "$p" "$f" "$(not_ok_lines "$dir/pgtap.log")(exit status $rc)"
     em_log "$name: $p passed, $f failed (exit status $rc)"
 }
 
@@ -211,8 +217,7 @@ run_integration() {
     shift 3
     for t in $scripts; do
         if [ ! -f "test/integration/$t.sh" ]; then
-            echo "not ok - $name: test/integration/$t.sh does not exist"
-            count 0 1
+            not_ok "$name: test/integration/$t.sh does not exist"
             continue
         fi
         em_log "$name: $t"
@@ -299,7 +304,7 @@ if layer dates; then
         mkdir -p "$DT"
         chmod 777 "$DT"
         if [ ! -r "$FAKETIME_LIB" ]; then
-            echo "not ok - dates $d: $FAKETIME_LIB is missing (Debian: libfaketime)"; count 0 1; t_end; continue
+            not_ok "dates $d: $FAKETIME_LIB is missing (Debian: libfaketime)"; t_end; continue
         fi
         printf '#!/bin/sh\nLD_PRELOAD=%s FAKETIME="@%s" FAKETIME_DONT_RESET=1 FAKETIME_DONT_FAKE_MONOTONIC=1 exec %s/postgres "$@"\n' \
             "$FAKETIME_LIB" "$d" "$EM_PGBIN" >"$DT/postgres"
@@ -309,14 +314,14 @@ if layer dates; then
             em_log "dates: the server's clock reads $now (UTC)"
             case $now in
                 "${d:0:13}"*) ;;
-                *) echo "not ok - dates $d: the server's clock reads $now, not the faked date"; count 0 1 ;;
+                *) not_ok "dates $d: the server's clock reads $now, not the faked date" ;;
             esac
             run_regress "pg_regress at $d" "$DT"
             run_isolation "isolation at $d" "$DT"
             [ "${EM_DATES_PGTAP:-0}" = 1 ] && run_pgtap "pgTAP at $d" "$DT"
             stop_test_cluster "dates-$tag"
         else
-            echo "not ok - dates $d: the server did not start under libfaketime"; count 0 1
+            not_ok "dates $d: the server did not start under libfaketime"
             stop_test_cluster "dates-$tag"
         fi
         t_end
@@ -366,15 +371,15 @@ if [ "${EM_VALGRIND:-1}" = 1 ] && layer valgrind; then
         stop_test_cluster valgrind
         logs=$(ls "$VG"/vg.*.log 2>/dev/null | wc -l)
         if [ "$logs" -gt 100 ]; then echo "ok - valgrind: $logs processes ran under memcheck"; count 1 0
-        else echo "not ok - valgrind: only $logs processes ran under memcheck"; count 0 1; fi
+        else not_ok "valgrind: only $logs processes ran under memcheck"; fi
         if python3 test/valgrind/check.py "$VG"/vg.*.log >"$VG/ours.txt"; then
             echo "ok - valgrind: no memcheck error in earmark's code"; count 1 0
         else
-            echo "not ok - valgrind: memcheck errors in earmark's code"; count 0 1
+            not_ok "valgrind: memcheck errors in earmark's code"
             head -120 "$VG/ours.txt"
         fi
     else
-        echo "not ok - valgrind: the server did not start under memcheck"; count 0 1
+        not_ok "valgrind: the server did not start under memcheck"
         stop_test_cluster valgrind
     fi
     t_end
@@ -385,8 +390,6 @@ if [ "$FAILED" -ne 0 ]; then
         em_log "server log tail ($l):"
         tail -50 "$l" >&2
     done
-fi
-if [ "$FAILED" -ne 0 ]; then
     echo
     echo "what failed:"
     for n in "${FAIL_NOTES[@]}"; do echo "  $n"; done
