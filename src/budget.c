@@ -28,6 +28,11 @@
  *	  Citus every taker runs on the node that holds the account (cluster.c
  *	  checks it).
  *
+ *	  On a single node the row's lock and the writes of its used and held
+ *	  are made by index from C (direct.c), as the SQL statements below
+ *	  would make them; on Citus, or where the table has something the
+ *	  executor would run, the statements are used.
+ *
  *	  Every statement names the account (account = $1 on every relation),
  *	  so that on Citus it runs on the account's shard alone.
  *
@@ -150,11 +155,64 @@ em_budget_create(text *account, text *feature, TimestampTz start,
 	em_exec(&create_budget, args, NULL, 0);
 }
 
+/*
+ * The budget row's numbers written by index from C on a single node
+ * (direct.c: the row locked as the UPDATE would lock it, a new version,
+ * no executor); write_budget and release_budget through SPI on Citus, or
+ * where the table has something the executor would have to run.
+ */
+static EmDirect budget_numbers = {
+	.table = "budget", .nkeys = 2, .keys = {"account", "budget_id"},
+	.ncols = 2, .cols = {"used", "held"}, .types = {INT8OID, INT8OID}
+};
+
+/* the new numbers: set (write_budget) or moved (release_budget) */
+typedef struct BudgetChange
+{
+	bool		set;
+	int64		used;			/* set: used; moved: charged, into used */
+	int64		held;			/* set: held; moved: released, out of held */
+} BudgetChange;
+
+static void
+change_numbers(Datum *values, bool *nulls, void *arg)
+{
+	BudgetChange *c = (BudgetChange *) arg;
+	int64		used = c->used;
+	int64		held = c->held;
+
+	if (!c->set &&
+		(pg_add_s64_overflow(DatumGetInt64(values[0]), c->used, &used) ||
+		 pg_sub_s64_overflow(DatumGetInt64(values[1]), c->held, &held)))
+		ereport(ERROR,
+				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+				 errmsg("bigint out of range")));
+	values[0] = Int64GetDatum(used);
+	values[1] = Int64GetDatum(held);
+	nulls[0] = nulls[1] = false;
+}
+
+/* the change by index from C; false when the SQL must make it */
+static bool
+budget_change_direct(text *account, int64 budget_id, BudgetChange *c)
+{
+	Datum		keys[2];
+
+	if (em_distributed())
+		return false;
+	keys[0] = PointerGetDatum(account);
+	keys[1] = Int64GetDatum(budget_id);
+	return em_direct_update(&budget_numbers, keys, change_numbers, c) != EM_DIRECT_UNWRITABLE;
+}
+
 void
 em_budget_write(text *account, int64 budget_id, int64 used, int64 held)
 {
+	BudgetChange c = {true, used, held};
 	Datum		args[4];
 
+	if (budget_change_direct(account, budget_id, &c))
+		return;
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
 	args[2] = Int64GetDatum(used);
@@ -166,8 +224,11 @@ em_budget_write(text *account, int64 budget_id, int64 used, int64 held)
 void
 em_budget_release(text *account, int64 budget_id, int64 released, int64 charged)
 {
+	BudgetChange c = {false, charged, released};
 	Datum		args[4];
 
+	if (budget_change_direct(account, budget_id, &c))
+		return;
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
 	args[2] = Int64GetDatum(released);

@@ -17,7 +17,16 @@
  *	  SERIALIZABLE as the executor's index scans.  One locking read,
  *	  em_direct_lock, locks the row it finds as SELECT ... FOR UPDATE does
  *	  (ExecLockRows: the newest version and a re-check of the keys under
- *	  READ COMMITTED, 40001 under REPEATABLE READ).  No writes.
+ *	  READ COMMITTED, 40001 under REPEATABLE READ).
+ *
+ *	  One write, em_direct_update: an UPDATE of one row's columns by its
+ *	  keys, as the executor would make it (the row locked as above, a new
+ *	  version by table_tuple_update, index entries when it is not HOT),
+ *	  only for a table where the executor would do nothing more: no
+ *	  trigger that an UPDATE of those columns fires, no rule, row security,
+ *	  CHECK constraint, stored generated column, nor an index with an
+ *	  expression, a predicate, an exclusion constraint or deferred
+ *	  uniqueness (writable(); otherwise the caller runs its SQL).
  *
  *	  Only for a single node's own tables: on Citus the tables are shells
  *	  and the rows are in shards, so the callers use SPI there
@@ -25,13 +34,18 @@
  *
  *	  Locks: AccessShareLock on the table and the index, held to the end of
  *	  the transaction, as a SELECT takes them (RowShareLock on the table
- *	  and the row lock for em_direct_lock, as SELECT ... FOR UPDATE).
+ *	  and the row lock for em_direct_lock, as SELECT ... FOR UPDATE;
+ *	  RowExclusiveLock on the table and the indexes it writes, and the row
+ *	  lock FOR NO KEY UPDATE, for em_direct_update, as an UPDATE that
+ *	  changes no key column).
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "access/genam.h"
+#include "access/heapam.h"
+#include "access/htup_details.h"
 #include "access/relscan.h"
 #include "access/stratnum.h"
 #include "access/table.h"
@@ -40,14 +54,19 @@
 #include "access/xlog.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_am.h"
+#include "catalog/index.h"
 #include "catalog/pg_index.h"
+#include "catalog/pg_trigger.h"
 #include "commands/defrem.h"
+#include "commands/trigger.h"
+#include "executor/executor.h"
 #include "executor/tuptable.h"
 #include "nodes/pg_list.h"
 #include "utils/datum.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
+#include "utils/relcache.h"
 #include "utils/snapmgr.h"
 
 #include "direct.h"
@@ -55,6 +74,7 @@
 /* every read resolved so far, for the invalidation callback */
 static EmDirect *resolved_reads = NULL;
 static bool callback_registered = false;
+
 
 static void
 forget_reads(Datum arg, Oid relid)
@@ -157,6 +177,7 @@ resolve(EmDirect *d, Relation rel)
 			break;
 	}
 	list_free(indexes);
+	d->write_checked = false;
 	if (!OidIsValid(d->indexid))
 		elog(ERROR, "earmark: no index of earmark.%s leads with the columns it is read by",
 			 d->table);
@@ -315,27 +336,22 @@ keys_hold(EmDirect *d, TupleTableSlot *slot, AttrNumber *keyatts, Datum *keys)
 }
 
 /*
- * The first row the statement's snapshot sees by the index, locked FOR
- * UPDATE as SELECT ... FOR UPDATE locks it (ExecLockRows): RowShareLock on
- * the table; the row lock waits for a concurrent writer; under READ
- * COMMITTED it locks the row's newest version (following its update
- * chain) and returns it if the keys still match; under REPEATABLE READ and
- * SERIALIZABLE a row changed or deleted after the snapshot fails with
- * 40001.  False when no row is visible, or (READ COMMITTED) it was
- * deleted, or its newest version no longer matches.  The columns of the
- * locked version are copied into the current memory context.
+ * Lock the first row snap sees by d's index in mode as ExecLockRows locks
+ * it (LockTupleExclusive: SELECT ... FOR UPDATE; LockTupleNoKeyExclusive:
+ * what an UPDATE that changes no key column takes); the locked version is
+ * left in slot and its tid in *tid.  False when no row is visible, or
+ * (READ COMMITTED) it was deleted, or its newest version no longer has the
+ * keys.  A row this command changed already is an error for a write
+ * (ExecUpdate's), and treated as deleted for a lock (ExecLockRows's).
  */
-bool
-em_direct_lock(EmDirect *d, Datum *keys, Datum *values, bool *nulls)
+static bool
+lock_first_row(EmDirect *d, Relation rel, Datum *keys, Snapshot snap,
+			   TupleTableSlot *slot, ItemPointer tid, LockTupleMode mode)
 {
-	Snapshot	snap = em_direct_statement_snapshot();
-	Relation	rel = open_table(d, RowShareLock);
 	Relation	idx = index_open(d->indexid, AccessShareLock);
-	TupleTableSlot *slot = table_slot_create(rel, NULL);
 	ScanKeyData skeys[EM_DIRECT_MAX_KEYS];
 	AttrNumber	keyatts[EM_DIRECT_MAX_KEYS];
 	IndexScanDesc scan;
-	ItemPointerData tid;
 	TM_FailureData tmfd;
 	TM_Result	test;
 	bool		found;
@@ -351,53 +367,322 @@ em_direct_lock(EmDirect *d, Datum *keys, Datum *values, bool *nulls)
 	index_rescan(scan, skeys, d->nkeys, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, slot);
 	if (found)
-		tid = slot->tts_tid;
+		*tid = slot->tts_tid;
 	ExecClearTuple(slot);		/* the lock fills it with the version it locks */
 	index_endscan(scan);
-	if (found)
-	{
-		test = table_tuple_lock(rel, &tid, snap, slot, GetCurrentCommandId(true),
-								LockTupleExclusive, LockWaitBlock,
-								TUPLE_LOCK_FLAG_LOCK_UPDATE_IN_PROGRESS |
-								(IsolationUsesXactSnapshot() ? 0 : TUPLE_LOCK_FLAG_FIND_LAST_VERSION),
-								&tmfd);
-		switch (test)
-		{
-			case TM_Ok:
-				found = !tmfd.traversed || keys_hold(d, slot, keyatts, keys);
-				break;
-			case TM_SelfModified:
-				found = false;	/* as ExecLockRows: treated as deleted */
-				break;
-			case TM_Updated:
-			case TM_Deleted:
-				if (IsolationUsesXactSnapshot())
-					ereport(ERROR,
-							(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-							 errmsg("could not serialize access due to concurrent update")));
-				if (test == TM_Updated)
-					elog(ERROR, "earmark: unexpected table_tuple_lock status: %u", test);
-				found = false;
-				break;
-			default:
-				elog(ERROR, "earmark: unexpected table_tuple_lock status: %u", test);
-		}
-	}
-	if (found)
-	{
-		TupleDesc	desc = RelationGetDescr(rel);
-
-		for (i = 0; i < d->ncols; i++)
-		{
-			Form_pg_attribute att = TupleDescAttr(desc, d->attnums[i] - 1);
-			Datum		v = slot_getattr(slot, d->attnums[i], &nulls[i]);
-
-			values[i] = nulls[i] ? (Datum) 0 : datumCopy(v, att->attbyval, att->attlen);
-		}
-	}
-	ExecDropSingleTupleTableSlot(slot);
 	index_close(idx, NoLock);
+	if (!found)
+		return false;
+	test = table_tuple_lock(rel, tid, snap, slot, GetCurrentCommandId(true),
+							mode, LockWaitBlock,
+							TUPLE_LOCK_FLAG_LOCK_UPDATE_IN_PROGRESS |
+							(IsolationUsesXactSnapshot() ? 0 : TUPLE_LOCK_FLAG_FIND_LAST_VERSION),
+							&tmfd);
+	switch (test)
+	{
+		case TM_Ok:
+			return !tmfd.traversed || keys_hold(d, slot, keyatts, keys);
+		case TM_SelfModified:
+			if (mode != LockTupleExclusive)
+				elog(ERROR, "earmark: a row of earmark.%s written twice in one command",
+					 d->table);
+			return false;
+		case TM_Updated:
+		case TM_Deleted:
+			if (IsolationUsesXactSnapshot())
+				ereport(ERROR,
+						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						 errmsg("could not serialize access due to concurrent update")));
+			if (test == TM_Updated)
+				elog(ERROR, "earmark: unexpected table_tuple_lock status: %u", test);
+			return false;
+		default:
+			elog(ERROR, "earmark: unexpected table_tuple_lock status: %u", test);
+	}
+	return false;				/* keep compiler quiet */
+}
+
+/* d's columns of the row in slot, copied into the current memory context */
+static void
+copy_columns(EmDirect *d, Relation rel, TupleTableSlot *slot, Datum *values, bool *nulls)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	int			i;
+
+	for (i = 0; i < d->ncols; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, d->attnums[i] - 1);
+		Datum		v = slot_getattr(slot, d->attnums[i], &nulls[i]);
+
+		values[i] = nulls[i] ? (Datum) 0 : datumCopy(v, att->attbyval, att->attlen);
+	}
+}
+
+/*
+ * The first row the statement's snapshot sees by the index, locked FOR
+ * UPDATE as SELECT ... FOR UPDATE locks it (ExecLockRows): RowShareLock on
+ * the table; the row lock waits for a concurrent writer; under READ
+ * COMMITTED it locks the row's newest version (following its update
+ * chain) and returns it if the keys still match; under REPEATABLE READ and
+ * SERIALIZABLE a row changed or deleted after the snapshot fails with
+ * 40001.  False when no row is visible, or (READ COMMITTED) it was
+ * deleted, or its newest version no longer matches.  The columns of the
+ * locked version are copied into the current memory context.
+ */
+bool
+em_direct_lock(EmDirect *d, Datum *keys, Datum *values, bool *nulls)
+{
+	Snapshot	snap = em_direct_statement_snapshot();
+	Relation	rel = open_table(d, RowShareLock);
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	ItemPointerData tid;
+	bool		found = lock_first_row(d, rel, keys, snap, slot, &tid, LockTupleExclusive);
+
+	if (found)
+		copy_columns(d, rel, slot, values, nulls);
+	ExecDropSingleTupleTableSlot(slot);
 	table_close(rel, NoLock);
 	em_direct_release(snap);
 	return found;
+}
+
+/* ---------------------------------------------------------------------
+ * Writes
+ * ---------------------------------------------------------------------
+ */
+
+/* attribute att is one of the columns a write of d changes */
+static bool
+written(EmDirect *d, AttrNumber att)
+{
+	int			i;
+
+	for (i = 0; i < d->ncols; i++)
+		if (d->attnums[i] == att)
+			return true;
+	return false;
+}
+
+/*
+ * An UPDATE trigger the executor would fire for d's write, or whose effect
+ * it would need: anything but the immediate check of a foreign key of the
+ * table whose columns the write leaves alone (RI_FKey_fk_upd_check_required
+ * skips that check when the key is unchanged; for a row inserted by this
+ * transaction, the insert's own check ran at the end of its statement,
+ * since the constraint is not deferrable).
+ */
+static bool
+update_trigger_matters(EmDirect *d, Relation rel, Trigger *t)
+{
+	List	   *fkeys;
+	ListCell   *lc;
+
+	if (!TRIGGER_FOR_UPDATE(t->tgtype))
+		return false;
+	if (RI_FKey_trigger_type(t->tgfoid) != RI_TRIGGER_FK || t->tgdeferrable)
+		return true;
+	fkeys = RelationGetFKeyList(rel);
+	foreach(lc, fkeys)
+	{
+		ForeignKeyCacheInfo *fk = lfirst_node(ForeignKeyCacheInfo, lc);
+		int			i;
+
+		if (fk->conoid != t->tgconstraint)
+			continue;
+		for (i = 0; i < fk->nkeys; i++)
+			if (written(d, fk->conkey[i]))
+				return true;
+		return false;
+	}
+	return true;
+}
+
+/*
+ * Whether an UPDATE of d's columns by the executor would do nothing that
+ * write_row does not: a plain table without rules, row security, CHECK
+ * constraints, stored generated columns or UPDATE triggers that matter,
+ * whose written columns have the types of the caller's values (not a
+ * domain, whose constraints would be checked, nor another type), and whose
+ * indexes have neither expressions nor predicates, nor exclusion
+ * constraints or deferred uniqueness.  Computed on d's first write after
+ * it is resolved: any change of these sends the relcache invalidation
+ * that resolves it again.  (A publication's change sends none that
+ * matters here: em_direct_update checks the replica identity every time.)
+ */
+static bool
+writable(EmDirect *d, Relation rel)
+{
+	TupleConstr *constr = RelationGetDescr(rel)->constr;
+	List	   *indexes;
+	ListCell   *lc;
+	bool		ok = true;
+	int			i;
+
+	if (rel->rd_rel->relkind != RELKIND_RELATION || rel->rd_rel->relrowsecurity ||
+		rel->rd_rules != NULL)
+		return false;
+	if (constr != NULL && (constr->num_check > 0 || constr->has_generated_stored))
+		return false;
+	for (i = 0; i < d->ncols; i++)
+		if (TupleDescAttr(RelationGetDescr(rel), d->attnums[i] - 1)->atttypid != d->types[i])
+			return false;
+	for (i = 0; rel->trigdesc != NULL && i < rel->trigdesc->numtriggers; i++)
+		if (update_trigger_matters(d, rel, &rel->trigdesc->triggers[i]))
+			return false;
+	indexes = RelationGetIndexList(rel);
+	foreach(lc, indexes)
+	{
+		Relation	idx = index_open(lfirst_oid(lc), AccessShareLock);
+		Form_pg_index ind = idx->rd_index;
+
+		if (!heap_attisnull(idx->rd_indextuple, Anum_pg_index_indexprs, NULL) ||
+			!heap_attisnull(idx->rd_indextuple, Anum_pg_index_indpred, NULL) ||
+			ind->indisexclusion || (ind->indisunique && !ind->indimmediate))
+			ok = false;
+		index_close(idx, NoLock);
+	}
+	list_free(indexes);
+	return ok;
+}
+
+/* an index's columns (INCLUDE ones too) are none of those d's write changes */
+static bool
+index_unchanged(EmDirect *d, Relation idx)
+{
+	int			i;
+
+	for (i = 0; i < idx->rd_index->indnatts; i++)
+		if (written(d, idx->rd_index->indkey.values[i]))
+			return false;
+	return true;
+}
+
+/*
+ * An entry for the new version in each index ready for inserts, as
+ * ExecInsertIndexTuples makes them for a version that is not HOT (with
+ * the uniqueness check of a unique index; writable() allows no other
+ * kind).
+ */
+static void
+insert_index_entries(EmDirect *d, Relation rel, TupleTableSlot *slot)
+{
+	List	   *indexes = RelationGetIndexList(rel);
+	ListCell   *lc;
+
+	foreach(lc, indexes)
+	{
+		Relation	idx = index_open(lfirst_oid(lc), RowExclusiveLock);
+		IndexInfo  *ii = BuildIndexInfo(idx);
+		Datum		values[INDEX_MAX_KEYS];
+		bool		isnull[INDEX_MAX_KEYS];
+
+		if (ii->ii_ReadyForInserts)
+		{
+			/*
+			 * writable() refused these.  One not ready for inserts yet (the
+			 * first phase of CREATE INDEX CONCURRENTLY, committed while this
+			 * write runs) may be in the list, and is skipped as the executor
+			 * skips it; it cannot become ready while this transaction holds
+			 * RowExclusiveLock on the table, which that command waits for.
+			 */
+			if (ii->ii_Expressions != NIL || ii->ii_Predicate != NIL)
+				elog(ERROR, "earmark: index %s of earmark.%s changed during a write",
+					 RelationGetRelationName(idx), d->table);
+			FormIndexDatum(ii, slot, NULL, values, isnull);
+			index_insert(idx, values, isnull, &slot->tts_tid, rel,
+						 idx->rd_index->indisunique ? UNIQUE_CHECK_YES : UNIQUE_CHECK_NO,
+						 index_unchanged(d, idx), ii);
+		}
+		index_close(idx, NoLock);
+	}
+	list_free(indexes);
+}
+
+/*
+ * The locked version in slot (at *tid) replaced by one with d's columns
+ * set to values: a new version as heap_update makes it (HOT when no
+ * indexed column changed and the page has room), then entries in the
+ * indexes when it was not HOT.  The row is locked by this transaction, so
+ * nothing else can have changed it.
+ */
+static void
+write_row(EmDirect *d, Relation rel, TupleTableSlot *slot, ItemPointer tid,
+		  Snapshot snap, Datum *values, bool *nulls)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	HeapTuple	old = ExecFetchSlotHeapTuple(slot, false, NULL);
+	int			cols[EM_DIRECT_MAX_COLS];
+	TupleTableSlot *newslot = MakeSingleTupleTableSlot(desc, &TTSOpsHeapTuple);
+	TM_FailureData tmfd;
+	LockTupleMode lockmode;
+	bool		update_indexes;
+	TM_Result	result;
+	int			i;
+
+	for (i = 0; i < d->ncols; i++)
+		cols[i] = d->attnums[i];
+	ExecStoreHeapTuple(heap_modify_tuple_by_cols(old, desc, d->ncols, cols, values, nulls),
+					   newslot, true);
+	result = table_tuple_update(rel, tid, newslot, GetCurrentCommandId(true), snap,
+								InvalidSnapshot, true, &tmfd, &lockmode, &update_indexes);
+	if (result != TM_Ok)
+		elog(ERROR, "earmark: unexpected table_tuple_update status: %u", result);
+	if (update_indexes)
+		insert_index_entries(d, rel, newslot);
+	ExecDropSingleTupleTableSlot(newslot);
+}
+
+/*
+ * What "UPDATE earmark.<table> SET <cols> = ... WHERE <keys> = ..." does to
+ * the one row the keys name, without the executor: the row is locked as
+ * em_direct_lock locks it (in the snapshot the statement would take, READ
+ * COMMITTED's re-check on the newest version, REPEATABLE READ's 40001; in
+ * the mode of an UPDATE that changes no key, FOR NO KEY UPDATE's),
+ * fn computes the new values of d's columns from the locked version's in
+ * place (the SET clause's expressions), and write_row writes them.
+ * RowExclusiveLock on the table and the indexes it writes, as an UPDATE.
+ * EM_DIRECT_UNWRITABLE, before anything is locked or written, when the
+ * executor would do more (writable()) or the transaction is read-only:
+ * the caller then runs its SQL.  A published table whose replica identity
+ * cannot log the update fails as the executor's UPDATE fails.
+ */
+EmDirectWrite
+em_direct_update(EmDirect *d, Datum *keys, EmDirectChange fn, void *arg)
+{
+	Snapshot	snap;
+	Relation	rel;
+	TupleTableSlot *slot;
+	ItemPointerData tid;
+	Datum		values[EM_DIRECT_MAX_COLS];
+	bool		nulls[EM_DIRECT_MAX_COLS];
+	bool		found;
+
+	snap = em_direct_statement_snapshot();
+	rel = open_table(d, RowExclusiveLock);
+	if (!d->write_checked)
+	{
+		d->writable = writable(d, rel);
+		d->write_checked = true;
+	}
+	/* a read-only transaction: the SQL statement raises the error */
+	if (!d->writable || XactReadOnly)
+	{
+		table_close(rel, NoLock);
+		em_direct_release(snap);
+		return EM_DIRECT_UNWRITABLE;
+	}
+	/* as ExecInitModifyTable: a published table needs its replica identity */
+	CheckCmdReplicaIdentity(rel, CMD_UPDATE);
+	slot = table_slot_create(rel, NULL);
+	found = lock_first_row(d, rel, keys, snap, slot, &tid, LockTupleNoKeyExclusive);
+	if (found)
+	{
+		copy_columns(d, rel, slot, values, nulls);
+		fn(values, nulls, arg);
+		write_row(d, rel, slot, &tid, snap, values, nulls);
+	}
+	ExecDropSingleTupleTableSlot(slot);
+	table_close(rel, NoLock);
+	em_direct_release(snap);
+	return found ? EM_DIRECT_WRITTEN : EM_DIRECT_NO_ROW;
 }

@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * direct.h
- *	  Reads by index from C, in place of small SPI look-ups (direct.c).
+ *	  Reads by index from C, in place of small SPI look-ups, and the
+ *	  update of one row's columns without the executor (direct.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -33,12 +34,15 @@ typedef struct EmDirect
 	const char *keys[EM_DIRECT_MAX_KEYS];
 	int			ncols;
 	const char *cols[EM_DIRECT_MAX_COLS];
+	Oid			types[EM_DIRECT_MAX_COLS];	/* a write's: its values' types */
 	/* resolved */
 	bool		resolved;
 	bool		listed;			/* in direct.c's list */
 	Oid			relid;
 	Oid			indexid;
 	AttrNumber	attnums[EM_DIRECT_MAX_COLS];
+	bool		write_checked;	/* writable is known */
+	bool		writable;		/* em_direct_update may write it (direct.c) */
 	RegProcedure eqproc[EM_DIRECT_MAX_KEYS];
 	Oid			collation[EM_DIRECT_MAX_KEYS];
 	struct EmDirect *next;
@@ -61,5 +65,21 @@ extern int	em_direct_scan(EmDirect *d, Datum *keys, Snapshot snap,
 extern bool em_direct_get(EmDirect *d, Datum *keys, Snapshot snap,
 						  Datum *values, bool *nulls);
 extern bool em_direct_lock(EmDirect *d, Datum *keys, Datum *values, bool *nulls);
+
+/*
+ * A write of one row's columns cols[] (an UPDATE without the executor,
+ * direct.c): fn sets their new values from the locked row's, in place.
+ */
+typedef void (*EmDirectChange) (Datum *values, bool *nulls, void *arg);
+
+typedef enum EmDirectWrite
+{
+	EM_DIRECT_UNWRITABLE,		/* the executor would do more: run the SQL */
+	EM_DIRECT_NO_ROW,			/* no row to write (an UPDATE of 0 rows) */
+	EM_DIRECT_WRITTEN
+} EmDirectWrite;
+
+extern EmDirectWrite em_direct_update(EmDirect *d, Datum *keys, EmDirectChange fn,
+									  void *arg);
 
 #endif							/* EARMARK_DIRECT_H */

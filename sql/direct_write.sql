@@ -1,0 +1,104 @@
+-- On a single node a reserve, a settlement and an expiry write the budget
+-- row's numbers by index from C (direct.c, em_direct_update), without the
+-- executor.  That is right only where the executor would do nothing more:
+-- wherever an operator added something an UPDATE runs, the write must go
+-- through SQL.  Each case fails if the write from C skipped it:
+-- 1. an operator's index on a column the write changes (held): no update
+--    is HOT, so every write must add an entry in each index (amcheck's
+--    heapallindexed finds a row version without one);
+-- 2. an index with an expression, and a partial one: the same;
+-- 3. a trigger on the budget row: it fires;
+-- 4. a CHECK constraint: checked (23514), nothing written;
+-- 5. a foreign key made deferrable: the write still works.
+SET client_min_messages = warning;
+SET earmark.rate_limit = 0;
+SET earmark.lease = '1h';
+CREATE EXTENSION IF NOT EXISTS amcheck;
+TRUNCATE earmark.meter_mark, earmark.ledger_entry, earmark.job, earmark.budget_slot, earmark.budget,
+         earmark.usage_shard, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
+SELECT earmark_set_limit('acme', 1000) IS NULL AS set;
+
+-- every index of earmark.budget holds every row version it should
+CREATE FUNCTION pg_temp.budget_indexes_whole() RETURNS TABLE (index text, whole boolean)
+LANGUAGE sql AS $$
+  SELECT i.indexrelid::regclass::text, bt_index_check(i.indexrelid, true)::text = ''
+    FROM pg_index i WHERE i.indrelid = 'earmark.budget'::regclass ORDER BY 1
+$$;
+
+-- 1. an index on held: every write of the numbers is a non-HOT update
+CREATE INDEX direct_write_held ON earmark.budget (held);
+SELECT pg_stat_force_next_flush();
+SELECT n_tup_hot_upd AS hot_before FROM pg_stat_user_tables WHERE relid = 'earmark.budget'::regclass \gset
+SELECT admitted, remaining FROM earmark_reserve('acme', 10, 'a');
+SELECT admitted, remaining FROM earmark_reserve('acme', 20, 'b');
+SELECT status, charged FROM earmark_settle('acme', (SELECT job_id FROM earmark.job WHERE idempotency_key = 'a'), 7);
+SELECT used, held FROM earmark.budget WHERE account = 'acme';
+SELECT pg_stat_force_next_flush();
+SELECT n_tup_hot_upd - :hot_before AS hot_updates FROM pg_stat_user_tables WHERE relid = 'earmark.budget'::regclass;
+SELECT * FROM pg_temp.budget_indexes_whole();
+-- each index finds the row by what it holds now
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+SELECT count(*) AS by_held FROM earmark.budget WHERE held = 20;
+SELECT count(*) AS by_key FROM earmark.budget WHERE account = 'acme' AND budget_id = 1;
+SELECT count(*) AS by_cycle FROM earmark.budget WHERE account = 'acme' AND feature = 'default';
+RESET enable_seqscan;
+RESET enable_bitmapscan;
+DROP INDEX earmark.direct_write_held;
+
+-- 2. an index with an expression, and a partial one
+CREATE INDEX direct_write_expr ON earmark.budget ((used + held));
+CREATE INDEX direct_write_partial ON earmark.budget (account) WHERE held > 25;
+SELECT admitted, remaining FROM earmark_reserve('acme', 30, 'c');
+SELECT * FROM pg_temp.budget_indexes_whole();
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+SELECT count(*) AS by_expr FROM earmark.budget WHERE used + held = 57;
+SELECT count(*) AS by_partial FROM earmark.budget WHERE account = 'acme' AND held > 25;
+RESET enable_seqscan;
+RESET enable_bitmapscan;
+DROP INDEX earmark.direct_write_expr;
+DROP INDEX earmark.direct_write_partial;
+
+-- 3. a trigger on the budget row fires for each write
+CREATE TABLE direct_write_log (op text, used bigint, held bigint);
+CREATE FUNCTION direct_write_seen() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO public.direct_write_log VALUES (TG_OP, NEW.used, NEW.held);
+  RETURN NEW;
+END
+$$;
+CREATE TRIGGER direct_write_seen BEFORE UPDATE ON earmark.budget
+  FOR EACH ROW EXECUTE FUNCTION direct_write_seen();
+SELECT admitted, remaining FROM earmark_reserve('acme', 5, 'd');
+SELECT status, charged FROM earmark_settle('acme', (SELECT job_id FROM earmark.job WHERE idempotency_key = 'd'), 5);
+SELECT * FROM direct_write_log;
+DROP TRIGGER direct_write_seen ON earmark.budget;
+-- without it, nothing more is logged
+SELECT admitted, remaining FROM earmark_reserve('acme', 5, 'e');
+SELECT count(*) AS logged FROM direct_write_log;
+
+-- 4. a CHECK constraint is checked, and the refused write changes nothing
+ALTER TABLE earmark.budget ADD CONSTRAINT direct_write_small CHECK (held <= 80);
+SELECT used, held FROM earmark.budget WHERE account = 'acme';
+\set VERBOSITY sqlstate
+SELECT admitted FROM earmark_reserve('acme', 100, 'f');
+\set VERBOSITY default
+SELECT used, held FROM earmark.budget WHERE account = 'acme';
+SELECT count(*) AS job_f FROM earmark.job WHERE idempotency_key = 'f';
+ALTER TABLE earmark.budget DROP CONSTRAINT direct_write_small;
+
+-- 5. the account's foreign key deferred: the writes still land
+SELECT conname AS fk FROM pg_constraint
+ WHERE conrelid = 'earmark.budget'::regclass AND contype = 'f' \gset
+ALTER TABLE earmark.budget ALTER CONSTRAINT :"fk" DEFERRABLE INITIALLY DEFERRED;
+SELECT admitted, remaining FROM earmark_reserve('acme', 1, 'g');
+ALTER TABLE earmark.budget ALTER CONSTRAINT :"fk" NOT DEFERRABLE;
+SELECT admitted, remaining FROM earmark_reserve('acme', 1, 'h');
+SELECT used, held FROM earmark.budget WHERE account = 'acme';
+SELECT * FROM pg_temp.budget_indexes_whole();
+
+DROP TABLE direct_write_log;
+DROP FUNCTION direct_write_seen();
+TRUNCATE earmark.meter_mark, earmark.ledger_entry, earmark.job, earmark.budget_slot, earmark.budget,
+         earmark.usage_shard, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
