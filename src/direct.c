@@ -336,24 +336,16 @@ keys_hold(EmDirect *d, TupleTableSlot *slot, AttrNumber *keyatts, Datum *keys)
 }
 
 /*
- * Lock the first row snap sees by d's index in mode as ExecLockRows locks
- * it (LockTupleExclusive: SELECT ... FOR UPDATE; LockTupleNoKeyExclusive:
- * what an UPDATE that changes no key column takes); the locked version is
- * left in slot and its tid in *tid.  False when no row is visible, or
- * (READ COMMITTED) it was deleted, or its newest version no longer has the
- * keys.  A row this command changed already is an error for a write
- * (ExecUpdate's), and treated as deleted for a lock (ExecLockRows's).
+ * The first row snap sees by d's index, into slot, and its tid into *tid;
+ * keyatts gets the table's columns of the keys.
  */
 static bool
-lock_first_row(EmDirect *d, Relation rel, Datum *keys, Snapshot snap,
-			   TupleTableSlot *slot, ItemPointer tid, LockTupleMode mode)
+scan_first_row(EmDirect *d, Relation rel, Datum *keys, Snapshot snap,
+			   TupleTableSlot *slot, ItemPointer tid, AttrNumber *keyatts)
 {
 	Relation	idx = index_open(d->indexid, AccessShareLock);
 	ScanKeyData skeys[EM_DIRECT_MAX_KEYS];
-	AttrNumber	keyatts[EM_DIRECT_MAX_KEYS];
 	IndexScanDesc scan;
-	TM_FailureData tmfd;
-	TM_Result	test;
 	bool		found;
 	int			i;
 
@@ -367,14 +359,32 @@ lock_first_row(EmDirect *d, Relation rel, Datum *keys, Snapshot snap,
 	index_rescan(scan, skeys, d->nkeys, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, slot);
 	if (found)
-		*tid = slot->tts_tid;
-	ExecClearTuple(slot);		/* the lock fills it with the version it locks */
+		*tid = slot->tts_tid;	/* the slot keeps its own pin of the page */
 	index_endscan(scan);
 	index_close(idx, NoLock);
-	if (!found)
+	return found;
+}
+
+/*
+ * Lock the first row snap sees by d's index as SELECT ... FOR UPDATE locks
+ * it (ExecLockRows); the locked version is left in slot.  False when no
+ * row is visible, or (READ COMMITTED) it was deleted, or its newest
+ * version no longer has the keys.
+ */
+static bool
+lock_first_row(EmDirect *d, Relation rel, Datum *keys, Snapshot snap,
+			   TupleTableSlot *slot)
+{
+	AttrNumber	keyatts[EM_DIRECT_MAX_KEYS];
+	ItemPointerData tid;
+	TM_FailureData tmfd;
+	TM_Result	test;
+
+	if (!scan_first_row(d, rel, keys, snap, slot, &tid, keyatts))
 		return false;
-	test = table_tuple_lock(rel, tid, snap, slot, GetCurrentCommandId(true),
-							mode, LockWaitBlock,
+	ExecClearTuple(slot);		/* the lock fills it with the version it locks */
+	test = table_tuple_lock(rel, &tid, snap, slot, GetCurrentCommandId(true),
+							LockTupleExclusive, LockWaitBlock,
 							TUPLE_LOCK_FLAG_LOCK_UPDATE_IN_PROGRESS |
 							(IsolationUsesXactSnapshot() ? 0 : TUPLE_LOCK_FLAG_FIND_LAST_VERSION),
 							&tmfd);
@@ -383,10 +393,7 @@ lock_first_row(EmDirect *d, Relation rel, Datum *keys, Snapshot snap,
 		case TM_Ok:
 			return !tmfd.traversed || keys_hold(d, slot, keyatts, keys);
 		case TM_SelfModified:
-			if (mode != LockTupleExclusive)
-				elog(ERROR, "earmark: a row of earmark.%s written twice in one command",
-					 d->table);
-			return false;
+			return false;		/* as ExecLockRows: treated as deleted */
 		case TM_Updated:
 		case TM_Deleted:
 			if (IsolationUsesXactSnapshot())
@@ -435,8 +442,7 @@ em_direct_lock(EmDirect *d, Datum *keys, Datum *values, bool *nulls)
 	Snapshot	snap = em_direct_statement_snapshot();
 	Relation	rel = open_table(d, RowShareLock);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
-	ItemPointerData tid;
-	bool		found = lock_first_row(d, rel, keys, snap, slot, &tid, LockTupleExclusive);
+	bool		found = lock_first_row(d, rel, keys, snap, slot);
 
 	if (found)
 		copy_columns(d, rel, slot, values, nulls);
@@ -499,7 +505,7 @@ update_trigger_matters(EmDirect *d, Relation rel, Trigger *t)
 
 /*
  * Whether an UPDATE of d's columns by the executor would do nothing that
- * write_row does not: a plain table without rules, row security, CHECK
+ * update_row does not: a plain table without rules, row security, CHECK
  * constraints, stored generated columns or UPDATE triggers that matter,
  * whose written columns have the types of the caller's values (not a
  * domain, whose constraints would be checked, nor another type), and whose
@@ -598,48 +604,88 @@ insert_index_entries(EmDirect *d, Relation rel, TupleTableSlot *slot)
 	list_free(indexes);
 }
 
-/*
- * The locked version in slot (at *tid) replaced by one with d's columns
- * set to values: a new version as heap_update makes it (HOT when no
- * indexed column changed and the page has room), then entries in the
- * indexes when it was not HOT.  The row is locked by this transaction, so
- * nothing else can have changed it.
- */
-static void
-write_row(EmDirect *d, Relation rel, TupleTableSlot *slot, ItemPointer tid,
-		  Snapshot snap, Datum *values, bool *nulls)
+/* the version in slot with d's columns set to values, in a slot of its own */
+static TupleTableSlot *
+new_version(EmDirect *d, Relation rel, TupleTableSlot *slot, Datum *values, bool *nulls)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
+	TupleTableSlot *newslot = MakeSingleTupleTableSlot(desc, &TTSOpsHeapTuple);
 	HeapTuple	old = ExecFetchSlotHeapTuple(slot, false, NULL);
 	int			cols[EM_DIRECT_MAX_COLS];
-	TupleTableSlot *newslot = MakeSingleTupleTableSlot(desc, &TTSOpsHeapTuple);
-	TM_FailureData tmfd;
-	LockTupleMode lockmode;
-	bool		update_indexes;
-	TM_Result	result;
 	int			i;
 
 	for (i = 0; i < d->ncols; i++)
 		cols[i] = d->attnums[i];
 	ExecStoreHeapTuple(heap_modify_tuple_by_cols(old, desc, d->ncols, cols, values, nulls),
 					   newslot, true);
-	result = table_tuple_update(rel, tid, newslot, GetCurrentCommandId(true), snap,
-								InvalidSnapshot, true, &tmfd, &lockmode, &update_indexes);
-	if (result != TM_Ok)
-		elog(ERROR, "earmark: unexpected table_tuple_update status: %u", result);
-	if (update_indexes)
-		insert_index_entries(d, rel, newslot);
-	ExecDropSingleTupleTableSlot(newslot);
+	return newslot;
+}
+
+/*
+ * Replace the row version in slot (at *tid) by one whose columns fn
+ * computes from it, as ExecUpdate does: table_tuple_update waits for a
+ * concurrent writer of the row (a HOT update when no indexed column
+ * changed and the page has room; otherwise entries in the indexes follow).
+ * When that writer updated the row: 40001 under REPEATABLE READ; under
+ * READ COMMITTED the newest version is locked, its keys checked again
+ * (EvalPlanQual's re-check), and the update is computed from it and made
+ * on it.  False when the row was deleted meanwhile or its newest version
+ * no longer has the keys.  No lock is taken before the update (so no WAL
+ * record of one) unless a concurrent update made it necessary.
+ */
+static bool
+update_row(EmDirect *d, Relation rel, Snapshot snap, TupleTableSlot *slot,
+		   ItemPointer tid, Datum *keys, AttrNumber *keyatts,
+		   EmDirectChange fn, void *arg)
+{
+	CommandId	cid = GetCurrentCommandId(true);
+
+	for (;;)
+	{
+		Datum		values[EM_DIRECT_MAX_COLS];
+		bool		nulls[EM_DIRECT_MAX_COLS];
+		TupleTableSlot *newslot;
+		TM_FailureData tmfd;
+		LockTupleMode lockmode;
+		bool		update_indexes;
+		TM_Result	result;
+
+		copy_columns(d, rel, slot, values, nulls);
+		fn(values, nulls, arg);
+		newslot = new_version(d, rel, slot, values, nulls);
+		result = table_tuple_update(rel, tid, newslot, cid, snap, InvalidSnapshot, true,
+									&tmfd, &lockmode, &update_indexes);
+		if (result == TM_Ok && update_indexes)
+			insert_index_entries(d, rel, newslot);
+		ExecDropSingleTupleTableSlot(newslot);
+		if (result == TM_Ok)
+			return true;
+		if (result != TM_Updated && result != TM_Deleted)
+			elog(ERROR, "earmark: unexpected table_tuple_update status: %u", result);
+		if (IsolationUsesXactSnapshot())
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to concurrent update")));
+		if (result == TM_Deleted)
+			return false;
+		result = table_tuple_lock(rel, tid, snap, slot, cid, lockmode, LockWaitBlock,
+								  TUPLE_LOCK_FLAG_FIND_LAST_VERSION, &tmfd);
+		if (result == TM_Deleted)
+			return false;
+		if (result != TM_Ok)
+			elog(ERROR, "earmark: unexpected table_tuple_lock status: %u", result);
+		if (!keys_hold(d, slot, keyatts, keys))
+			return false;
+	}
 }
 
 /*
  * What "UPDATE earmark.<table> SET <cols> = ... WHERE <keys> = ..." does to
- * the one row the keys name, without the executor: the row is locked as
- * em_direct_lock locks it (in the snapshot the statement would take, READ
- * COMMITTED's re-check on the newest version, REPEATABLE READ's 40001; in
- * the mode of an UPDATE that changes no key, FOR NO KEY UPDATE's),
- * fn computes the new values of d's columns from the locked version's in
- * place (the SET clause's expressions), and write_row writes them.
+ * the one row the keys name, without the executor: the row the snapshot
+ * the statement would take sees by the index, and update_row's update of
+ * it (fn computes the new values of d's columns from the version's, in
+ * place: the SET clause's expressions; READ COMMITTED's re-check on the
+ * newest version, REPEATABLE READ's 40001, as the executor's).
  * RowExclusiveLock on the table and the indexes it writes, as an UPDATE.
  * EM_DIRECT_UNWRITABLE, before anything is locked or written, when the
  * executor would do more (writable()) or the transaction is read-only:
@@ -653,8 +699,7 @@ em_direct_update(EmDirect *d, Datum *keys, EmDirectChange fn, void *arg)
 	Relation	rel;
 	TupleTableSlot *slot;
 	ItemPointerData tid;
-	Datum		values[EM_DIRECT_MAX_COLS];
-	bool		nulls[EM_DIRECT_MAX_COLS];
+	AttrNumber	keyatts[EM_DIRECT_MAX_KEYS];
 	bool		found;
 
 	snap = em_direct_statement_snapshot();
@@ -674,13 +719,8 @@ em_direct_update(EmDirect *d, Datum *keys, EmDirectChange fn, void *arg)
 	/* as ExecInitModifyTable: a published table needs its replica identity */
 	CheckCmdReplicaIdentity(rel, CMD_UPDATE);
 	slot = table_slot_create(rel, NULL);
-	found = lock_first_row(d, rel, keys, snap, slot, &tid, LockTupleNoKeyExclusive);
-	if (found)
-	{
-		copy_columns(d, rel, slot, values, nulls);
-		fn(values, nulls, arg);
-		write_row(d, rel, slot, &tid, snap, values, nulls);
-	}
+	found = scan_first_row(d, rel, keys, snap, slot, &tid, keyatts) &&
+		update_row(d, rel, snap, slot, &tid, keys, keyatts, fn, arg);
 	ExecDropSingleTupleTableSlot(slot);
 	table_close(rel, NoLock);
 	em_direct_release(snap);
