@@ -1,15 +1,20 @@
--- On a single node a reserve, a settlement and an expiry write the budget
--- row's numbers by index from C (direct.c, em_direct_update), without the
--- executor.  That is right only where the executor would do nothing more:
--- wherever an operator added something an UPDATE runs, the write must go
--- through SQL.  Each case fails if the write from C skipped it:
+-- On a single node a reserve, a charge, a settlement and an expiry write
+-- the budget row's numbers and the job row by index from C (direct.c,
+-- em_direct_update), without the executor: the new version as the UPDATE
+-- would make it, and its index entries when it is not HOT (a partial
+-- index's predicate and an index's expressions evaluated on it).  Where an
+-- operator added something the executor would run, the write goes through
+-- SQL.  Each case fails if the write from C skipped or got it wrong:
 -- 1. an operator's index on a column the write changes (held): no update
 --    is HOT, so every write must add an entry in each index (amcheck's
 --    heapallindexed finds a row version without one);
--- 2. an index with an expression, and a partial one: the same;
+-- 2. an index with an expression, and a partial one: entries for the
+--    versions they take, none for one a partial index's predicate leaves
+--    out (an index scan would return it);
 -- 3. a trigger on the budget row: it fires;
 -- 4. a CHECK constraint: checked (23514), nothing written;
--- 5. a foreign key made deferrable: the write still works.
+-- 5. a foreign key made deferrable: the write still works;
+-- 6. the job row's partial indexes after charges and settlements.
 SET client_min_messages = warning;
 SET earmark.rate_limit = 0;
 SET earmark.lease = '1h';
@@ -57,6 +62,15 @@ SELECT count(*) AS by_expr FROM earmark.budget WHERE used + held = 57;
 SELECT count(*) AS by_partial FROM earmark.budget WHERE account = 'acme' AND held > 25;
 RESET enable_seqscan;
 RESET enable_bitmapscan;
+-- a write that takes the row out of the partial index: no entry for it
+SELECT status, charged FROM earmark_settle('acme', (SELECT job_id FROM earmark.job WHERE idempotency_key = 'c'), 0);
+SELECT * FROM pg_temp.budget_indexes_whole();
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+SELECT count(*) AS by_expr FROM earmark.budget WHERE used + held = 27;
+SELECT count(*) AS by_partial_after FROM earmark.budget WHERE account = 'acme' AND held > 25;
+RESET enable_seqscan;
+RESET enable_bitmapscan;
 DROP INDEX earmark.direct_write_expr;
 DROP INDEX earmark.direct_write_partial;
 
@@ -97,6 +111,39 @@ ALTER TABLE earmark.budget ALTER CONSTRAINT :"fk" NOT DEFERRABLE;
 SELECT admitted, remaining FROM earmark_reserve('acme', 1, 'h');
 SELECT used, held FROM earmark.budget WHERE account = 'acme';
 SELECT * FROM pg_temp.budget_indexes_whole();
+
+-- 6. the job row, charged and settled from C: its partial indexes (job_open
+-- for open holds, job_entry for charged ones) hold exactly the versions
+-- their predicates take (an index scan counts what a sequential scan does),
+-- and every index holds every version it should
+SELECT admitted FROM earmark_reserve('acme', 40, 'j1');
+SELECT admitted FROM earmark_reserve('acme', 40, 'j2');
+SELECT charged, capped FROM earmark_charge('acme', (SELECT job_id FROM earmark.job WHERE idempotency_key = 'j1'), 15);
+SELECT charged, capped FROM earmark_charge('acme', (SELECT job_id FROM earmark.job WHERE idempotency_key = 'j2'), 5);
+SELECT status, charged FROM earmark_settle('acme', (SELECT job_id FROM earmark.job WHERE idempotency_key = 'j1'), NULL);
+SELECT status, charged FROM earmark_settle('acme', (SELECT job_id FROM earmark.job WHERE idempotency_key = 'j2'), 0);
+CREATE TEMP TABLE job_counts AS
+  SELECT count(*) FILTER (WHERE status IN ('running', 'capped')) AS open,
+         count(*) FILTER (WHERE charged > 0) AS charged
+    FROM earmark.job WHERE account = 'acme' AND budget_id = 1;
+SELECT * FROM job_counts;
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+EXPLAIN (COSTS OFF) SELECT count(*) FROM earmark.job WHERE account = 'acme' AND budget_id = 1
+   AND status IN ('running', 'capped');
+EXPLAIN (COSTS OFF) SELECT count(*) FROM earmark.job WHERE account = 'acme' AND budget_id = 1
+   AND charged > 0;
+SELECT (SELECT count(*) FROM earmark.job WHERE account = 'acme' AND budget_id = 1
+         AND status IN ('running', 'capped')) = open AS job_open_exact,
+       (SELECT count(*) FROM earmark.job WHERE account = 'acme' AND budget_id = 1
+         AND charged > 0) = charged AS job_entry_exact
+  FROM job_counts;
+RESET enable_seqscan;
+RESET enable_bitmapscan;
+SELECT i.indexrelid::regclass::text AS index, bt_index_check(i.indexrelid, true)::text = '' AS whole
+  FROM pg_index i WHERE i.indrelid = 'earmark.job'::regclass ORDER BY 1;
+SELECT idempotency_key, status, used, charged, released FROM earmark.job
+ WHERE idempotency_key IN ('j1', 'j2') ORDER BY 1;
 
 DROP TABLE direct_write_log;
 DROP FUNCTION direct_write_seen();

@@ -174,7 +174,7 @@ typedef struct BudgetChange
 	int64		held;			/* set: held; moved: released, out of held */
 } BudgetChange;
 
-static void
+static bool
 change_numbers(Datum *values, bool *nulls, void *arg)
 {
 	BudgetChange *c = (BudgetChange *) arg;
@@ -190,6 +190,7 @@ change_numbers(Datum *values, bool *nulls, void *arg)
 	values[0] = Int64GetDatum(used);
 	values[1] = Int64GetDatum(held);
 	nulls[0] = nulls[1] = false;
+	return true;
 }
 
 /* the change by index from C; false when the SQL must make it */

@@ -457,13 +457,20 @@ em_direct_lock(EmDirect *d, Datum *keys, Datum *values, bool *nulls)
  * ---------------------------------------------------------------------
  */
 
+/* how many of d's columns a write changes: the first ones */
+static int
+nwritten(EmDirect *d)
+{
+	return d->nwrite > 0 ? d->nwrite : d->ncols;
+}
+
 /* attribute att is one of the columns a write of d changes */
 static bool
 written(EmDirect *d, AttrNumber att)
 {
 	int			i;
 
-	for (i = 0; i < d->ncols; i++)
+	for (i = 0; i < nwritten(d); i++)
 		if (d->attnums[i] == att)
 			return true;
 	return false;
@@ -509,8 +516,7 @@ update_trigger_matters(EmDirect *d, Relation rel, Trigger *t)
  * constraints, stored generated columns or UPDATE triggers that matter,
  * whose written columns have the types of the caller's values (not a
  * domain, whose constraints would be checked, nor another type), and whose
- * indexes have neither expressions nor predicates, nor exclusion
- * constraints or deferred uniqueness.  Computed on d's first write after
+ * indexes have neither exclusion constraints nor deferred uniqueness.  Computed on d's first write after
  * it is resolved: any change of these sends the relcache invalidation
  * that resolves it again.  (A publication's change sends none that
  * matters here: em_direct_update checks the replica identity every time.)
@@ -529,7 +535,7 @@ writable(EmDirect *d, Relation rel)
 		return false;
 	if (constr != NULL && (constr->num_check > 0 || constr->has_generated_stored))
 		return false;
-	for (i = 0; i < d->ncols; i++)
+	for (i = 0; i < nwritten(d); i++)
 		if (TupleDescAttr(RelationGetDescr(rel), d->attnums[i] - 1)->atttypid != d->types[i])
 			return false;
 	for (i = 0; rel->trigdesc != NULL && i < rel->trigdesc->numtriggers; i++)
@@ -541,9 +547,7 @@ writable(EmDirect *d, Relation rel)
 		Relation	idx = index_open(lfirst_oid(lc), AccessShareLock);
 		Form_pg_index ind = idx->rd_index;
 
-		if (!heap_attisnull(idx->rd_indextuple, Anum_pg_index_indexprs, NULL) ||
-			!heap_attisnull(idx->rd_indextuple, Anum_pg_index_indpred, NULL) ||
-			ind->indisexclusion || (ind->indisunique && !ind->indimmediate))
+		if (ind->indisexclusion || (ind->indisunique && !ind->indimmediate))
 			ok = false;
 		index_close(idx, NoLock);
 	}
@@ -565,14 +569,19 @@ index_unchanged(EmDirect *d, Relation idx)
 
 /*
  * An entry for the new version in each index ready for inserts, as
- * ExecInsertIndexTuples makes them for a version that is not HOT (with
- * the uniqueness check of a unique index; writable() allows no other
- * kind).
+ * ExecInsertIndexTuples makes them for a version that is not HOT: a
+ * partial index's predicate and an index's expressions evaluated on the
+ * new version (in an executor state of its own, made only when an index
+ * needs one), the uniqueness check of a unique index (writable() allows
+ * no deferred one, nor an exclusion constraint).  An index not ready for
+ * inserts yet (the first phase of CREATE INDEX CONCURRENTLY, committed
+ * while this write runs) is skipped, as the executor skips it.
  */
 static void
 insert_index_entries(EmDirect *d, Relation rel, TupleTableSlot *slot)
 {
 	List	   *indexes = RelationGetIndexList(rel);
+	EState	   *estate = NULL;
 	ListCell   *lc;
 
 	foreach(lc, indexes)
@@ -582,25 +591,25 @@ insert_index_entries(EmDirect *d, Relation rel, TupleTableSlot *slot)
 		Datum		values[INDEX_MAX_KEYS];
 		bool		isnull[INDEX_MAX_KEYS];
 
-		if (ii->ii_ReadyForInserts)
+		if (ii->ii_ReadyForInserts &&
+			(ii->ii_Expressions != NIL || ii->ii_Predicate != NIL) && estate == NULL)
 		{
-			/*
-			 * writable() refused these.  One not ready for inserts yet (the
-			 * first phase of CREATE INDEX CONCURRENTLY, committed while this
-			 * write runs) may be in the list, and is skipped as the executor
-			 * skips it; it cannot become ready while this transaction holds
-			 * RowExclusiveLock on the table, which that command waits for.
-			 */
-			if (ii->ii_Expressions != NIL || ii->ii_Predicate != NIL)
-				elog(ERROR, "earmark: index %s of earmark.%s changed during a write",
-					 RelationGetRelationName(idx), d->table);
-			FormIndexDatum(ii, slot, NULL, values, isnull);
+			estate = CreateExecutorState();
+			GetPerTupleExprContext(estate)->ecxt_scantuple = slot;
+		}
+		if (ii->ii_ReadyForInserts &&
+			(ii->ii_Predicate == NIL ||
+			 ExecQual(ExecPrepareQual(ii->ii_Predicate, estate), GetPerTupleExprContext(estate))))
+		{
+			FormIndexDatum(ii, slot, estate, values, isnull);
 			index_insert(idx, values, isnull, &slot->tts_tid, rel,
 						 idx->rd_index->indisunique ? UNIQUE_CHECK_YES : UNIQUE_CHECK_NO,
 						 index_unchanged(d, idx), ii);
 		}
 		index_close(idx, NoLock);
 	}
+	if (estate != NULL)
+		FreeExecutorState(estate);
 	list_free(indexes);
 }
 
@@ -614,23 +623,24 @@ new_version(EmDirect *d, Relation rel, TupleTableSlot *slot, Datum *values, bool
 	int			cols[EM_DIRECT_MAX_COLS];
 	int			i;
 
-	for (i = 0; i < d->ncols; i++)
+	for (i = 0; i < nwritten(d); i++)
 		cols[i] = d->attnums[i];
-	ExecStoreHeapTuple(heap_modify_tuple_by_cols(old, desc, d->ncols, cols, values, nulls),
+	ExecStoreHeapTuple(heap_modify_tuple_by_cols(old, desc, nwritten(d), cols, values, nulls),
 					   newslot, true);
 	return newslot;
 }
 
 /*
  * Replace the row version in slot (at *tid) by one whose columns fn
- * computes from it, as ExecUpdate does: table_tuple_update waits for a
+ * computes from it, unless fn finds that it does not match (the
+ * statement's WHERE clause beyond the keys), as ExecUpdate does: table_tuple_update waits for a
  * concurrent writer of the row (a HOT update when no indexed column
  * changed and the page has room; otherwise entries in the indexes follow).
  * When that writer updated the row: 40001 under REPEATABLE READ; under
  * READ COMMITTED the newest version is locked, its keys checked again
  * (EvalPlanQual's re-check), and the update is computed from it and made
  * on it.  False when the row was deleted meanwhile or its newest version
- * no longer has the keys.  No lock is taken before the update (so no WAL
+ * no longer has the keys, or fn found it does not match.  No lock is taken before the update (so no WAL
  * record of one) unless a concurrent update made it necessary.
  */
 static bool
@@ -651,7 +661,8 @@ update_row(EmDirect *d, Relation rel, Snapshot snap, TupleTableSlot *slot,
 		TM_Result	result;
 
 		copy_columns(d, rel, slot, values, nulls);
-		fn(values, nulls, arg);
+		if (!fn(values, nulls, arg))
+			return false;
 		newslot = new_version(d, rel, slot, values, nulls);
 		result = table_tuple_update(rel, tid, newslot, cid, snap, InvalidSnapshot, true,
 									&tmfd, &lockmode, &update_indexes);

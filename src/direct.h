@@ -15,7 +15,7 @@
 #include "utils/snapshot.h"
 
 #define EM_DIRECT_MAX_KEYS 3
-#define EM_DIRECT_MAX_COLS 6
+#define EM_DIRECT_MAX_COLS 10
 
 /*
  * A read of a table of schema earmark by the leading columns of one of its
@@ -34,6 +34,7 @@ typedef struct EmDirect
 	const char *keys[EM_DIRECT_MAX_KEYS];
 	int			ncols;
 	const char *cols[EM_DIRECT_MAX_COLS];
+	int			nwrite;			/* a write changes cols[0 .. nwrite - 1] (0: all) */
 	Oid			types[EM_DIRECT_MAX_COLS];	/* a write's: its values' types */
 	/* resolved */
 	bool		resolved;
@@ -67,15 +68,17 @@ extern bool em_direct_get(EmDirect *d, Datum *keys, Snapshot snap,
 extern bool em_direct_lock(EmDirect *d, Datum *keys, Datum *values, bool *nulls);
 
 /*
- * A write of one row's columns cols[] (an UPDATE without the executor,
- * direct.c): fn sets their new values from the locked row's, in place.
+ * A write of one row's columns cols[0 .. nwrite - 1] (an UPDATE without
+ * the executor, direct.c): fn is given all of cols[] of the row's version
+ * and sets the written ones' new values in place; false when the version
+ * does not match the statement's WHERE clause (nothing is written).
  */
-typedef void (*EmDirectChange) (Datum *values, bool *nulls, void *arg);
+typedef bool (*EmDirectChange) (Datum *values, bool *nulls, void *arg);
 
 typedef enum EmDirectWrite
 {
 	EM_DIRECT_UNWRITABLE,		/* the executor would do more: run the SQL */
-	EM_DIRECT_NO_ROW,			/* no row to write (an UPDATE of 0 rows) */
+	EM_DIRECT_NO_ROW,			/* no row, or none that matched (an UPDATE of 0 rows) */
 	EM_DIRECT_WRITTEN
 } EmDirectWrite;
 

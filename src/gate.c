@@ -138,6 +138,26 @@ add_interval(TimestampTz t, Interval *i)
 												   IntervalPGetDatum(i)));
 }
 
+/* t + i on the UTC calendar, as LEASE_FROM computes it */
+static TimestampTz
+add_interval_utc(TimestampTz t, Interval *i)
+{
+	/* a timestamptz's value is its UTC wall clock as a timestamp */
+	return DatumGetTimestamp(DirectFunctionCall2(timestamp_pl_interval,
+												 TimestampGetDatum(t),
+												 IntervalPGetDatum(i)));
+}
+
+/* a text column's value is s (bytes: the statements' = on a deterministic collation) */
+static bool
+text_is(Datum t, const char *s)
+{
+	text	   *v = DatumGetTextPP(t);
+	size_t		len = strlen(s);
+
+	return VARSIZE_ANY_EXHDR(v) == len && memcmp(VARDATA_ANY(v), s, len) == 0;
+}
+
 static void
 check_positive(int64 v, const char *what)
 {
@@ -1188,6 +1208,87 @@ typedef struct Charge
 } Charge;
 
 /*
+ * charge_fits from C on a single node (direct.c): its WHERE clause is
+ * tested in charge_fit on the version the UPDATE would update (and on the
+ * newest one after a concurrent update), and its SET clause computed
+ * there.  The first three columns are written.
+ */
+static EmDirect job_charge = {
+	.table = "job", .nkeys = 2, .keys = {"account", "job_id"},
+	.ncols = 6, .cols = {"used", "last_step", "lease_until", "status", "amount", "lease"},
+	.nwrite = 3, .types = {INT8OID, INT8OID, TIMESTAMPTZOID}
+};
+
+typedef struct ChargeFit
+{
+	int64		tokens;
+	bool		has_step;
+	int64		step;
+	TimestampTz now;
+	int64		room;			/* amount - used after the charge */
+} ChargeFit;
+
+static bool
+charge_fit(Datum *v, bool *n, void *arg)
+{
+	ChargeFit  *c = (ChargeFit *) arg;
+	int64		used = DatumGetInt64(v[0]);
+	TimestampTz lease_until = DatumGetTimestampTz(v[2]);
+	int64		amount = DatumGetInt64(v[4]);
+	TimestampTz renewed;
+
+	if (!text_is(v[3], "running") || lease_until < c->now || c->tokens > amount - used ||
+		(c->has_step && !n[1] && c->step <= DatumGetInt64(v[1])))
+		return false;
+	v[0] = Int64GetDatum(used + c->tokens);
+	if (c->has_step)
+	{
+		v[1] = Int64GetDatum(c->step);
+		n[1] = false;
+	}
+	renewed = add_interval_utc(c->now, DatumGetIntervalP(v[5]));
+	v[2] = TimestampTzGetDatum(Max(lease_until, renewed));
+	c->room = amount - (used + c->tokens);
+	return true;
+}
+
+/*
+ * The charge that fits, in one write: from C on a single node, else
+ * charge_fits; false when the job does not match (the general path
+ * follows).
+ */
+static bool
+charge_fitting(text *account, int64 job_id, int64 tokens, bool has_step,
+			   int64 step, TimestampTz now, Charge *c)
+{
+	ChargeFit	fit = {tokens, has_step, step, now, 0};
+	Datum		args[5];
+	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(job_id);
+	if (!em_distributed())
+	{
+		EmDirectWrite w = em_direct_update(&job_charge, args, charge_fit, &fit);
+
+		if (w != EM_DIRECT_UNWRITABLE)
+		{
+			c->room = fit.room;
+			return w == EM_DIRECT_WRITTEN;
+		}
+	}
+	args[2] = Int64GetDatum(tokens);
+	args[3] = Int64GetDatum(step);
+	nulls[3] = has_step ? ' ' : 'n';
+	args[4] = TimestampTzGetDatum(now);
+	em_exec(&charge_fits, args, nulls, 1);
+	if (SPI_processed != 1)
+		return false;
+	c->room = em_get_int64(0, 1, 0);
+	return true;
+}
+
+/*
  * The general path: capped, a repeated step, a dead lease, settled, or
  * unknown; the job row locked.
  */
@@ -1244,8 +1345,6 @@ charge_body(PG_FUNCTION_ARGS)
 	bool		has_step;
 	int64		step;
 	TimestampTz now = GetCurrentTimestamp();
-	Datum		args[5];
-	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
 	Charge		c = {0, false, 0, "running"};
 	Datum		values[4];
 	bool		rnulls[4] = {false, false, false, false};
@@ -1269,18 +1368,8 @@ charge_body(PG_FUNCTION_ARGS)
 				 errhint("Number a job's steps from 0 or 1 upward.")));
 
 	SPI_connect();
-	args[0] = PointerGetDatum(account);
-	args[1] = Int64GetDatum(job_id);
-	args[2] = Int64GetDatum(tokens);
-	args[3] = Int64GetDatum(step);
-	nulls[3] = has_step ? ' ' : 'n';
-	args[4] = TimestampTzGetDatum(now);
-	em_exec(&charge_fits, args, nulls, 1);
-	if (SPI_processed == 1)
-	{
+	if (charge_fitting(account, job_id, tokens, has_step, step, now, &c))
 		c.charged = tokens;
-		c.room = em_get_int64(0, 1, 0);
-	}
 	else
 		charge_locked(account, job_id, tokens, has_step, step, now, &c);
 	SPI_finish();
@@ -1542,7 +1631,117 @@ static EmStatement job_status = {
 };
 
 /*
- * Settle the job (settle_job) and write what follows from it; *s is the
+ * settle_job from C on a single node (direct.c): its WHERE clause (the job
+ * open) is tested in settle_fit on the version the UPDATE would update
+ * (and on the newest one after a concurrent update), its SET clause
+ * computed there, and what its RETURNING gives is kept.  The first four
+ * columns are written.
+ */
+static EmDirect job_settle = {
+	.table = "job", .nkeys = 2, .keys = {"account", "job_id"},
+	.ncols = 10, .cols = {"status", "settled_at", "charged", "released", "lease_until",
+	"used", "amount", "budget_id", "slot", "gen"},
+	.nwrite = 4, .types = {TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID}
+};
+
+typedef struct SettleFit
+{
+	TimestampTz now;
+	const char *outcome;
+	bool		has_used;
+	int64		used;
+	Job			j;				/* RETURNING's budget_id, amount, slot, gen */
+	Settle		s;				/* and its status, charged, released */
+} SettleFit;
+
+static bool
+settle_fit(Datum *v, bool *n, void *arg)
+{
+	SettleFit  *f = (SettleFit *) arg;
+	bool		dead = DatumGetTimestampTz(v[4]) < f->now;
+	int64		amount = DatumGetInt64(v[6]);
+	int64		charged = (dead || !f->has_used) ? DatumGetInt64(v[5]) : f->used;
+
+	if (!text_is(v[0], "running") && !text_is(v[0], "capped"))
+		return false;
+	charged = Min(charged, amount);
+	f->s.status = status_const(dead ? "expired" : f->outcome);
+	f->s.charged = charged;
+	f->s.released = amount - charged;
+	memset(&f->j, 0, sizeof(Job));
+	f->j.budget_id = DatumGetInt64(v[7]);
+	f->j.amount = amount;
+	f->j.has_slot = !n[8];
+	f->j.has_gen = !n[9];
+	f->j.gen = n[9] ? 0 : DatumGetInt64(v[9]);
+	v[0] = CStringGetTextDatum(f->s.status);
+	v[1] = TimestampTzGetDatum(f->now);
+	v[2] = Int64GetDatum(charged);
+	v[3] = Int64GetDatum(amount - charged);
+	n[0] = n[1] = n[2] = n[3] = false;
+	return true;
+}
+
+/* settle_job's RETURNING row into *j and *s */
+static void
+settled_from_spi(Job *j, Settle *s)
+{
+	bool		isnull;
+	Datum		d;
+
+	memset(j, 0, sizeof(Job));
+	j->budget_id = em_get_int64(0, SJ_BUDGET_ID, 0);
+	j->amount = em_get_int64(0, SJ_AMOUNT, 0);
+	s->status = status_const(TextDatumGetCString(em_get(0, SJ_STATUS, &isnull)));
+	s->charged = em_get_int64(0, SJ_CHARGED, 0);
+	s->released = em_get_int64(0, SJ_RELEASED, 0);
+	(void) em_get(0, SJ_SLOT, &isnull);
+	j->has_slot = !isnull;
+	d = em_get(0, SJ_GEN, &isnull);
+	j->has_gen = !isnull;
+	j->gen = isnull ? 0 : DatumGetInt64(d);
+}
+
+/*
+ * The job's settlement in one write: from C on a single node, else
+ * settle_job; false when the job is not open (or not there), and then *j
+ * and *s are left alone.
+ */
+static bool
+settle_write(text *account, int64 job_id, bool has_used, int64 used,
+			 const char *outcome, TimestampTz now, Job *j, Settle *s)
+{
+	SettleFit	fit = {now, outcome, has_used, used};
+	Datum		args[5];
+	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(job_id);
+	if (!em_distributed())
+	{
+		EmDirectWrite w = em_direct_update(&job_settle, args, settle_fit, &fit);
+
+		if (w == EM_DIRECT_WRITTEN)
+		{
+			*j = fit.j;
+			*s = fit.s;
+		}
+		if (w != EM_DIRECT_UNWRITABLE)
+			return w == EM_DIRECT_WRITTEN;
+	}
+	args[2] = TimestampTzGetDatum(now);
+	args[3] = CStringGetTextDatum(outcome);
+	args[4] = Int64GetDatum(used);
+	nulls[4] = has_used ? ' ' : 'n';
+	em_exec(&settle_job, args, nulls, 1);
+	if (SPI_processed != 1)
+		return false;
+	settled_from_spi(j, s);
+	return true;
+}
+
+/*
+ * Settle the job (settle_write) and write what follows from it; *s is the
  * answer.  A job found closed answers its status, charging and releasing
  * nothing.  (Its status never goes back to open; the loop only covers a
  * job that a concurrent reserve committed between the two statements,
@@ -1552,23 +1751,14 @@ static void
 settle_job_now(text *account, int64 job_id, bool has_used, int64 used,
 			   const char *outcome, TimestampTz now, Settle *s)
 {
-	Datum		args[5];
-	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+	Datum		args[2];
 	bool		isnull;
 	Job			j;
-	Datum		d;
 
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(job_id);
-	args[2] = TimestampTzGetDatum(now);
-	args[3] = CStringGetTextDatum(outcome);
-	args[4] = Int64GetDatum(used);
-	nulls[4] = has_used ? ' ' : 'n';
-	for (;;)
+	while (!settle_write(account, job_id, has_used, used, outcome, now, &j, s))
 	{
-		em_exec(&settle_job, args, nulls, 1);
-		if (SPI_processed == 1)
-			break;
 		em_exec(&job_status, args, NULL, 1);
 		if (SPI_processed == 0)
 			unknown_job(account, job_id);
@@ -1576,17 +1766,6 @@ settle_job_now(text *account, int64 job_id, bool has_used, int64 used,
 		if (!is_open(s->status))
 			return;
 	}
-	memset(&j, 0, sizeof(j));
-	j.budget_id = em_get_int64(0, SJ_BUDGET_ID, 0);
-	j.amount = em_get_int64(0, SJ_AMOUNT, 0);
-	s->status = status_const(TextDatumGetCString(em_get(0, SJ_STATUS, &isnull)));
-	s->charged = em_get_int64(0, SJ_CHARGED, 0);
-	s->released = em_get_int64(0, SJ_RELEASED, 0);
-	(void) em_get(0, SJ_SLOT, &isnull);
-	j.has_slot = !isnull;
-	d = em_get(0, SJ_GEN, &isnull);
-	j.has_gen = !isnull;
-	j.gen = isnull ? 0 : DatumGetInt64(d);
 	write_settlement(account, &j, s);
 }
 
