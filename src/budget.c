@@ -157,9 +157,10 @@ em_budget_create(text *account, text *feature, TimestampTz start,
 
 /*
  * The budget row's numbers written by index from C on a single node
- * (direct.c: the row locked as the UPDATE would lock it, a new version,
- * no executor); write_budget and release_budget through SPI on Citus, or
- * where the table has something the executor would have to run.
+ * (direct.c: a new version of the row as the UPDATE would make it, with
+ * its wait and re-check, no executor); write_budget and release_budget
+ * through SPI on Citus, or where the table has something the executor
+ * would have to run.
  */
 static EmDirect budget_numbers = {
 	.table = "budget", .nkeys = 2, .keys = {"account", "budget_id"},

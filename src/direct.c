@@ -20,13 +20,18 @@
  *	  READ COMMITTED, 40001 under REPEATABLE READ).
  *
  *	  One write, em_direct_update: an UPDATE of one row's columns by its
- *	  keys, as the executor would make it (the row locked as above, a new
- *	  version by table_tuple_update, index entries when it is not HOT),
- *	  only for a table where the executor would do nothing more: no
- *	  trigger that an UPDATE of those columns fires, no rule, row security,
- *	  CHECK constraint, stored generated column, nor an index with an
- *	  expression, a predicate, an exclusion constraint or deferred
- *	  uniqueness (writable(); otherwise the caller runs its SQL).
+ *	  keys, as ExecUpdate makes it: the version the statement's snapshot
+ *	  sees, a new version by table_tuple_update (HOT when no indexed
+ *	  column changed and the page has room), READ COMMITTED's re-check on
+ *	  the newest version after a concurrent update (EvalPlanQual's), 40001
+ *	  under REPEATABLE READ, and index entries when it is not HOT (a
+ *	  partial index's predicate and an index's expressions evaluated as
+ *	  ExecInsertIndexTuples evaluates them).  The caller's function is the
+ *	  statement's WHERE clause beyond the keys and its SET clause.  Only for
+ *	  a table where the executor would do nothing more: no trigger that an
+ *	  UPDATE of those columns fires, no rule, row security, CHECK
+ *	  constraint, stored generated column, exclusion constraint or
+ *	  deferred uniqueness (writable(); otherwise the caller runs its SQL).
  *
  *	  Only for a single node's own tables: on Citus the tables are shells
  *	  and the rows are in shards, so the callers use SPI there
@@ -35,9 +40,10 @@
  *	  Locks: AccessShareLock on the table and the index, held to the end of
  *	  the transaction, as a SELECT takes them (RowShareLock on the table
  *	  and the row lock for em_direct_lock, as SELECT ... FOR UPDATE;
- *	  RowExclusiveLock on the table and the indexes it writes, and the row
- *	  lock FOR NO KEY UPDATE, for em_direct_update, as an UPDATE that
- *	  changes no key column).
+ *	  RowExclusiveLock on the table and the indexes it writes for
+ *	  em_direct_update, and the row lock an UPDATE that changes no key
+ *	  column takes, FOR NO KEY UPDATE, only when a concurrent update makes
+ *	  it re-check; the new version's xmax otherwise).
  *
  *-------------------------------------------------------------------------
  */
@@ -676,9 +682,12 @@ update_row(EmDirect *d, Relation rel, Snapshot snap, TupleTableSlot *slot,
 		if (IsolationUsesXactSnapshot())
 			ereport(ERROR,
 					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 result == TM_Deleted ?
+					 errmsg("could not serialize access due to concurrent delete") :
 					 errmsg("could not serialize access due to concurrent update")));
 		if (result == TM_Deleted)
 			return false;
+		ExecClearTuple(slot);	/* the lock fills it with the version it locks */
 		result = table_tuple_lock(rel, tid, snap, slot, cid, lockmode, LockWaitBlock,
 								  TUPLE_LOCK_FLAG_FIND_LAST_VERSION, &tmfd);
 		if (result == TM_Deleted)

@@ -41,6 +41,13 @@
  *	  computed from a column is done in UTC timestamps, which Citus accepts
  *	  in an UPDATE (timestamptz + interval is only STABLE).
  *
+ *	  On a single node the charge that fits (charge_fits) and the
+ *	  settlement (settle_job) update the job row from C (direct.c,
+ *	  em_direct_update), as those statements would, with their locks: the
+ *	  statement's WHERE clause and SET clause are charge_fit and settle_fit
+ *	  below; on Citus, or where the table has something the executor would
+ *	  run, the statements run.
+ *
  *	  Time is the wall clock (GetCurrentTimestamp), not the transaction
  *	  start: a lease that passes inside a long transaction has passed.
  *
