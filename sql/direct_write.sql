@@ -14,7 +14,8 @@
 -- 3. a trigger on the budget row: it fires;
 -- 4. a CHECK constraint: checked (23514), nothing written;
 -- 5. a foreign key made deferrable: the write still works;
--- 6. the job row's partial indexes after charges and settlements.
+-- 6. the job row's partial indexes after charges and settlements;
+-- 7. an index expression evaluated under the statement's snapshot.
 SET client_min_messages = warning;
 SET earmark.rate_limit = 0;
 SET earmark.lease = '1h';
@@ -144,6 +145,31 @@ SELECT i.indexrelid::regclass::text AS index, bt_index_check(i.indexrelid, true)
   FROM pg_index i WHERE i.indrelid = 'earmark.job'::regclass ORDER BY 1;
 SELECT idempotency_key, status, used, charged, released FROM earmark.job
  WHERE idempotency_key IN ('j1', 'j2') ORDER BY 1;
+
+-- 7. an index expression runs under the statement's snapshot, as in the
+-- executor's UPDATE: a function that reads another table (declared
+-- IMMUTABLE, wrongly) sees each earlier settlement's release of the same
+-- call (held 3, 2, 1), not the snapshot of the call's caller (3, 3, 3)
+SELECT earmark_set_limit('peek', 1000) IS NULL AS set;
+CREATE FUNCTION direct_write_peek(s text) RETURNS text LANGUAGE plpgsql IMMUTABLE AS $f$
+DECLARE
+  n bigint;
+BEGIN
+  IF s = 'completed' THEN
+    SELECT held INTO n FROM earmark.budget WHERE account = 'peek';
+    RAISE NOTICE 'held seen: %', n;
+  END IF;
+  RETURN s;
+END
+$f$;
+CREATE INDEX direct_write_peek ON earmark.job (public.direct_write_peek(status));
+SELECT array_agg(job_id ORDER BY job_id) AS peek_jobs
+  FROM earmark_reserve_many('peek', ARRAY[1, 1, 1]::bigint[], ARRAY['p1', 'p2', 'p3']) \gset
+SET client_min_messages = notice;
+SELECT status FROM earmark_settle_many('peek', :'peek_jobs') ORDER BY job_id;
+SET client_min_messages = warning;
+DROP INDEX earmark.direct_write_peek;
+DROP FUNCTION direct_write_peek(text);
 
 DROP TABLE direct_write_log;
 DROP FUNCTION direct_write_seen();

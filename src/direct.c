@@ -520,9 +520,12 @@ update_trigger_matters(EmDirect *d, Relation rel, Trigger *t)
  * Whether an UPDATE of d's columns by the executor would do nothing that
  * update_row does not: a plain table without rules, row security, CHECK
  * constraints, stored generated columns or UPDATE triggers that matter,
- * whose written columns have the types of the caller's values (not a
- * domain, whose constraints would be checked, nor another type), and whose
- * indexes have neither exclusion constraints nor deferred uniqueness.  Computed on d's first write after
+ * whose columns have the types the caller reads and writes (not a
+ * domain, whose constraints would be checked, nor another type), are NOT
+ * NULL where the caller does not look for a null, and compare by bytes
+ * (a deterministic collation, as the caller's tests compare them), and
+ * whose indexes have neither exclusion constraints nor deferred
+ * uniqueness.  Computed on d's first write after
  * it is resolved: any change of these sends the relcache invalidation
  * that resolves it again.  (A publication's change sends none that
  * matters here: em_direct_update checks the replica identity every time.)
@@ -541,9 +544,14 @@ writable(EmDirect *d, Relation rel)
 		return false;
 	if (constr != NULL && (constr->num_check > 0 || constr->has_generated_stored))
 		return false;
-	for (i = 0; i < nwritten(d); i++)
-		if (TupleDescAttr(RelationGetDescr(rel), d->attnums[i] - 1)->atttypid != d->types[i])
+	for (i = 0; i < d->ncols; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(RelationGetDescr(rel), d->attnums[i] - 1);
+
+		if (att->atttypid != d->types[i] || !(att->attnotnull || d->nullok[i]) ||
+			(OidIsValid(att->attcollation) && !get_collation_isdeterministic(att->attcollation)))
 			return false;
+	}
 	for (i = 0; rel->trigdesc != NULL && i < rel->trigdesc->numtriggers; i++)
 		if (update_trigger_matters(d, rel, &rel->trigdesc->triggers[i]))
 			return false;
@@ -561,15 +569,23 @@ writable(EmDirect *d, Relation rel)
 	return ok;
 }
 
-/* an index's columns (INCLUDE ones too) are none of those d's write changes */
+/*
+ * The hint ExecInsertIndexTuples gives (index_unchanged_by_update): an
+ * index's columns (INCLUDE ones too) are none of those d's write changes.
+ */
 static bool
 index_unchanged(EmDirect *d, Relation idx)
 {
 	int			i;
 
 	for (i = 0; i < idx->rd_index->indnatts; i++)
-		if (written(d, idx->rd_index->indkey.values[i]))
+	{
+		AttrNumber	att = idx->rd_index->indkey.values[i];
+
+		/* an expression's columns are not looked into: a change, maybe */
+		if (att == 0 || written(d, att))
 			return false;
+	}
 	return true;
 }
 
@@ -739,8 +755,11 @@ em_direct_update(EmDirect *d, Datum *keys, EmDirectChange fn, void *arg)
 	/* as ExecInitModifyTable: a published table needs its replica identity */
 	CheckCmdReplicaIdentity(rel, CMD_UPDATE);
 	slot = table_slot_create(rel, NULL);
+	/* the statement's snapshot, for what the index expressions run */
+	PushActiveSnapshot(snap);
 	found = scan_first_row(d, rel, keys, snap, slot, &tid, keyatts) &&
 		update_row(d, rel, snap, slot, &tid, keys, keyatts, fn, arg);
+	PopActiveSnapshot();
 	ExecDropSingleTupleTableSlot(slot);
 	table_close(rel, NoLock);
 	em_direct_release(snap);

@@ -35,7 +35,9 @@ typedef struct EmDirect
 	int			ncols;
 	const char *cols[EM_DIRECT_MAX_COLS];
 	int			nwrite;			/* a write changes cols[0 .. nwrite - 1] (0: all) */
-	Oid			types[EM_DIRECT_MAX_COLS];	/* a write's: its values' types */
+	/* a write's: every column's type, and which may be NULL */
+	Oid			types[EM_DIRECT_MAX_COLS];
+	bool		nullok[EM_DIRECT_MAX_COLS];
 	/* resolved */
 	bool		resolved;
 	bool		listed;			/* in direct.c's list */

@@ -155,7 +155,10 @@ add_interval_utc(TimestampTz t, Interval *i)
 												 IntervalPGetDatum(i)));
 }
 
-/* a text column's value is s (bytes: the statements' = on a deterministic collation) */
+/*
+ * A text column's value is s: compared by bytes, as the statements' = on
+ * a deterministic collation (direct.c's writable() checks the column's).
+ */
 static bool
 text_is(Datum t, const char *s)
 {
@@ -1223,7 +1226,8 @@ typedef struct Charge
 static EmDirect job_charge = {
 	.table = "job", .nkeys = 2, .keys = {"account", "job_id"},
 	.ncols = 6, .cols = {"used", "last_step", "lease_until", "status", "amount", "lease"},
-	.nwrite = 3, .types = {INT8OID, INT8OID, TIMESTAMPTZOID}
+	.nwrite = 3, .types = {INT8OID, INT8OID, TIMESTAMPTZOID, TEXTOID, INT8OID, INTERVALOID},
+	.nullok = {[1] = true}
 };
 
 typedef struct ChargeFit
@@ -1648,7 +1652,9 @@ static EmDirect job_settle = {
 	.table = "job", .nkeys = 2, .keys = {"account", "job_id"},
 	.ncols = 10, .cols = {"status", "settled_at", "charged", "released", "lease_until",
 	"used", "amount", "budget_id", "slot", "gen"},
-	.nwrite = 4, .types = {TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID}
+	.nwrite = 4, .types = {TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID, TIMESTAMPTZOID,
+	INT8OID, INT8OID, INT8OID, INT4OID, INT8OID},
+	.nullok = {[1] = true, [2] = true, [3] = true, [8] = true, [9] = true}
 };
 
 typedef struct SettleFit
