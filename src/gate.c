@@ -1263,6 +1263,20 @@ charge_fit(Datum *v, bool *n, void *arg)
 	return true;
 }
 
+/* a job row's write from C (direct.c); EM_DIRECT_UNWRITABLE on Citus */
+static EmDirectWrite
+job_write_direct(EmDirect *d, text *account, int64 job_id, EmDirectChange fn,
+				 void *arg)
+{
+	Datum		keys[2];
+
+	if (em_distributed())
+		return EM_DIRECT_UNWRITABLE;
+	keys[0] = PointerGetDatum(account);
+	keys[1] = Int64GetDatum(job_id);
+	return em_direct_update(d, keys, fn, arg);
+}
+
 /*
  * The charge that fits, in one write: from C on a single node, else
  * charge_fits; false when the job does not match (the general path
@@ -1273,21 +1287,17 @@ charge_fitting(text *account, int64 job_id, int64 tokens, bool has_step,
 			   int64 step, TimestampTz now, Charge *c)
 {
 	ChargeFit	fit = {tokens, has_step, step, now, 0};
+	EmDirectWrite w = job_write_direct(&job_charge, account, job_id, charge_fit, &fit);
 	Datum		args[5];
 	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
 
+	if (w != EM_DIRECT_UNWRITABLE)
+	{
+		c->room = fit.room;
+		return w == EM_DIRECT_WRITTEN;
+	}
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(job_id);
-	if (!em_distributed())
-	{
-		EmDirectWrite w = em_direct_update(&job_charge, args, charge_fit, &fit);
-
-		if (w != EM_DIRECT_UNWRITABLE)
-		{
-			c->room = fit.room;
-			return w == EM_DIRECT_WRITTEN;
-		}
-	}
 	args[2] = Int64GetDatum(tokens);
 	args[3] = Int64GetDatum(step);
 	nulls[3] = has_step ? ' ' : 'n';
@@ -1725,23 +1735,19 @@ settle_write(text *account, int64 job_id, bool has_used, int64 used,
 			 const char *outcome, TimestampTz now, Job *j, Settle *s)
 {
 	SettleFit	fit = {now, outcome, has_used, used};
+	EmDirectWrite w = job_write_direct(&job_settle, account, job_id, settle_fit, &fit);
 	Datum		args[5];
 	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
 
+	if (w == EM_DIRECT_WRITTEN)
+	{
+		*j = fit.j;
+		*s = fit.s;
+	}
+	if (w != EM_DIRECT_UNWRITABLE)
+		return w == EM_DIRECT_WRITTEN;
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(job_id);
-	if (!em_distributed())
-	{
-		EmDirectWrite w = em_direct_update(&job_settle, args, settle_fit, &fit);
-
-		if (w == EM_DIRECT_WRITTEN)
-		{
-			*j = fit.j;
-			*s = fit.s;
-		}
-		if (w != EM_DIRECT_UNWRITABLE)
-			return w == EM_DIRECT_WRITTEN;
-	}
 	args[2] = TimestampTzGetDatum(now);
 	args[3] = CStringGetTextDatum(outcome);
 	args[4] = Int64GetDatum(used);
