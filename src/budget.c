@@ -164,7 +164,7 @@ em_budget_create(text *account, text *feature, TimestampTz start,
  */
 static EmDirect budget_numbers = {
 	.table = "budget", .nkeys = 2, .keys = {"account", "budget_id"},
-	.ncols = 2, .cols = {"used", "held"}, .types = {INT8OID, INT8OID}
+	.ncols = 2, .cols = {"used", "held"}, .nwrite = 2, .types = {INT8OID, INT8OID}
 };
 
 /* the new numbers: set (write_budget) or moved (release_budget) */
@@ -200,8 +200,6 @@ budget_change_direct(text *account, int64 budget_id, BudgetChange *c)
 {
 	Datum		keys[2];
 
-	if (em_distributed())
-		return false;
 	keys[0] = PointerGetDatum(account);
 	keys[1] = Int64GetDatum(budget_id);
 	return em_direct_update(&budget_numbers, keys, change_numbers, c) != EM_DIRECT_UNWRITABLE;

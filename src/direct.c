@@ -34,8 +34,9 @@
  *	  deferred uniqueness (writable(); otherwise the caller runs its SQL).
  *
  *	  Only for a single node's own tables: on Citus the tables are shells
- *	  and the rows are in shards, so the callers use SPI there
- *	  (em_distributed, cluster.c).
+ *	  and the rows are in shards, so the callers read by SPI there
+ *	  (em_distributed, cluster.c), and em_direct_update sends them to
+ *	  their SQL.
  *
  *	  Locks: AccessShareLock on the table and the index, held to the end of
  *	  the transaction, as a SELECT takes them (RowShareLock on the table
@@ -75,12 +76,12 @@
 #include "utils/relcache.h"
 #include "utils/snapmgr.h"
 
+#include "cluster.h"
 #include "direct.h"
 
 /* every read resolved so far, for the invalidation callback */
 static EmDirect *resolved_reads = NULL;
 static bool callback_registered = false;
-
 
 static void
 forget_reads(Datum arg, Oid relid)
@@ -258,6 +259,38 @@ em_direct_release(Snapshot snap)
 	UnregisterSnapshot(snap);
 }
 
+/* a scan of d's index for the rows whose keys equal keys, under snap */
+static IndexScanDesc
+begin_scan(EmDirect *d, Relation rel, Relation idx, Snapshot snap, Datum *keys)
+{
+	ScanKeyData skeys[EM_DIRECT_MAX_KEYS];
+	IndexScanDesc scan;
+	int			i;
+
+	for (i = 0; i < d->nkeys; i++)
+		ScanKeyEntryInitialize(&skeys[i], 0, i + 1, BTEqualStrategyNumber,
+							   InvalidOid, d->collation[i], d->eqproc[i], keys[i]);
+	scan = index_beginscan(rel, idx, snap, d->nkeys, 0);
+	index_rescan(scan, skeys, d->nkeys, NULL, 0);
+	return scan;
+}
+
+/* d's columns of the row in slot, copied into the current memory context */
+static void
+copy_columns(EmDirect *d, Relation rel, TupleTableSlot *slot, Datum *values, bool *nulls)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	int			i;
+
+	for (i = 0; i < d->ncols; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, d->attnums[i] - 1);
+		Datum		v = slot_getattr(slot, d->attnums[i], &nulls[i]);
+
+		values[i] = nulls[i] ? (Datum) 0 : datumCopy(v, att->attbyval, att->attlen);
+	}
+}
+
 /* the scan of em_direct_scan and em_direct_get; copy: the first row only, copied */
 static int
 scan_rows(EmDirect *d, Datum *keys, Snapshot snap, EmDirectRow fn, void *arg,
@@ -266,37 +299,22 @@ scan_rows(EmDirect *d, Datum *keys, Snapshot snap, EmDirectRow fn, void *arg,
 	Relation	rel = open_table(d, AccessShareLock);
 	Relation	idx = index_open(d->indexid, AccessShareLock);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
-	ScanKeyData skeys[EM_DIRECT_MAX_KEYS];
-	IndexScanDesc scan;
+	IndexScanDesc scan = begin_scan(d, rel, idx, snap, keys);
 	Datum		values[EM_DIRECT_MAX_COLS];
 	bool		nulls[EM_DIRECT_MAX_COLS];
 	int			n = 0;
 	int			i;
 
-	for (i = 0; i < d->nkeys; i++)
-		ScanKeyEntryInitialize(&skeys[i], 0, i + 1, BTEqualStrategyNumber,
-							   InvalidOid, d->collation[i], d->eqproc[i], keys[i]);
-	scan = index_beginscan(rel, idx, snap, d->nkeys, 0);
-	index_rescan(scan, skeys, d->nkeys, NULL, 0);
 	while (index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
 		n++;
-		for (i = 0; i < d->ncols; i++)
-			values[i] = slot_getattr(slot, d->attnums[i], &nulls[i]);
 		if (copy_values)
 		{
-			TupleDesc	desc = RelationGetDescr(rel);
-
-			for (i = 0; i < d->ncols; i++)
-			{
-				Form_pg_attribute att = TupleDescAttr(desc, d->attnums[i] - 1);
-
-				copy_nulls[i] = nulls[i];
-				copy_values[i] = nulls[i] ? (Datum) 0 :
-					datumCopy(values[i], att->attbyval, att->attlen);
-			}
+			copy_columns(d, rel, slot, copy_values, copy_nulls);
 			break;
 		}
+		for (i = 0; i < d->ncols; i++)
+			values[i] = slot_getattr(slot, d->attnums[i], &nulls[i]);
 		if (!fn(values, nulls, arg))
 			break;
 	}
@@ -350,19 +368,12 @@ scan_first_row(EmDirect *d, Relation rel, Datum *keys, Snapshot snap,
 			   TupleTableSlot *slot, ItemPointer tid, AttrNumber *keyatts)
 {
 	Relation	idx = index_open(d->indexid, AccessShareLock);
-	ScanKeyData skeys[EM_DIRECT_MAX_KEYS];
-	IndexScanDesc scan;
+	IndexScanDesc scan = begin_scan(d, rel, idx, snap, keys);
 	bool		found;
 	int			i;
 
 	for (i = 0; i < d->nkeys; i++)
-	{
-		ScanKeyEntryInitialize(&skeys[i], 0, i + 1, BTEqualStrategyNumber,
-							   InvalidOid, d->collation[i], d->eqproc[i], keys[i]);
 		keyatts[i] = idx->rd_index->indkey.values[i];
-	}
-	scan = index_beginscan(rel, idx, snap, d->nkeys, 0);
-	index_rescan(scan, skeys, d->nkeys, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, slot);
 	if (found)
 		*tid = slot->tts_tid;	/* the slot keeps its own pin of the page */
@@ -415,22 +426,6 @@ lock_first_row(EmDirect *d, Relation rel, Datum *keys, Snapshot snap,
 	return false;				/* keep compiler quiet */
 }
 
-/* d's columns of the row in slot, copied into the current memory context */
-static void
-copy_columns(EmDirect *d, Relation rel, TupleTableSlot *slot, Datum *values, bool *nulls)
-{
-	TupleDesc	desc = RelationGetDescr(rel);
-	int			i;
-
-	for (i = 0; i < d->ncols; i++)
-	{
-		Form_pg_attribute att = TupleDescAttr(desc, d->attnums[i] - 1);
-		Datum		v = slot_getattr(slot, d->attnums[i], &nulls[i]);
-
-		values[i] = nulls[i] ? (Datum) 0 : datumCopy(v, att->attbyval, att->attlen);
-	}
-}
-
 /*
  * The first row the statement's snapshot sees by the index, locked FOR
  * UPDATE as SELECT ... FOR UPDATE locks it (ExecLockRows): RowShareLock on
@@ -463,20 +458,13 @@ em_direct_lock(EmDirect *d, Datum *keys, Datum *values, bool *nulls)
  * ---------------------------------------------------------------------
  */
 
-/* how many of d's columns a write changes: the first ones */
-static int
-nwritten(EmDirect *d)
-{
-	return d->nwrite > 0 ? d->nwrite : d->ncols;
-}
-
 /* attribute att is one of the columns a write of d changes */
 static bool
 written(EmDirect *d, AttrNumber att)
 {
 	int			i;
 
-	for (i = 0; i < nwritten(d); i++)
+	for (i = 0; i < d->nwrite; i++)
 		if (d->attnums[i] == att)
 			return true;
 	return false;
@@ -525,10 +513,10 @@ update_trigger_matters(EmDirect *d, Relation rel, Trigger *t)
  * NULL where the caller does not look for a null, and compare by bytes
  * (a deterministic collation, as the caller's tests compare them), and
  * whose indexes have neither exclusion constraints nor deferred
- * uniqueness.  Computed on d's first write after
- * it is resolved: any change of these sends the relcache invalidation
- * that resolves it again.  (A publication's change sends none that
- * matters here: em_direct_update checks the replica identity every time.)
+ * uniqueness.  Computed on d's first write after it is resolved: any
+ * change of these sends the relcache invalidation that resolves it again.
+ * (A publication's change sends none that matters here: em_direct_update
+ * checks the replica identity every time.)
  */
 static bool
 writable(EmDirect *d, Relation rel)
@@ -645,9 +633,9 @@ new_version(EmDirect *d, Relation rel, TupleTableSlot *slot, Datum *values, bool
 	int			cols[EM_DIRECT_MAX_COLS];
 	int			i;
 
-	for (i = 0; i < nwritten(d); i++)
+	for (i = 0; i < d->nwrite; i++)
 		cols[i] = d->attnums[i];
-	ExecStoreHeapTuple(heap_modify_tuple_by_cols(old, desc, nwritten(d), cols, values, nulls),
+	ExecStoreHeapTuple(heap_modify_tuple_by_cols(old, desc, d->nwrite, cols, values, nulls),
 					   newslot, true);
 	return newslot;
 }
@@ -655,14 +643,15 @@ new_version(EmDirect *d, Relation rel, TupleTableSlot *slot, Datum *values, bool
 /*
  * Replace the row version in slot (at *tid) by one whose columns fn
  * computes from it, unless fn finds that it does not match (the
- * statement's WHERE clause beyond the keys), as ExecUpdate does: table_tuple_update waits for a
- * concurrent writer of the row (a HOT update when no indexed column
- * changed and the page has room; otherwise entries in the indexes follow).
- * When that writer updated the row: 40001 under REPEATABLE READ; under
- * READ COMMITTED the newest version is locked, its keys checked again
- * (EvalPlanQual's re-check), and the update is computed from it and made
- * on it.  False when the row was deleted meanwhile or its newest version
- * no longer has the keys, or fn found it does not match.  No lock is taken before the update (so no WAL
+ * statement's WHERE clause beyond the keys), as ExecUpdate does:
+ * table_tuple_update waits for a concurrent writer of the row (a HOT
+ * update when no indexed column changed and the page has room; otherwise
+ * entries in the indexes follow).  When that writer updated the row:
+ * 40001 under REPEATABLE READ; under READ COMMITTED the newest version is
+ * locked, its keys and fn checked again (EvalPlanQual's re-check), and
+ * the update is computed from it and made on it.  False when the row was
+ * deleted meanwhile, its newest version no longer has the keys, or fn
+ * found it does not match.  No lock is taken before the update (so no WAL
  * record of one) unless a concurrent update made it necessary.
  */
 static bool
@@ -723,9 +712,9 @@ update_row(EmDirect *d, Relation rel, Snapshot snap, TupleTableSlot *slot,
  * place: the SET clause's expressions; READ COMMITTED's re-check on the
  * newest version, REPEATABLE READ's 40001, as the executor's).
  * RowExclusiveLock on the table and the indexes it writes, as an UPDATE.
- * EM_DIRECT_UNWRITABLE, before anything is locked or written, when the
- * executor would do more (writable()) or the transaction is read-only:
- * the caller then runs its SQL.  A published table whose replica identity
+ * EM_DIRECT_UNWRITABLE, before anything is locked or written, on Citus
+ * (the rows are in shards), when the executor would do more (writable())
+ * or when the transaction is read-only: the caller then runs its SQL.  A published table whose replica identity
  * cannot log the update fails as the executor's UPDATE fails.
  */
 EmDirectWrite
@@ -738,6 +727,8 @@ em_direct_update(EmDirect *d, Datum *keys, EmDirectChange fn, void *arg)
 	AttrNumber	keyatts[EM_DIRECT_MAX_KEYS];
 	bool		found;
 
+	if (em_distributed())
+		return EM_DIRECT_UNWRITABLE;
 	snap = em_direct_statement_snapshot();
 	rel = open_table(d, RowExclusiveLock);
 	if (!d->write_checked)

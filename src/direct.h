@@ -34,7 +34,7 @@ typedef struct EmDirect
 	const char *keys[EM_DIRECT_MAX_KEYS];
 	int			ncols;
 	const char *cols[EM_DIRECT_MAX_COLS];
-	int			nwrite;			/* a write changes cols[0 .. nwrite - 1] (0: all) */
+	int			nwrite;			/* a write changes cols[0 .. nwrite - 1] */
 	/* a write's: every column's type, and which may be NULL */
 	Oid			types[EM_DIRECT_MAX_COLS];
 	bool		nullok[EM_DIRECT_MAX_COLS];

@@ -1270,8 +1270,6 @@ job_write_direct(EmDirect *d, text *account, int64 job_id, EmDirectChange fn,
 {
 	Datum		keys[2];
 
-	if (em_distributed())
-		return EM_DIRECT_UNWRITABLE;
 	keys[0] = PointerGetDatum(account);
 	keys[1] = Int64GetDatum(job_id);
 	return em_direct_update(d, keys, fn, arg);
