@@ -137,15 +137,13 @@ status_const(const char *s)
 	return NULL;				/* keep compiler quiet */
 }
 
-static TimestampTz
-add_interval(TimestampTz t, Interval *i)
-{
-	return DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
-												   TimestampTzGetDatum(t),
-												   IntervalPGetDatum(i)));
-}
-
-/* t + i on the UTC calendar, as LEASE_FROM computes it */
+/*
+ * t + i on the UTC calendar, as LEASE_FROM computes it: every lease end
+ * (the reserve's, a charge's or a heartbeat's renewal, from C or SQL) is
+ * the same instant whatever the caller's TimeZone.  timestamptz + interval
+ * would add a day or a month in the session's time zone, an hour more or
+ * less across its daylight-saving change (regress test lease_calendar).
+ */
 static TimestampTz
 add_interval_utc(TimestampTz t, Interval *i)
 {
@@ -1064,7 +1062,7 @@ em_arg_lease(FunctionCallInfo fcinfo, int argno, TimestampTz now)
 		return lease;
 	}
 	lease = PG_GETARG_INTERVAL_P(argno);
-	if (add_interval(now, lease) <= now)
+	if (add_interval_utc(now, lease) <= now)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("lease must be longer than zero")));
@@ -1098,7 +1096,7 @@ reserve_body(PG_FUNCTION_ARGS)
 	r.h.now = GetCurrentTimestamp();
 	check_positive(r.h.amount, "amount");
 	r.h.lease = em_arg_lease(fcinfo, 4, r.h.now);
-	r.h.lease_until = add_interval(r.h.now, r.h.lease);
+	r.h.lease_until = add_interval_utc(r.h.now, r.h.lease);
 	r.result = &result;
 	em_require_account_local(r.h.account);
 
@@ -1340,7 +1338,7 @@ charge_locked(text *account, int64 job_id, int64 tokens, bool has_step,
 		args[3] = Int64GetDatum(step);
 		nulls[3] = has_step ? ' ' : 'n';
 		args[4] = CStringGetTextDatum(c->status);
-		args[5] = TimestampTzGetDatum(add_interval(now, j.lease));
+		args[5] = TimestampTzGetDatum(add_interval_utc(now, j.lease));
 		em_exec(&write_charge, args, nulls, 0);
 	}
 	c->room = j.amount - j.used;
@@ -2073,7 +2071,7 @@ em_reserve_one(text *account, int64 amount, text *key, text *feature,
 	r.h.feature = feature;
 	r.h.now = now;
 	r.h.lease = lease;
-	r.h.lease_until = add_interval(now, lease);
+	r.h.lease_until = add_interval_utc(now, lease);
 	r.result = &result;
 	reserve_counted(&r);
 	if (result.want_limits)
