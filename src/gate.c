@@ -13,7 +13,12 @@
  *	  Locks, and why they cannot deadlock among themselves:
  *	  - reserve locks the budget row FOR UPDATE (check and hold in one
  *	    transaction), then may expire that budget's dead holds, taking their
- *	    job rows FOR UPDATE SKIP LOCKED: it never waits for a job row.  The
+ *	    job rows FOR UPDATE SKIP LOCKED: it never waits for a job row.  Nor
+ *	    in its insert of the job: the unique check of the key waits for any
+ *	    transaction that wrote a job row with the key, a settle of a
+ *	    committed job included, so a job with the key that committed after
+ *	    the reserve's first read is looked for again once the budget row is
+ *	    locked, and answers the reserve (lock_cycle).  The
  *	    rate limit then updates the account row: budget before account, as
  *	    in earmark_set_account.  Creating a cycle's budget row first takes
  *	    the account's advisory lock shared (see account.c).  Escrow's fast
@@ -204,6 +209,16 @@ typedef struct Admission
 	bool		want_limits;	/* the limit is stale: ask the worker */
 } Admission;
 
+/* the same key's job, if there is one */
+typedef struct KeyJob
+{
+	bool		found;
+	int64		job_id;
+	int64		amount;
+	char	   *feature;
+	int64		budget_id;
+} KeyJob;
+
 /* a reserve in progress */
 typedef struct Reserve
 {
@@ -216,6 +231,7 @@ typedef struct Reserve
 	Admission  *result;
 	bool		rate_counted;	/* the rate limit counted this call */
 	int64		no_budget_remaining;	/* the limit, before the cycle's first use */
+	KeyJob		locked_key;		/* the key's job once the budget row is locked */
 } Reserve;
 
 /*
@@ -273,16 +289,6 @@ enum
 {
 	BN_USED = 1, BN_HELD, BN_LIM, BN_KNOWN, BN_RECORDED, BN_SLOTS_USED, BN_SLOTS_HELD
 };
-
-/* the same key's job, if there is one */
-typedef struct KeyJob
-{
-	bool		found;
-	int64		job_id;
-	int64		amount;
-	char	   *feature;
-	int64		budget_id;
-} KeyJob;
 
 /* what start_reserve reads: the account, its limit and the key's job */
 typedef struct StartRow
@@ -669,19 +675,23 @@ create_cycle_budget(Reserve *r)
  * Read after the budget lock, in a new snapshot: a limit or anchor change
  * committed before the lock was granted applies to this admission.  Usage
  * recorded without a hold (the cycle's counters) counts against the limit.
+ * And the key's job: one that committed while this reserve waited for the
+ * budget row answers it (lock_cycle).
  */
 static EmStatement read_limit = {
 	"SELECT l.lim, l.account IS NOT NULL, a.cycle_anchor, "
 	"       (SELECT coalesce(pg_catalog.sum(u.units), 0)::bigint FROM earmark.usage_shard u "
-	"         WHERE u.account = $1 AND u.budget_id = $3) "
+	"         WHERE u.account = $1 AND u.budget_id = $3), "
+	"       j.job_id, j.amount, j.feature, j.budget_id "
 	"FROM earmark.account a "
 	"LEFT JOIN earmark.account_limit l ON l.account = a.account AND l.feature = $2 "
+	"LEFT JOIN earmark.job j ON j.account = a.account AND j.idempotency_key = $4 "
 	"WHERE a.account = $1",
-	3, {TEXTOID, TEXTOID, INT8OID}
+	4, {TEXTOID, TEXTOID, INT8OID, TEXTOID}
 };
 enum
 {
-	RL_LIM = 1, RL_KNOWN, RL_ANCHOR, RL_RECORDED
+	RL_LIM = 1, RL_KNOWN, RL_ANCHOR, RL_RECORDED, RL_JOB_ID
 };
 
 /* what read_limit reads; !known: no account, or no limit for the feature */
@@ -693,6 +703,7 @@ typedef struct LimitRow
 	bool		has_anchor;
 	TimestampTz anchor;
 	int64		recorded;
+	KeyJob		job;			/* the key's job (only when known) */
 } LimitRow;
 
 static bool
@@ -726,6 +737,9 @@ read_limit_direct(Reserve *r, Snapshot snap, LimitRow *l)
 	keys[0] = PointerGetDatum(r->h.account);
 	keys[1] = Int64GetDatum(r->b.budget_id);
 	(void) em_direct_scan(&usage_of_cycle, keys, snap, add_units, &l->recorded);
+	/* the transaction's snapshot is start_reserve's: nothing new to find */
+	if (!IsolationUsesXactSnapshot())
+		read_key_job_direct(r, snap, &l->job);
 }
 
 /*
@@ -736,7 +750,7 @@ read_limit_direct(Reserve *r, Snapshot snap, LimitRow *l)
 static void
 read_limit_now(Reserve *r, bool latest, LimitRow *l)
 {
-	Datum		args[3];
+	Datum		args[4];
 	bool		isnull;
 	Datum		d;
 
@@ -752,6 +766,7 @@ read_limit_now(Reserve *r, bool latest, LimitRow *l)
 	args[0] = PointerGetDatum(r->h.account);
 	args[1] = PointerGetDatum(r->h.feature);
 	args[2] = Int64GetDatum(r->b.budget_id);
+	args[3] = PointerGetDatum(r->h.key);
 	if (latest)
 		em_exec_latest(&read_limit, args, NULL, 1);
 	else
@@ -765,6 +780,7 @@ read_limit_now(Reserve *r, bool latest, LimitRow *l)
 	l->has_anchor = !isnull;
 	l->anchor = isnull ? 0 : DatumGetTimestampTz(d);
 	l->recorded = em_get_int64(0, RL_RECORDED, 0);
+	key_job_from_spi(&l->job, RL_JOB_ID);
 }
 
 /*
@@ -803,6 +819,14 @@ check_limit_current(Reserve *r)
  * waited for an existing budget row: then this row is of the old cycles
  * and the hold belongs in the new anchor's cycle.  False when the limit
  * turned out unknown (answered).
+ *
+ * The same read gives the key's job as it is now (r->locked_key): a job
+ * with the key that committed after start_reserve's read, typically while
+ * this reserve waited for the budget row behind the reserve that made it.
+ * do_reserve answers with it instead of inserting: the insert's unique
+ * check would wait, with the budget row held, for any transaction that
+ * updated that job's row, such as a settle of it, which waits for the
+ * budget row next (a deadlock; isolation spec same_key_vs_settle).
  */
 static bool
 lock_cycle(Reserve *r)
@@ -839,6 +863,7 @@ lock_cycle(Reserve *r)
 	r->b.lim = l.lim;
 	r->b.unlimited = l.unlimited;
 	r->b.recorded = l.recorded;
+	r->locked_key = l.job;
 	r->result->unlimited = r->b.unlimited;
 	if (IsolationUsesXactSnapshot())
 		check_limit_current(r);
@@ -1009,6 +1034,12 @@ do_reserve(Reserve *r)
 		em_contention_enter(r->h.account, r->h.feature);
 	if (!lock_cycle(r))
 		return;
+	if (r->locked_key.found)
+	{
+		/* the key's job committed while we waited: the same key again */
+		remaining_of_budget(r->h.account, existing_job(r, &r->locked_key), r->result);
+		return;
+	}
 	if (r->auto_escrow)
 		auto_escrow(r);
 	if (r->b.slots > 0 || r->b.slot_gen > 0)
