@@ -15,7 +15,11 @@
 -- 4. a CHECK constraint: checked (23514), nothing written;
 -- 5. a foreign key made deferrable: the write still works;
 -- 6. the job row's partial indexes after charges and settlements;
--- 7. an index expression evaluated under the statement's snapshot.
+-- 7. an index expression evaluated under the statement's snapshot;
+-- 8. a row written many times in one transaction: found where the
+--    transaction last wrote it, not by an index walk past every version
+--    it made, and found by the index again when that place is gone (a
+--    savepoint rolled back, the table truncated).
 SET client_min_messages = warning;
 SET earmark.rate_limit = 0;
 SET earmark.lease = '1h';
@@ -170,6 +174,81 @@ SELECT status FROM earmark_settle_many('peek', :'peek_jobs') ORDER BY job_id;
 SET client_min_messages = warning;
 DROP INDEX earmark.direct_write_peek;
 DROP FUNCTION direct_write_peek(text);
+
+-- 8. one transaction that writes one budget row many times: each look-up
+-- of the row starts at the version the transaction last wrote (direct.c's
+-- hint), not with an index scan, which walks every version the
+-- transaction made before (they cannot be pruned before it ends): no index
+-- scan of the budget table for 50 reserves and 51 settlements after the
+-- first reserve (2 a call without the hint).  The hinted version is taken
+-- only when the snapshot sees it and it has the keys; otherwise the index
+-- is scanned: after a savepoint rolled back, after a TRUNCATE.
+SELECT earmark_set_limit('hint', 1000000) IS NULL AS set;
+CREATE FUNCTION pg_temp.budget_index_scans() RETURNS bigint LANGUAGE sql AS $$
+  SELECT sum(pg_stat_get_xact_numscans(indexrelid))::bigint
+    FROM pg_index WHERE indrelid = 'earmark.budget'::regclass
+$$;
+-- the budget row's held against its open holds
+CREATE FUNCTION pg_temp.books(a text) RETURNS TABLE (held bigint, open_holds bigint)
+LANGUAGE sql AS $$
+  SELECT b.held, (SELECT coalesce(sum(amount), 0) FROM earmark.job j
+                   WHERE j.account = b.account AND j.budget_id = b.budget_id
+                     AND j.status IN ('running', 'capped'))::bigint
+    FROM earmark.budget b WHERE b.account = a
+$$;
+BEGIN;
+SELECT admitted FROM earmark_reserve('hint', 1, 'h0');
+SELECT pg_temp.budget_index_scans() AS scans \gset
+SELECT count(*) FILTER (WHERE admitted) AS admitted
+  FROM generate_series(1, 50) i, LATERAL earmark_reserve('hint', 1, 'h' || i);
+SELECT pg_temp.budget_index_scans() - :scans AS budget_index_scans;
+SELECT * FROM pg_temp.books('hint');
+SELECT pg_temp.budget_index_scans() AS scans \gset
+SELECT count(*) AS settled FROM earmark.job j, LATERAL earmark_settle('hint', j.job_id, 0)
+ WHERE j.account = 'hint';
+SELECT pg_temp.budget_index_scans() - :scans AS budget_index_scans;
+SELECT * FROM pg_temp.books('hint');
+COMMIT;
+SELECT * FROM pg_temp.books('hint');
+
+-- a savepoint rolled back: the version it wrote is gone, the one before is found
+BEGIN;
+SELECT admitted FROM earmark_reserve('hint', 10, 'sp1');
+SAVEPOINT s;
+SELECT admitted FROM earmark_reserve('hint', 100, 'sp2');
+ROLLBACK TO SAVEPOINT s;
+SELECT admitted FROM earmark_reserve('hint', 1000, 'sp3');
+SELECT * FROM pg_temp.books('hint');
+SAVEPOINT t;
+SELECT status FROM earmark_settle('hint', (SELECT job_id FROM earmark.job WHERE idempotency_key = 'sp1'), 5);
+ROLLBACK TO SAVEPOINT t;
+SELECT status FROM earmark_settle('hint', (SELECT job_id FROM earmark.job WHERE idempotency_key = 'sp3'), 5);
+COMMIT;
+SELECT * FROM pg_temp.books('hint');
+SELECT used FROM earmark.budget WHERE account = 'hint';
+
+-- the tables truncated in the transaction (new files): the rows are found again
+BEGIN;
+SELECT admitted FROM earmark_reserve('hint', 10, 'tr1');
+TRUNCATE earmark.meter_mark, earmark.ledger_entry, earmark.job, earmark.budget_slot, earmark.budget,
+         earmark.usage_shard, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
+SELECT earmark_set_limit('hint', 1000) IS NULL AS set;
+SELECT admitted FROM earmark_reserve('hint', 10, 'tr2');
+SELECT admitted FROM earmark_reserve('hint', 20, 'tr3');
+SELECT status FROM earmark_settle('hint', (SELECT job_id FROM earmark.job WHERE idempotency_key = 'tr2'), 4);
+COMMIT;
+SELECT * FROM pg_temp.books('hint');
+SELECT used FROM earmark.budget WHERE account = 'hint';
+
+-- the same under REPEATABLE READ
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT count(*) FILTER (WHERE admitted) AS admitted
+  FROM generate_series(1, 20) i, LATERAL earmark_reserve('hint', 1, 'rr' || i);
+SELECT count(*) AS settled FROM earmark.job j, LATERAL earmark_settle('hint', j.job_id, 1)
+ WHERE j.account = 'hint' AND j.idempotency_key LIKE 'rr%';
+SELECT * FROM pg_temp.books('hint');
+COMMIT;
+SELECT used FROM earmark.budget WHERE account = 'hint';
 
 DROP TABLE direct_write_log;
 DROP FUNCTION direct_write_seen();

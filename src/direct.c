@@ -33,6 +33,13 @@
  *	  constraint, stored generated column, exclusion constraint or
  *	  deferred uniqueness (writable(); otherwise the caller runs its SQL).
  *
+ *	  The lock and the write look first where this transaction last found
+ *	  or wrote the row by the same unique index (RowHint): a transaction
+ *	  that writes one row many times would otherwise walk, at each look-up,
+ *	  every version it made before.  The version there is taken only when
+ *	  the snapshot sees it and it has the keys: then it is the one the index
+ *	  scan would return.
+ *
  *	  Only for a single node's own tables: on Citus the tables are shells
  *	  and the rows are in shards, so the callers read by SPI there
  *	  (em_distributed, cluster.c), and em_direct_update sends them to
@@ -64,11 +71,14 @@
 #include "catalog/index.h"
 #include "catalog/pg_index.h"
 #include "catalog/pg_trigger.h"
+#include "common/hashfn.h"
 #include "commands/defrem.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
 #include "executor/tuptable.h"
 #include "nodes/pg_list.h"
+#include "storage/bufmgr.h"
+#include "storage/proc.h"
 #include "utils/datum.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
@@ -253,12 +263,6 @@ em_direct_latest_snapshot(void)
 	return RegisterSnapshot(GetLatestSnapshot());
 }
 
-void
-em_direct_release(Snapshot snap)
-{
-	UnregisterSnapshot(snap);
-}
-
 /* a scan of d's index for the rows whose keys equal keys, under snap */
 static IndexScanDesc
 begin_scan(EmDirect *d, Relation rel, Relation idx, Snapshot snap, Datum *keys)
@@ -360,24 +364,185 @@ keys_hold(EmDirect *d, TupleTableSlot *slot, AttrNumber *keyatts, Datum *keys)
 }
 
 /*
+ * Where a row's version was last found or written by this transaction, by
+ * index: a hint that spares the index walk to the row.  A transaction that
+ * writes one row many times (reserves of one account: the budget row)
+ * leaves versions that cannot be pruned before it ends, and an index scan
+ * walks all of them each time (heap_hot_search_buffer), so each look-up
+ * would cost more than the one before.  A hint is only a place to look:
+ * the version there is used only when it is visible to the snapshot and
+ * has the keys (checked by the index's own equality), and a unique index
+ * lets one snapshot see at most one version with those keys, the one the
+ * index scan would find; otherwise the index is scanned.  Kept for the
+ * transaction (lxid) and the table's file (a first TRUNCATE, a CLUSTER or
+ * VACUUM FULL in it gives the table a new one); the hinted block must
+ * still be in the file (recall_row).  Only by an immediate unique index:
+ * a deferred one lets the transaction see two rows with the keys.  Not
+ * under SERIALIZABLE, where the index scan's predicate lock on the key
+ * matters.  Tests: regress direct_write section 8, review_direct_hint;
+ * isolation review_hint_vacuum.
+ */
+#define EM_DIRECT_HINTS 4
+
+typedef struct RowHint
+{
+	Oid			indexid;
+	RelFileNode node;
+	LocalTransactionId lxid;
+	uint32		keyhash;
+	ItemPointerData tid;
+} RowHint;
+
+static RowHint hints[EM_DIRECT_HINTS];
+static int	next_hint = 0;
+
+/* the index is unique on exactly the keys: one visible row at most */
+static bool
+hint_usable(EmDirect *d, Relation idx, Snapshot snap)
+{
+	return idx->rd_index->indisunique && idx->rd_index->indimmediate &&
+		idx->rd_index->indnkeyatts == d->nkeys &&
+		IsMVCCSnapshot(snap) && !IsolationIsSerializable();
+}
+
+static uint32
+key_hash(EmDirect *d, Relation rel, AttrNumber *keyatts, Datum *keys)
+{
+	uint32		h = 0;
+	int			i;
+
+	for (i = 0; i < d->nkeys; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(RelationGetDescr(rel), keyatts[i] - 1);
+
+		h = hash_combine(h, datum_image_hash(keys[i], att->attbyval, att->attlen));
+	}
+	return h;
+}
+
+static RowHint *
+find_hint(Oid indexid)
+{
+	int			i;
+
+	for (i = 0; i < EM_DIRECT_HINTS; i++)
+	{
+		if (hints[i].indexid == indexid)
+			return &hints[i];
+	}
+	return NULL;
+}
+
+static void
+remember_row(Oid indexid, Relation rel, uint32 keyhash, ItemPointer tid)
+{
+	RowHint    *h = find_hint(indexid);
+
+	if (h == NULL)
+	{
+		h = &hints[next_hint];
+		next_hint = (next_hint + 1) % EM_DIRECT_HINTS;
+	}
+	h->indexid = indexid;
+	h->node = rel->rd_node;
+	h->lxid = MyProc->lxid;
+	h->keyhash = keyhash;
+	h->tid = *tid;
+}
+
+/*
+ * An update replaced the version at old by the one at new: the hints of
+ * other indexes that pointed at it follow (the budget row is locked by one
+ * unique index and written by another).
+ */
+static void
+row_moved(Relation rel, ItemPointer old, ItemPointer new)
+{
+	int			i;
+
+	for (i = 0; i < EM_DIRECT_HINTS; i++)
+	{
+		if (hints[i].lxid == MyProc->lxid && RelFileNodeEquals(hints[i].node, rel->rd_node) &&
+			ItemPointerEquals(&hints[i].tid, old))
+			hints[i].tid = *new;
+	}
+}
+
+/* the hinted version, into slot, when it is the one the index would find */
+static bool
+recall_row(EmDirect *d, Relation rel, uint32 keyhash, Snapshot snap,
+		   TupleTableSlot *slot, AttrNumber *keyatts, Datum *keys)
+{
+	RowHint    *h = find_hint(d->indexid);
+	ItemPointerData tid;
+
+	if (h == NULL || h->lxid != MyProc->lxid || h->keyhash != keyhash ||
+		!RelFileNodeEquals(h->node, rel->rd_node))
+		return false;
+	tid = h->tid;
+
+	/*
+	 * The hinted block may be gone while the file is the same: a TRUNCATE
+	 * of a file made in the same subtransaction truncates it in place, and
+	 * a lock taken in a subtransaction that rolled back no longer keeps
+	 * VACUUM from truncating the table.  The lock open_table took keeps it
+	 * from shrinking from here on.
+	 */
+	if (ItemPointerGetBlockNumber(&tid) >= RelationGetNumberOfBlocks(rel))
+		return false;
+	if (table_tuple_fetch_row_version(rel, &tid, snap, slot) &&
+		keys_hold(d, slot, keyatts, keys))
+		return true;
+	ExecClearTuple(slot);
+	return false;
+}
+
+/* the row a look-up found: its keys' columns, and its hint if it takes one */
+typedef struct FoundRow
+{
+	AttrNumber	keyatts[EM_DIRECT_MAX_KEYS];
+	bool		hinted;
+	uint32		keyhash;
+} FoundRow;
+
+/* the version of the row a lock or an update ends on, for the next look-up */
+static void
+found_at(EmDirect *d, Relation rel, FoundRow *row, ItemPointer tid)
+{
+	if (row->hinted)
+		remember_row(d->indexid, rel, row->keyhash, tid);
+}
+
+/*
  * The first row snap sees by d's index, into slot, and its tid into *tid;
- * keyatts gets the table's columns of the keys.
+ * *row gets the table's columns of the keys and the row's hint.
  */
 static bool
 scan_first_row(EmDirect *d, Relation rel, Datum *keys, Snapshot snap,
-			   TupleTableSlot *slot, ItemPointer tid, AttrNumber *keyatts)
+			   TupleTableSlot *slot, ItemPointer tid, FoundRow *row)
 {
 	Relation	idx = index_open(d->indexid, AccessShareLock);
-	IndexScanDesc scan = begin_scan(d, rel, idx, snap, keys);
 	bool		found;
 	int			i;
 
 	for (i = 0; i < d->nkeys; i++)
-		keyatts[i] = idx->rd_index->indkey.values[i];
-	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+		row->keyatts[i] = idx->rd_index->indkey.values[i];
+	row->hinted = hint_usable(d, idx, snap);
+	row->keyhash = row->hinted ? key_hash(d, rel, row->keyatts, keys) : 0;
+	found = row->hinted &&
+		recall_row(d, rel, row->keyhash, snap, slot, row->keyatts, keys);
+	if (!found)
+	{
+		IndexScanDesc scan = begin_scan(d, rel, idx, snap, keys);
+
+		found = index_getnext_slot(scan, ForwardScanDirection, slot);
+		index_endscan(scan);
+	}
 	if (found)
+	{
 		*tid = slot->tts_tid;	/* the slot keeps its own pin of the page */
-	index_endscan(scan);
+		found_at(d, rel, row, tid);
+	}
 	index_close(idx, NoLock);
 	return found;
 }
@@ -392,12 +557,12 @@ static bool
 lock_first_row(EmDirect *d, Relation rel, Datum *keys, Snapshot snap,
 			   TupleTableSlot *slot)
 {
-	AttrNumber	keyatts[EM_DIRECT_MAX_KEYS];
+	FoundRow	row;
 	ItemPointerData tid;
 	TM_FailureData tmfd;
 	TM_Result	test;
 
-	if (!scan_first_row(d, rel, keys, snap, slot, &tid, keyatts))
+	if (!scan_first_row(d, rel, keys, snap, slot, &tid, &row))
 		return false;
 	ExecClearTuple(slot);		/* the lock fills it with the version it locks */
 	test = table_tuple_lock(rel, &tid, snap, slot, GetCurrentCommandId(true),
@@ -408,7 +573,10 @@ lock_first_row(EmDirect *d, Relation rel, Datum *keys, Snapshot snap,
 	switch (test)
 	{
 		case TM_Ok:
-			return !tmfd.traversed || keys_hold(d, slot, keyatts, keys);
+			if (tmfd.traversed && !keys_hold(d, slot, row.keyatts, keys))
+				return false;
+			found_at(d, rel, &row, &slot->tts_tid);
+			return true;
 		case TM_SelfModified:
 			return false;		/* as ExecLockRows: treated as deleted */
 		case TM_Updated:
@@ -656,7 +824,7 @@ new_version(EmDirect *d, Relation rel, TupleTableSlot *slot, Datum *values, bool
  */
 static bool
 update_row(EmDirect *d, Relation rel, Snapshot snap, TupleTableSlot *slot,
-		   ItemPointer tid, Datum *keys, AttrNumber *keyatts,
+		   ItemPointer tid, Datum *keys, FoundRow *row,
 		   EmDirectChange fn, void *arg)
 {
 	CommandId	cid = GetCurrentCommandId(true);
@@ -679,6 +847,11 @@ update_row(EmDirect *d, Relation rel, Snapshot snap, TupleTableSlot *slot,
 									&tmfd, &lockmode, &update_indexes);
 		if (result == TM_Ok && update_indexes)
 			insert_index_entries(d, rel, newslot);
+		if (result == TM_Ok)
+		{
+			row_moved(rel, tid, &newslot->tts_tid);
+			found_at(d, rel, row, &newslot->tts_tid);
+		}
 		ExecDropSingleTupleTableSlot(newslot);
 		if (result == TM_Ok)
 			return true;
@@ -699,7 +872,7 @@ update_row(EmDirect *d, Relation rel, Snapshot snap, TupleTableSlot *slot,
 			return false;
 		if (result != TM_Ok)
 			elog(ERROR, "earmark: unexpected table_tuple_lock status: %u", result);
-		if (!keys_hold(d, slot, keyatts, keys))
+		if (!keys_hold(d, slot, row->keyatts, keys))
 			return false;
 	}
 }
@@ -724,7 +897,7 @@ em_direct_update(EmDirect *d, Datum *keys, EmDirectChange fn, void *arg)
 	Relation	rel;
 	TupleTableSlot *slot;
 	ItemPointerData tid;
-	AttrNumber	keyatts[EM_DIRECT_MAX_KEYS];
+	FoundRow	row;
 	bool		found;
 
 	if (em_distributed())
@@ -748,8 +921,8 @@ em_direct_update(EmDirect *d, Datum *keys, EmDirectChange fn, void *arg)
 	slot = table_slot_create(rel, NULL);
 	/* the statement's snapshot, for what the index expressions run */
 	PushActiveSnapshot(snap);
-	found = scan_first_row(d, rel, keys, snap, slot, &tid, keyatts) &&
-		update_row(d, rel, snap, slot, &tid, keys, keyatts, fn, arg);
+	found = scan_first_row(d, rel, keys, snap, slot, &tid, &row) &&
+		update_row(d, rel, snap, slot, &tid, keys, &row, fn, arg);
 	PopActiveSnapshot();
 	ExecDropSingleTupleTableSlot(slot);
 	table_close(rel, NoLock);
