@@ -249,18 +249,52 @@ open_table(EmDirect *d, LOCKMODE mode)
 	return NULL;				/* keep compiler quiet */
 }
 
+/* the last snapshot's count of ended transactions (em_direct_completions) */
+static uint64 last_completions = 0;
+
+/*
+ * A snapshot's count of ended transactions, read before it is registered:
+ * the registered copy does not keep it (CopySnapshot).
+ */
+static Snapshot
+register_counted(Snapshot snap)
+{
+	last_completions = snap->snapXactCompletionCount;
+	return RegisterSnapshot(snap);
+}
+
 Snapshot
 em_direct_statement_snapshot(void)
 {
 	/* as SPI does before each statement that is not read-only */
 	CommandCounterIncrement();
-	return RegisterSnapshot(GetTransactionSnapshot());
+	return register_counted(GetTransactionSnapshot());
 }
 
 Snapshot
 em_direct_latest_snapshot(void)
 {
-	return RegisterSnapshot(GetLatestSnapshot());
+	return register_counted(GetLatestSnapshot());
+}
+
+/*
+ * How many transactions (with an xid) had ended when the last of the two
+ * functions above took its snapshot: GetSnapshotData's count, by which it
+ * reuses a snapshot when no transaction ended since.  Two snapshots with
+ * the same count see the same transactions as committed.  0: not known
+ * (a snapshot taken earlier in the transaction and copied, as REPEATABLE
+ * READ's).
+ */
+uint64
+em_direct_completions(void)
+{
+	return last_completions;
+}
+
+void
+em_direct_release(Snapshot snap)
+{
+	UnregisterSnapshot(snap);
 }
 
 /* a scan of d's index for the rows whose keys equal keys, under snap */

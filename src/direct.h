@@ -62,6 +62,7 @@ typedef bool (*EmDirectRow) (Datum *values, bool *nulls, void *arg);
 extern Snapshot em_direct_statement_snapshot(void);
 extern Snapshot em_direct_latest_snapshot(void);
 extern void em_direct_release(Snapshot snap);
+extern uint64 em_direct_completions(void);
 
 extern int	em_direct_scan(EmDirect *d, Datum *keys, Snapshot snap,
 						   EmDirectRow fn, void *arg);

@@ -232,6 +232,7 @@ typedef struct Reserve
 	bool		rate_counted;	/* the rate limit counted this call */
 	int64		no_budget_remaining;	/* the limit, before the cycle's first use */
 	KeyJob		locked_key;		/* the key's job once the budget row is locked */
+	uint64		start_completions;	/* transactions ended before the first read */
 } Reserve;
 
 /*
@@ -439,7 +440,10 @@ read_start_direct(Reserve *r, StartRow *s)
 {
 	Snapshot	snap = em_direct_statement_snapshot();
 	AccountLimit a;
-	bool		found = read_account_limit_direct(r, snap, &a);
+	bool		found;
+
+	r->start_completions = em_direct_completions();
+	found = read_account_limit_direct(r, snap, &a);
 
 	if (found)
 	{
@@ -720,7 +724,7 @@ add_units(Datum *values, bool *nulls, void *arg)
 
 /* read_limit by index from C (direct.c), on a single node */
 static void
-read_limit_direct(Reserve *r, Snapshot snap, LimitRow *l)
+read_limit_direct(Reserve *r, Snapshot snap, uint64 completions, LimitRow *l)
 {
 	AccountLimit a;
 	Datum		keys[2];
@@ -737,8 +741,15 @@ read_limit_direct(Reserve *r, Snapshot snap, LimitRow *l)
 	keys[0] = PointerGetDatum(r->h.account);
 	keys[1] = Int64GetDatum(r->b.budget_id);
 	(void) em_direct_scan(&usage_of_cycle, keys, snap, add_units, &l->recorded);
-	/* the transaction's snapshot is start_reserve's: nothing new to find */
-	if (!IsolationUsesXactSnapshot())
+	/*
+	 * The key's job, when it may have committed since start_reserve's read:
+	 * not under REPEATABLE READ (the snapshot is that read's), nor when no
+	 * transaction has ended since that read's snapshot was taken (the count
+	 * GetSnapshotData keeps to reuse a snapshot: the same count, the same
+	 * transactions visible).
+	 */
+	if (!IsolationUsesXactSnapshot() &&
+		(r->start_completions == 0 || completions != r->start_completions))
 		read_key_job_direct(r, snap, &l->job);
 }
 
@@ -759,7 +770,7 @@ read_limit_now(Reserve *r, bool latest, LimitRow *l)
 	{
 		Snapshot	snap = latest ? em_direct_latest_snapshot() : em_direct_statement_snapshot();
 
-		read_limit_direct(r, snap, l);
+		read_limit_direct(r, snap, em_direct_completions(), l);
 		em_direct_release(snap);
 		return;
 	}
