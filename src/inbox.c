@@ -610,7 +610,8 @@ receive_body(PG_FUNCTION_ARGS)
 	"  UPDATE earmark.inbox_event AS e" \
 	"     SET status = CASE WHEN " CLAIM_BURIES " THEN 'dead' ELSE 'processing' END," \
 	"         attempts = CASE WHEN " CLAIM_BURIES " THEN e.attempts ELSE e.attempts + 1 END," \
-	"         locked_until = CASE WHEN " CLAIM_BURIES " THEN NULL ELSE $2 + $1 END," \
+	"         locked_until = CASE WHEN " CLAIM_BURIES " THEN NULL" \
+	"                        ELSE (($2 AT TIME ZONE 'UTC') + $1) AT TIME ZONE 'UTC' END," \
 	"         last_error = CASE WHEN " CLAIM_BURIES \
 	"                      THEN coalesce(e.last_error, 'its lease passed on every attempt')" \
 	"                      ELSE e.last_error END," \
@@ -781,9 +782,10 @@ claim_body(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("max_events must be greater than zero")));
-	if (DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
-												TimestampTzGetDatum(now),
-												IntervalPGetDatum(lease))) <= now)
+	/* on the UTC calendar, as the claim adds it (CLAIM_SQL) */
+	if (DatumGetTimestamp(DirectFunctionCall2(timestamp_pl_interval,
+											  TimestampGetDatum(now),
+											  IntervalPGetDatum(lease))) <= now)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("lease must be longer than zero")));
