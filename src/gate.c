@@ -98,7 +98,7 @@ PG_FUNCTION_INFO_V1(earmark_sweep_account);
  * later one: isolation spec renewal_order).
  */
 #define LEASE_FROM(param) \
-	"GREATEST(lease_until, (((" param " AT TIME ZONE 'UTC') + lease) AT TIME ZONE 'UTC'))"
+	"GREATEST(lease_until, " EM_SQL_PLUS_UTC(param, "lease") ")"
 
 /*
  * The status tests of the statements that name a job by (account, job_id).
@@ -140,22 +140,6 @@ status_const(const char *s)
 	}
 	elog(ERROR, "earmark: unknown job status \"%s\"", s);
 	return NULL;				/* keep compiler quiet */
-}
-
-/*
- * t + i on the UTC calendar, as LEASE_FROM computes it: every lease end
- * (the reserve's, a charge's or a heartbeat's renewal, from C or SQL) is
- * the same instant whatever the caller's TimeZone.  timestamptz + interval
- * would add a day or a month in the session's time zone, an hour more or
- * less across its daylight-saving change (regress test lease_calendar).
- */
-static TimestampTz
-add_interval_utc(TimestampTz t, Interval *i)
-{
-	/* a timestamptz's value is its UTC wall clock as a timestamp */
-	return DatumGetTimestamp(DirectFunctionCall2(timestamp_pl_interval,
-												 TimestampGetDatum(t),
-												 IntervalPGetDatum(i)));
 }
 
 /*
@@ -1104,7 +1088,7 @@ em_arg_lease(FunctionCallInfo fcinfo, int argno, TimestampTz now)
 		return lease;
 	}
 	lease = PG_GETARG_INTERVAL_P(argno);
-	if (add_interval_utc(now, lease) <= now)
+	if (em_plus_utc(now, lease) <= now)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("lease must be longer than zero")));
@@ -1138,7 +1122,7 @@ reserve_body(PG_FUNCTION_ARGS)
 	r.h.now = GetCurrentTimestamp();
 	check_positive(r.h.amount, "amount");
 	r.h.lease = em_arg_lease(fcinfo, 4, r.h.now);
-	r.h.lease_until = add_interval_utc(r.h.now, r.h.lease);
+	r.h.lease_until = em_plus_utc(r.h.now, r.h.lease);
 	r.result = &result;
 	em_require_account_local(r.h.account);
 
@@ -1297,7 +1281,7 @@ charge_fit(Datum *v, bool *n, void *arg)
 		v[1] = Int64GetDatum(c->step);
 		n[1] = false;
 	}
-	renewed = add_interval_utc(c->now, DatumGetIntervalP(v[5]));
+	renewed = em_plus_utc(c->now, DatumGetIntervalP(v[5]));
 	v[2] = TimestampTzGetDatum(Max(lease_until, renewed));
 	c->room = amount - (used + c->tokens);
 	return true;
@@ -1380,7 +1364,7 @@ charge_locked(text *account, int64 job_id, int64 tokens, bool has_step,
 		args[3] = Int64GetDatum(step);
 		nulls[3] = has_step ? ' ' : 'n';
 		args[4] = CStringGetTextDatum(c->status);
-		args[5] = TimestampTzGetDatum(add_interval_utc(now, j.lease));
+		args[5] = TimestampTzGetDatum(em_plus_utc(now, j.lease));
 		em_exec(&write_charge, args, nulls, 0);
 	}
 	c->room = j.amount - j.used;
@@ -2113,7 +2097,7 @@ em_reserve_one(text *account, int64 amount, text *key, text *feature,
 	r.h.feature = feature;
 	r.h.now = now;
 	r.h.lease = lease;
-	r.h.lease_until = add_interval_utc(now, lease);
+	r.h.lease_until = em_plus_utc(now, lease);
 	r.result = &result;
 	reserve_counted(&r);
 	if (result.want_limits)

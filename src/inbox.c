@@ -611,7 +611,7 @@ receive_body(PG_FUNCTION_ARGS)
 	"     SET status = CASE WHEN " CLAIM_BURIES " THEN 'dead' ELSE 'processing' END," \
 	"         attempts = CASE WHEN " CLAIM_BURIES " THEN e.attempts ELSE e.attempts + 1 END," \
 	"         locked_until = CASE WHEN " CLAIM_BURIES " THEN NULL" \
-	"                        ELSE (($2 AT TIME ZONE 'UTC') + $1) AT TIME ZONE 'UTC' END," \
+	"                        ELSE " EM_SQL_PLUS_UTC("$2", "$1") " END," \
 	"         last_error = CASE WHEN " CLAIM_BURIES \
 	"                      THEN coalesce(e.last_error, 'its lease passed on every attempt')" \
 	"                      ELSE e.last_error END," \
@@ -782,10 +782,7 @@ claim_body(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("max_events must be greater than zero")));
-	/* on the UTC calendar, as the claim adds it (CLAIM_SQL) */
-	if (DatumGetTimestamp(DirectFunctionCall2(timestamp_pl_interval,
-											  TimestampGetDatum(now),
-											  IntervalPGetDatum(lease))) <= now)
+	if (em_plus_utc(now, lease) <= now)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("lease must be longer than zero")));

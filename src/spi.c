@@ -29,6 +29,7 @@
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 #include "utils/syscache.h"
+#include "utils/timestamp.h"
 #include "utils/snapmgr.h"
 #include "utils/tuplestore.h"
 #include "utils/varlena.h"
@@ -446,6 +447,15 @@ check_name(text *t, const char *what)
 				 errdetail("It has %d characters; the most is %d.",
 						   len, EARMARK_MAX_NAME_LEN)));
 	return t;
+}
+
+/* see spi.h: a timestamptz's value is its UTC wall clock as a timestamp */
+TimestampTz
+em_plus_utc(TimestampTz t, Interval *i)
+{
+	return DatumGetTimestamp(DirectFunctionCall2(timestamp_pl_interval,
+												 TimestampGetDatum(t),
+												 IntervalPGetDatum(i)));
 }
 
 /*

@@ -10,6 +10,7 @@
 
 #include "postgres.h"
 
+#include "datatype/timestamp.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 
@@ -53,6 +54,17 @@ extern void em_require_read_committed(const char *what);
 extern text *em_arg_name(FunctionCallInfo fcinfo, int argno, const char *what);
 extern int64 em_arg_int64(FunctionCallInfo fcinfo, int argno, const char *what);
 extern text *em_check_name(text *t, const char *what);
+
+/*
+ * t + i on the UTC calendar: every lease end (a job's, an inbox claim's)
+ * is the same instant whatever the caller's TimeZone.  timestamptz +
+ * interval would add a day or a month in the session's time zone, an hour
+ * more or less across its daylight-saving change (regress lease_calendar,
+ * review_inbox_claim_calendar).  The C function and the SQL expression
+ * compute the same.
+ */
+extern TimestampTz em_plus_utc(TimestampTz t, Interval *i);
+#define EM_SQL_PLUS_UTC(t, i) "(((" t ") AT TIME ZONE 'UTC') + (" i ")) AT TIME ZONE 'UTC'"
 
 /* hand back one row of a RETURNS TABLE function */
 extern void em_return_row(FunctionCallInfo fcinfo, Datum *values, bool *nulls);
