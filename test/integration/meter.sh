@@ -110,12 +110,18 @@ set_conf() {  # set_conf NAME VALUE ...: set, reload, and wait until the worker 
 }
 
 # secrets_file MODE LINES...: the provider's secrets, owned by the server's user
+# (written under another name, then renamed over it: the worker reads the
+# file at each use, and must never see the new contents with the old mode,
+# as it did when the file was rewritten in place and then chmod'ed: the
+# right key under mode 600 for a moment, a send that succeeded, and no
+# refusal to wait for)
 secrets_file() {
     local mode=$1
     shift
-    printf '%s\n' "$@" >"$WORK/secrets"
-    if [ "$(id -u)" -eq 0 ]; then chown postgres "$WORK/secrets"; else sudo chown postgres "$WORK/secrets"; fi
-    if [ "$(id -u)" -eq 0 ]; then chmod "$mode" "$WORK/secrets"; else sudo chmod "$mode" "$WORK/secrets"; fi
+    printf '%s\n' "$@" >"$WORK/secrets.new"
+    if [ "$(id -u)" -eq 0 ]; then chown postgres "$WORK/secrets.new"; else sudo chown postgres "$WORK/secrets.new"; fi
+    if [ "$(id -u)" -eq 0 ]; then chmod "$mode" "$WORK/secrets.new"; else sudo chmod "$mode" "$WORK/secrets.new"; fi
+    if [ "$(id -u)" -eq 0 ]; then mv -f "$WORK/secrets.new" "$WORK/secrets"; else sudo mv -f "$WORK/secrets.new" "$WORK/secrets"; fi
 }
 secrets_file 600 "# earmark's provider secrets" "client_secret = $SECRET" "token = btok" "hmac_secret = $HMAC"
 
