@@ -44,7 +44,6 @@ VICTIM=
 T_START=$(date +%s)
 
 # --- helpers ------------------------------------------------------------------
-as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 as_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else sudo -u postgres "$@"; fi; }
 
 # The environment the server needs to start again (a sanitized build preloads

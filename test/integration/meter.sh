@@ -119,9 +119,9 @@ secrets_file() {
     local mode=$1
     shift
     printf '%s\n' "$@" >"$WORK/secrets.new"
-    if [ "$(id -u)" -eq 0 ]; then chown postgres "$WORK/secrets.new"; else sudo chown postgres "$WORK/secrets.new"; fi
-    if [ "$(id -u)" -eq 0 ]; then chmod "$mode" "$WORK/secrets.new"; else sudo chmod "$mode" "$WORK/secrets.new"; fi
-    if [ "$(id -u)" -eq 0 ]; then mv -f "$WORK/secrets.new" "$WORK/secrets"; else sudo mv -f "$WORK/secrets.new" "$WORK/secrets"; fi
+    as_root chown postgres "$WORK/secrets.new"
+    as_root chmod "$mode" "$WORK/secrets.new"
+    as_root mv -f "$WORK/secrets.new" "$WORK/secrets"
 }
 secrets_file 600 "# earmark's provider secrets" "client_secret = $SECRET" "token = btok" "hmac_secret = $HMAC"
 

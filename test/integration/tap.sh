@@ -21,6 +21,9 @@ wait_deadline() { echo $(( $(date +%s) + $1 * EM_WAIT_SCALE )); }
 
 q() { "$EM_PGBIN/psql" -X -A -t -q -v ON_ERROR_STOP=1 "$@"; }
 
+# as_root CMD...: run CMD as root (sudo when the tests do not run as root)
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
 ok() {   # ok CONDITION-EXIT-STATUS DESCRIPTION  (use: ok $? "desc" or ok "$(( a == b ))"...)
     _tap_n=$((_tap_n + 1))
     if [ "$1" = 0 ]; then echo "ok $_tap_n - $2"
