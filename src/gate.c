@@ -1558,6 +1558,17 @@ typedef struct Settle
 	const char *status;
 } Settle;
 
+/* a slot job's row and then its budget row, locked before the job's write (settle_target) */
+static EmStatement lock_job_row = {
+	"SELECT 1 FROM earmark.job WHERE account = $1 AND job_id = $2 FOR NO KEY UPDATE",
+	2, {TEXTOID, INT8OID}
+};
+
+static EmStatement lock_budget_row = {
+	"SELECT 1 FROM earmark.budget WHERE account = $1 AND budget_id = $2 FOR NO KEY UPDATE",
+	2, {TEXTOID, INT8OID}
+};
+
 /*
  * Lock a free slot of the hold's generation for its release, searching
  * from a random start as escrow.c's fast path does; -1 when none is free.
@@ -1579,15 +1590,44 @@ settle_find_slot(text *account, Job *j)
 	return SPI_processed == 1 ? (int32) em_get_int64(0, 1, -1) : -1;
 }
 
-/* the hold's release into a free slot, else into the budget row; whether a row was written */
+/*
+ * A job taken from a slot, before its row is written: where its hold will
+ * go back.  A free slot of its generation (locked, never waited for), else
+ * the budget row, locked after the job row.  Both before the job row's
+ * write: a reserve that holds the budget row and inserts a job with this
+ * job's key waits in the key's unique check for any transaction that
+ * wrote this job's row, and a settle that had written it and then waited
+ * for the budget row would deadlock with that reserve (isolation spec
+ * escrow_key_vs_settle).  A lock is not a write: the unique check does not
+ * wait for it.  The job row is locked before the budget row, so that a
+ * settle that waits for a job row held by a long application transaction
+ * holds no budget row meanwhile.  The slot, or -1 for the budget row.
+ */
+static int32
+settle_target(text *account, int64 job_id, Job *j)
+{
+	Datum		args[2];
+	int32		slot = settle_find_slot(account, j);
+
+	if (slot >= 0)
+		return slot;
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(job_id);
+	em_exec(&lock_job_row, args, NULL, 1);
+	args[1] = Int64GetDatum(j->budget_id);
+	em_exec(&lock_budget_row, args, NULL, 1);
+	return -1;
+}
+
+/*
+ * The hold's release into the slot settle_target locked, else into the
+ * budget row; whether a row was written.
+ */
 static bool
-settle_release(text *account, Job *j, Settle *s)
+settle_release(text *account, Job *j, Settle *s, int32 slot)
 {
 	Datum		args[5];
-	int32		slot = -1;
 
-	if (j->has_slot && j->has_gen)
-		slot = settle_find_slot(account, j);
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(j->budget_id);
 	if (slot >= 0)
@@ -1618,7 +1658,7 @@ settle_release(text *account, Job *j, Settle *s)
  * after another.
  */
 static void
-write_settlement(text *account, Job *j, Settle *s)
+write_settlement(text *account, Job *j, Settle *s, int32 slot)
 {
 	bool		wrote_budget;
 
@@ -1633,7 +1673,7 @@ write_settlement(text *account, Job *j, Settle *s)
 			em_entry_settle_local(account, j->budget_id, j->amount, s->charged);
 		return;
 	}
-	wrote_budget = settle_release(account, j, s);
+	wrote_budget = settle_release(account, j, s, slot);
 	if (s->charged <= 0 || !wrote_budget)
 		return;
 
@@ -1650,7 +1690,9 @@ write_settlement(text *account, Job *j, Settle *s)
  * UPDATE that waited for a concurrent charge, settle or expiry re-checks
  * its conditions on the row that transaction left (and computes from it):
  * a job settled meanwhile matches nothing, and settle_closed answers.
- * RETURNING gives the new row's numbers and what the release needs.
+ * RETURNING gives the new row's numbers and what the release needs.  $6
+ * leaves a job taken from a slot alone until its release's target is
+ * locked (settle_target).
  */
 static EmStatement settle_job = {
 	"UPDATE earmark.job SET "
@@ -1659,17 +1701,22 @@ static EmStatement settle_job = {
 	"       charged = LEAST(CASE WHEN lease_until < $3 OR $5 IS NULL THEN used ELSE $5 END, amount), "
 	"       released = amount - LEAST(CASE WHEN lease_until < $3 OR $5 IS NULL THEN used ELSE $5 END, amount) "
 	"WHERE account = $1 AND job_id = $2 AND " JOB_OPEN " "
+	"  AND NOT ($6 AND slot IS NOT NULL AND gen IS NOT NULL) "
 	"RETURNING budget_id, amount, status, charged, released, slot, gen",
-	5, {TEXTOID, INT8OID, TIMESTAMPTZOID, TEXTOID, INT8OID}
+	6, {TEXTOID, INT8OID, TIMESTAMPTZOID, TEXTOID, INT8OID, BOOLOID}
 };
 enum
 {
 	SJ_BUDGET_ID = 1, SJ_AMOUNT, SJ_STATUS, SJ_CHARGED, SJ_RELEASED, SJ_SLOT, SJ_GEN
 };
 
-/* a job settle_job did not match: settled already, or unknown */
+/*
+ * A job settle_job did not match: settled already, unknown, or (when $6
+ * kept it from matching) open and taken from a slot.
+ */
 static EmStatement job_status = {
-	"SELECT status FROM earmark.job WHERE account = $1 AND job_id = $2",
+	"SELECT status, budget_id, amount, slot, gen FROM earmark.job "
+	"WHERE account = $1 AND job_id = $2",
 	2, {TEXTOID, INT8OID}
 };
 
@@ -1695,6 +1742,8 @@ typedef struct SettleFit
 	const char *outcome;
 	bool		has_used;
 	int64		used;
+	bool		slot_first;		/* leave a slot job alone (settle_job's $6) */
+	bool		slot_job;		/* and it was one: only j is filled */
 	Job			j;				/* RETURNING's budget_id, amount, slot, gen */
 	Settle		s;				/* and its status, charged, released */
 } SettleFit;
@@ -1709,16 +1758,19 @@ settle_fit(Datum *v, bool *n, void *arg)
 
 	if (!text_is(v[0], "running") && !text_is(v[0], "capped"))
 		return false;
-	charged = Min(charged, amount);
-	f->s.status = status_const(dead ? "expired" : f->outcome);
-	f->s.charged = charged;
-	f->s.released = amount - charged;
 	memset(&f->j, 0, sizeof(Job));
 	f->j.budget_id = DatumGetInt64(v[7]);
 	f->j.amount = amount;
 	f->j.has_slot = !n[8];
 	f->j.has_gen = !n[9];
 	f->j.gen = n[9] ? 0 : DatumGetInt64(v[9]);
+	f->slot_job = f->slot_first && f->j.has_slot && f->j.has_gen;
+	if (f->slot_job)
+		return false;
+	charged = Min(charged, amount);
+	f->s.status = status_const(dead ? "expired" : f->outcome);
+	f->s.charged = charged;
+	f->s.released = amount - charged;
 	v[0] = CStringGetTextDatum(f->s.status);
 	v[1] = TimestampTzGetDatum(f->now);
 	v[2] = Int64GetDatum(charged);
@@ -1747,67 +1799,112 @@ settled_from_spi(Job *j, Settle *s)
 	j->gen = isnull ? 0 : DatumGetInt64(d);
 }
 
+/* what settle_write did */
+typedef enum SettleWrite
+{
+	SW_WRITTEN,					/* the job row settled: *j and *s filled */
+	SW_UNMATCHED,				/* nothing matched (SQL): settle_job_now looks */
+	SW_SLOT_FIRST				/* an open slot job left alone: *j filled */
+} SettleWrite;
+
 /*
  * The job's settlement in one write: from C on a single node, else
- * settle_job; false when the job is not open (or not there), and then *j
- * and *s are left alone.
+ * settle_job.  With slot_first, a job taken from a slot is not written
+ * (settle_target first).
  */
-static bool
+static SettleWrite
 settle_write(text *account, int64 job_id, bool has_used, int64 used,
-			 const char *outcome, TimestampTz now, Job *j, Settle *s)
+			 const char *outcome, TimestampTz now, bool slot_first, Job *j,
+			 Settle *s)
 {
-	SettleFit	fit = {now, outcome, has_used, used};
+	SettleFit	fit = {now, outcome, has_used, used, slot_first};
 	EmDirectWrite w = job_write_direct(&job_settle, account, job_id, settle_fit, &fit);
-	Datum		args[5];
-	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+	Datum		args[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
 
-	if (w == EM_DIRECT_WRITTEN)
+	if (w == EM_DIRECT_WRITTEN || fit.slot_job)
 	{
 		*j = fit.j;
 		*s = fit.s;
+		return fit.slot_job ? SW_SLOT_FIRST : SW_WRITTEN;
 	}
 	if (w != EM_DIRECT_UNWRITABLE)
-		return w == EM_DIRECT_WRITTEN;
+		return SW_UNMATCHED;
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(job_id);
 	args[2] = TimestampTzGetDatum(now);
 	args[3] = CStringGetTextDatum(outcome);
 	args[4] = Int64GetDatum(used);
 	nulls[4] = has_used ? ' ' : 'n';
+	args[5] = BoolGetDatum(slot_first);
 	em_exec(&settle_job, args, nulls, 1);
 	if (SPI_processed != 1)
-		return false;
+		return SW_UNMATCHED;
 	settled_from_spi(j, s);
+	return SW_WRITTEN;
+}
+
+/*
+ * A job settle_write did not match, read (job_status): false, with its
+ * status in *s, when it is closed; true when it is open, and then *j says
+ * whether it was taken from a slot.
+ */
+static bool
+settle_unmatched(text *account, int64 job_id, Job *j, Settle *s)
+{
+	Datum		args[2];
+	bool		isnull;
+	Datum		d;
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(job_id);
+	em_exec(&job_status, args, NULL, 1);
+	if (SPI_processed == 0)
+		unknown_job(account, job_id);
+	s->status = status_const(TextDatumGetCString(em_get(0, 1, &isnull)));
+	if (!is_open(s->status))
+		return false;
+	memset(j, 0, sizeof(Job));
+	j->budget_id = em_get_int64(0, 2, 0);
+	j->amount = em_get_int64(0, 3, 0);
+	(void) em_get(0, 4, &isnull);
+	j->has_slot = !isnull;
+	d = em_get(0, 5, &isnull);
+	j->has_gen = !isnull;
+	j->gen = isnull ? 0 : DatumGetInt64(d);
 	return true;
 }
 
 /*
  * Settle the job (settle_write) and write what follows from it; *s is the
  * answer.  A job found closed answers its status, charging and releasing
- * nothing.  (Its status never goes back to open; the loop only covers a
- * job that a concurrent reserve committed between the two statements,
- * under an id the caller cannot have been given yet.)
+ * nothing.  A job taken from a slot gets its release's target locked
+ * first (settle_target), then is written.  (Its status never goes back to
+ * open; the loop only covers a job that a concurrent reserve committed
+ * between the two statements, under an id the caller cannot have been
+ * given yet, and the slot job's second write.)
  */
 static void
 settle_job_now(text *account, int64 job_id, bool has_used, int64 used,
 			   const char *outcome, TimestampTz now, Settle *s)
 {
-	Datum		args[2];
-	bool		isnull;
+	bool		slot_first = true;
+	int32		slot = -1;
 	Job			j;
+	SettleWrite w;
 
-	args[0] = PointerGetDatum(account);
-	args[1] = Int64GetDatum(job_id);
-	while (!settle_write(account, job_id, has_used, used, outcome, now, &j, s))
+	while ((w = settle_write(account, job_id, has_used, used, outcome, now,
+							 slot_first, &j, s)) != SW_WRITTEN)
 	{
-		em_exec(&job_status, args, NULL, 1);
-		if (SPI_processed == 0)
-			unknown_job(account, job_id);
-		s->status = status_const(TextDatumGetCString(em_get(0, 1, &isnull)));
-		if (!is_open(s->status))
+		if (w == SW_UNMATCHED && !settle_unmatched(account, job_id, &j, s))
 			return;
+		if (slot_first && j.has_slot && j.has_gen)
+		{
+			slot = settle_target(account, job_id, &j);
+			slot_first = false;
+		}
 	}
-	write_settlement(account, &j, s);
+	write_settlement(account, &j, s, slot);
 }
 
 static Datum settle_body(PG_FUNCTION_ARGS);
