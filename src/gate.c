@@ -29,11 +29,16 @@
  *	    budget of a call, the worker for none: SKIP LOCKED), then its dead
  *	    job rows with SKIP LOCKED.
  *	  - charge and heartbeat lock one job row and nothing else.
- *	  - settle locks the job row, then updates (and so locks) its budget,
- *	    or a free slot (SKIP LOCKED).  (The hot tables have no foreign keys:
- *	    a key-share lock taken by an FK check before the budget update
- *	    would have to be upgraded, a deadlock with any reserve waiting for
- *	    the row.)
+ *	  - settle locks the job row, then updates (and so locks) its budget.
+ *	    A job taken from a slot is not written before its release's target
+ *	    is locked: a free slot (SKIP LOCKED: nobody waits for a slot), or
+ *	    the job row FOR NO KEY UPDATE and then the budget row.  A reserve
+ *	    of the job's key that holds the budget row waits in its insert for
+ *	    a transaction that wrote the job row, not for one that only locked
+ *	    it (settle_target).  (The hot tables have no foreign keys: a
+ *	    key-share lock taken by an FK check before the budget update would
+ *	    have to be upgraded, a deadlock with any reserve waiting for the
+ *	    row.)
  *	  Only settle waits for a budget while holding a job, and nobody waits
  *	  for a job while holding a budget, so no cycle can form.  A settle that
  *	  waits on a job held by a long application transaction therefore holds
@@ -1648,7 +1653,8 @@ settle_release(text *account, Job *j, Settle *s, int32 slot)
 
 /*
  * What follows from a settlement written by settle_job (the job row is
- * locked): the release into the budget or a slot and the cycle's mark.
+ * locked): the release into the budget or the slot settle_target locked
+ * (-1: the budget row), and the cycle's mark.
  * The job row settle_job wrote (charged, budget_id, settled_at) is the
  * ledger entry itself: no ledger row is inserted (earmark.sql, the view
  * earmark.ledger).  A hold in the budget row on a single node settles in one
