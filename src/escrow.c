@@ -47,10 +47,9 @@
  *	    rows the transaction itself locked, so it reuses its own slots).
  *	    Room inside slots other transactions hold is waited for by
  *	    retrying a few times, never by blocking on their locks.
- *	  - settle of a job held by a slot locks a free slot of its generation
- *	    (SKIP LOCKED) before it writes the job row; when every slot is
- *	    busy, it locks the job row and then the budget row, and only then
- *	    writes the job (gate.c, settle_target).
+ *	  - settle of a job held by a slot locks the job row, then a free slot
+ *	    of its generation (SKIP LOCKED) or, when every slot is busy, the
+ *	    budget row, and only then writes the job (gate.c, settle_target).
  *	  - budget_slot has no foreign key: PostgreSQL runs the check when a
  *	    transaction updates a row it already changed (a second admission
  *	    from its own slot), and the key-share lock it takes on the budget

@@ -31,11 +31,11 @@
  *	  - charge and heartbeat lock one job row and nothing else.
  *	  - settle locks the job row, then updates (and so locks) its budget.
  *	    A job taken from a slot is not written before its release's target
- *	    is locked: a free slot (SKIP LOCKED: nobody waits for a slot), or
- *	    the job row FOR NO KEY UPDATE and then the budget row.  A reserve
- *	    of the job's key that holds the budget row waits in its insert for
- *	    a transaction that wrote the job row, not for one that only locked
- *	    it (settle_target).  (The hot tables have no foreign keys: a
+ *	    is locked: the job row FOR UPDATE, then a free slot (SKIP LOCKED:
+ *	    nobody waits for a slot) or else the budget row, then the job's
+ *	    write.  A reserve of the job's key that holds the budget row waits
+ *	    in its insert for a transaction that wrote the job row, not for one
+ *	    that only locked it (settle_target).  (The hot tables have no foreign keys: a
  *	    key-share lock taken by an FK check before the budget update would
  *	    have to be upgraded, a deadlock with any reserve waiting for the
  *	    row.)
@@ -1563,14 +1563,27 @@ typedef struct Settle
 	const char *status;
 } Settle;
 
-/* a slot job's row and then its budget row, locked before the job's write (settle_target) */
-static EmStatement lock_job_row = {
-	"SELECT 1 FROM earmark.job WHERE account = $1 AND job_id = $2 FOR NO KEY UPDATE",
+/*
+ * A slot job's row, then (no free slot) its budget row, locked before the
+ * job's write (settle_target): from C on a single node, else SQL.
+ */
+static EmDirect job_lock = {
+	.table = "job", .nkeys = 2, .keys = {"account", "job_id"},
+	.ncols = 1, .cols = {"status"}
+};
+
+static EmStatement lock_job_status = {
+	"SELECT status FROM earmark.job WHERE account = $1 AND job_id = $2 FOR UPDATE",
 	2, {TEXTOID, INT8OID}
 };
 
+static EmDirect budget_lock = {
+	.table = "budget", .nkeys = 2, .keys = {"account", "budget_id"},
+	.ncols = 1, .cols = {"held"}
+};
+
 static EmStatement lock_budget_row = {
-	"SELECT 1 FROM earmark.budget WHERE account = $1 AND budget_id = $2 FOR NO KEY UPDATE",
+	"SELECT held FROM earmark.budget WHERE account = $1 AND budget_id = $2 FOR UPDATE",
 	2, {TEXTOID, INT8OID}
 };
 
@@ -1596,32 +1609,65 @@ settle_find_slot(text *account, Job *j)
 }
 
 /*
- * A job taken from a slot, before its row is written: where its hold will
- * go back.  A free slot of its generation (locked, never waited for), else
- * the budget row, locked after the job row.  Both before the job row's
+ * The row of (account, key) locked FOR UPDATE as SELECT ... FOR UPDATE
+ * locks it (the newest version under READ COMMITTED); *status gets its
+ * status when status is not NULL.  False when there is no such row.
+ */
+static bool
+lock_row(EmDirect *d, EmStatement *sql, text *account, int64 key,
+		 const char **status)
+{
+	Datum		args[2];
+	Datum		v[1];
+	bool		n[1];
+	bool		isnull;
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(key);
+	if (!em_distributed())
+	{
+		if (!em_direct_lock(d, args, v, n))
+			return false;
+	}
+	else
+	{
+		em_exec(sql, args, NULL, 1);
+		if (SPI_processed == 0)
+			return false;
+		v[0] = em_get(0, 1, &isnull);
+	}
+	if (status)
+		*status = status_const(TextDatumGetCString(v[0]));
+	return true;
+}
+
+/*
+ * A job taken from a slot, before its row is written: the job row locked,
+ * then where its hold will go back, a free slot of its generation (locked,
+ * never waited for), else the budget row.  Both before the job row's
  * write: a reserve that holds the budget row and inserts a job with this
  * job's key waits in the key's unique check for any transaction that
  * wrote this job's row, and a settle that had written it and then waited
  * for the budget row would deadlock with that reserve (isolation spec
  * escrow_key_vs_settle).  A lock is not a write: the unique check does not
- * wait for it.  The job row is locked before the budget row, so that a
- * settle that waits for a job row held by a long application transaction
- * holds no budget row meanwhile.  The slot, or -1 for the budget row.
+ * wait for it.  The job row is locked first, so that a settle that waits
+ * for a job row held by a long application transaction holds no slot and
+ * no budget row meanwhile (review_settle_parks_slot), and one that finds
+ * the job closed locks nothing more (review_settle_noop_budget_lock).
+ * False, with the status in *s, when the locked job is not open; else
+ * *slot is the slot, or -1 for the budget row.
  */
-static int32
-settle_target(text *account, int64 job_id, Job *j)
+static bool
+settle_target(text *account, int64 job_id, Job *j, Settle *s, int32 *slot)
 {
-	Datum		args[2];
-	int32		slot = settle_find_slot(account, j);
-
-	if (slot >= 0)
-		return slot;
-	args[0] = PointerGetDatum(account);
-	args[1] = Int64GetDatum(job_id);
-	em_exec(&lock_job_row, args, NULL, 1);
-	args[1] = Int64GetDatum(j->budget_id);
-	em_exec(&lock_budget_row, args, NULL, 1);
-	return -1;
+	if (!lock_row(&job_lock, &lock_job_status, account, job_id, &s->status))
+		unknown_job(account, job_id);
+	if (!is_open(s->status))
+		return false;
+	*slot = settle_find_slot(account, j);
+	if (*slot < 0)
+		(void) lock_row(&budget_lock, &lock_budget_row, account, j->budget_id, NULL);
+	return true;
 }
 
 /*
@@ -1809,7 +1855,7 @@ settled_from_spi(Job *j, Settle *s)
 typedef enum SettleWrite
 {
 	SW_WRITTEN,					/* the job row settled: *j and *s filled */
-	SW_UNMATCHED,				/* nothing matched (SQL): settle_job_now looks */
+	SW_UNMATCHED,				/* nothing matched: settle_job_now looks */
 	SW_SLOT_FIRST				/* an open slot job left alone: *j filled */
 } SettleWrite;
 
@@ -1906,7 +1952,8 @@ settle_job_now(text *account, int64 job_id, bool has_used, int64 used,
 			return;
 		if (slot_first && j.has_slot && j.has_gen)
 		{
-			slot = settle_target(account, job_id, &j);
+			if (!settle_target(account, job_id, &j, s, &slot))
+				return;
 			slot_first = false;
 		}
 	}
