@@ -35,7 +35,9 @@
  *	    nobody waits for a slot) or else the budget row, then the job's
  *	    write.  A reserve of the job's key that holds the budget row waits
  *	    in its insert for a transaction that wrote the job row, not for one
- *	    that only locked it (settle_target).  (The hot tables have no foreign keys: a
+ *	    that only locked it (settle_target).  Into a free slot, a settlement
+ *	    that charges marks the cycle before the job's write too (the mark's
+ *	    insert may wait for that reserve's own mark).  (The hot tables have no foreign keys: a
  *	    key-share lock taken by an FK check before the budget update would
  *	    have to be upgraded, a deadlock with any reserve waiting for the
  *	    row.)
@@ -1563,17 +1565,50 @@ typedef struct Settle
 	const char *status;
 } Settle;
 
+/* the terms of a settle (its arguments and the clock), and what settle_fit found */
+typedef struct SettleFit
+{
+	TimestampTz now;
+	const char *outcome;
+	bool		has_used;
+	int64		used;
+	bool		slot_first;		/* leave a slot job alone (settle_job's $6) */
+	bool		slot_job;		/* and it was one: only j is filled */
+	Job			j;				/* RETURNING's budget_id, amount, slot, gen */
+	Settle		s;				/* and its status, charged, released */
+} SettleFit;
+
+/*
+ * settle_job's SET clause for an open job whose lease ends at lease_until,
+ * with use recorded and hold amount: a lease that has passed settles as
+ * the sweeper would, at the recorded use; otherwise at f->used, or at the
+ * recorded use without one; never more than the hold.
+ */
+static void
+settlement_of(const SettleFit *f, TimestampTz lease_until, int64 used,
+			  int64 amount, Settle *s)
+{
+	bool		dead = lease_until < f->now;
+	int64		charged = (dead || !f->has_used) ? used : f->used;
+
+	charged = Min(charged, amount);
+	s->status = status_const(dead ? "expired" : f->outcome);
+	s->charged = charged;
+	s->released = amount - charged;
+}
+
 /*
  * A slot job's row, then (no free slot) its budget row, locked before the
  * job's write (settle_target): from C on a single node, else SQL.
  */
 static EmDirect job_lock = {
 	.table = "job", .nkeys = 2, .keys = {"account", "job_id"},
-	.ncols = 1, .cols = {"status"}
+	.ncols = 4, .cols = {"status", "lease_until", "used", "amount"}
 };
 
 static EmStatement lock_job_status = {
-	"SELECT status FROM earmark.job WHERE account = $1 AND job_id = $2 FOR UPDATE",
+	"SELECT status, lease_until, used, amount FROM earmark.job "
+	"WHERE account = $1 AND job_id = $2 FOR UPDATE",
 	2, {TEXTOID, INT8OID}
 };
 
@@ -1610,34 +1645,26 @@ settle_find_slot(text *account, Job *j)
 
 /*
  * The row of (account, key) locked FOR UPDATE as SELECT ... FOR UPDATE
- * locks it (the newest version under READ COMMITTED); *status gets its
- * status when status is not NULL.  False when there is no such row.
+ * locks it (the newest version under READ COMMITTED), its columns d->cols
+ * (sql's, in the same order) into v and n.  False when there is no such
+ * row.
  */
 static bool
-lock_row(EmDirect *d, EmStatement *sql, text *account, int64 key,
-		 const char **status)
+lock_row(EmDirect *d, EmStatement *sql, text *account, int64 key, Datum *v,
+		 bool *n)
 {
 	Datum		args[2];
-	Datum		v[1];
-	bool		n[1];
-	bool		isnull;
+	int			i;
 
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(key);
 	if (!em_distributed())
-	{
-		if (!em_direct_lock(d, args, v, n))
-			return false;
-	}
-	else
-	{
-		em_exec(sql, args, NULL, 1);
-		if (SPI_processed == 0)
-			return false;
-		v[0] = em_get(0, 1, &isnull);
-	}
-	if (status)
-		*status = status_const(TextDatumGetCString(v[0]));
+		return em_direct_lock(d, args, v, n);
+	em_exec(sql, args, NULL, 1);
+	if (SPI_processed == 0)
+		return false;
+	for (i = 0; i < d->ncols; i++)
+		v[i] = em_get(0, i + 1, &n[i]);
 	return true;
 }
 
@@ -1654,19 +1681,47 @@ lock_row(EmDirect *d, EmStatement *sql, text *account, int64 key,
  * for a job row held by a long application transaction holds no slot and
  * no budget row meanwhile (review_settle_parks_slot), and one that finds
  * the job closed locks nothing more (review_settle_noop_budget_lock).
+ *
+ * Into a slot, a settlement that charges also marks the cycle here, before
+ * the job row's write: the mark's insert waits for a transaction that
+ * inserted the mark and is still open, such as a slow-path reserve that
+ * expired a dead hold with use, which may be the reserve of this job's key
+ * (review_slot_settle_mark_deadlock).  (Into the budget row the mark comes
+ * after, as for any job: the settle holds the budget row by then, and that
+ * reserve cannot be running.)
+ *
  * False, with the status in *s, when the locked job is not open; else
- * *slot is the slot, or -1 for the budget row.
+ * *slot is the slot, or -1 for the budget row, and *marked says whether
+ * the cycle was marked.
  */
 static bool
-settle_target(text *account, int64 job_id, Job *j, Settle *s, int32 *slot)
+settle_target(text *account, int64 job_id, const SettleFit *f, Job *j,
+			  Settle *s, int32 *slot, bool *marked)
 {
-	if (!lock_row(&job_lock, &lock_job_status, account, job_id, &s->status))
+	Datum		v[4];
+	bool		n[4];
+	Settle		ahead;
+
+	*marked = false;
+	if (!lock_row(&job_lock, &lock_job_status, account, job_id, v, n))
 		unknown_job(account, job_id);
+	s->status = status_const(TextDatumGetCString(v[0]));
 	if (!is_open(s->status))
 		return false;
 	*slot = settle_find_slot(account, j);
 	if (*slot < 0)
-		(void) lock_row(&budget_lock, &lock_budget_row, account, j->budget_id, NULL);
+	{
+		(void) lock_row(&budget_lock, &lock_budget_row, account, j->budget_id, v, n);
+		return true;
+	}
+	settlement_of(f, DatumGetTimestampTz(v[1]), DatumGetInt64(v[2]),
+				  DatumGetInt64(v[3]), &ahead);
+	if (ahead.charged > 0)
+	{
+		em_mark_lock(j->budget_id); /* see budget.c */
+		em_mark_cycle(account, j->budget_id);
+		*marked = true;
+	}
 	return true;
 }
 
@@ -1700,7 +1755,8 @@ settle_release(text *account, Job *j, Settle *s, int32 slot)
 /*
  * What follows from a settlement written by settle_job (the job row is
  * locked): the release into the budget or the slot settle_target locked
- * (-1: the budget row), and the cycle's mark.
+ * (-1: the budget row), and the cycle's mark, unless settle_target made it
+ * (marked).
  * The job row settle_job wrote (charged, budget_id, settled_at) is the
  * ledger entry itself: no ledger row is inserted (earmark.sql, the view
  * earmark.ledger).  A hold in the budget row on a single node settles in one
@@ -1710,11 +1766,11 @@ settle_release(text *account, Job *j, Settle *s, int32 slot)
  * after another.
  */
 static void
-write_settlement(text *account, Job *j, Settle *s, int32 slot)
+write_settlement(text *account, Job *j, Settle *s, int32 slot, bool marked)
 {
 	bool		wrote_budget;
 
-	if (s->charged > 0)
+	if (s->charged > 0 && !marked)
 		em_mark_lock(j->budget_id); /* see budget.c */
 	if (!(j->has_slot && j->has_gen) && !em_distributed())
 	{
@@ -1726,7 +1782,7 @@ write_settlement(text *account, Job *j, Settle *s, int32 slot)
 		return;
 	}
 	wrote_budget = settle_release(account, j, s, slot);
-	if (s->charged <= 0 || !wrote_budget)
+	if (s->charged <= 0 || !wrote_budget || marked)
 		return;
 
 	em_mark_cycle(account, j->budget_id);
@@ -1788,25 +1844,12 @@ static EmDirect job_settle = {
 	.nullok = {[1] = true, [2] = true, [3] = true, [8] = true, [9] = true}
 };
 
-typedef struct SettleFit
-{
-	TimestampTz now;
-	const char *outcome;
-	bool		has_used;
-	int64		used;
-	bool		slot_first;		/* leave a slot job alone (settle_job's $6) */
-	bool		slot_job;		/* and it was one: only j is filled */
-	Job			j;				/* RETURNING's budget_id, amount, slot, gen */
-	Settle		s;				/* and its status, charged, released */
-} SettleFit;
 
 static bool
 settle_fit(Datum *v, bool *n, void *arg)
 {
 	SettleFit  *f = (SettleFit *) arg;
-	bool		dead = DatumGetTimestampTz(v[4]) < f->now;
 	int64		amount = DatumGetInt64(v[6]);
-	int64		charged = (dead || !f->has_used) ? DatumGetInt64(v[5]) : f->used;
 
 	if (!text_is(v[0], "running") && !text_is(v[0], "capped"))
 		return false;
@@ -1819,14 +1862,11 @@ settle_fit(Datum *v, bool *n, void *arg)
 	f->slot_job = f->slot_first && f->j.has_slot && f->j.has_gen;
 	if (f->slot_job)
 		return false;
-	charged = Min(charged, amount);
-	f->s.status = status_const(dead ? "expired" : f->outcome);
-	f->s.charged = charged;
-	f->s.released = amount - charged;
+	settlement_of(f, DatumGetTimestampTz(v[4]), DatumGetInt64(v[5]), amount, &f->s);
 	v[0] = CStringGetTextDatum(f->s.status);
 	v[1] = TimestampTzGetDatum(f->now);
-	v[2] = Int64GetDatum(charged);
-	v[3] = Int64GetDatum(amount - charged);
+	v[2] = Int64GetDatum(f->s.charged);
+	v[3] = Int64GetDatum(f->s.released);
 	n[0] = n[1] = n[2] = n[3] = false;
 	return true;
 }
@@ -1865,30 +1905,29 @@ typedef enum SettleWrite
  * (settle_target first).
  */
 static SettleWrite
-settle_write(text *account, int64 job_id, bool has_used, int64 used,
-			 const char *outcome, TimestampTz now, bool slot_first, Job *j,
-			 Settle *s)
+settle_write(text *account, int64 job_id, SettleFit *fit, Job *j, Settle *s)
 {
-	SettleFit	fit = {now, outcome, has_used, used, slot_first};
-	EmDirectWrite w = job_write_direct(&job_settle, account, job_id, settle_fit, &fit);
+	EmDirectWrite w;
 	Datum		args[6];
 	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
 
-	if (w == EM_DIRECT_WRITTEN || fit.slot_job)
+	fit->slot_job = false;
+	w = job_write_direct(&job_settle, account, job_id, settle_fit, fit);
+	if (w == EM_DIRECT_WRITTEN || fit->slot_job)
 	{
-		*j = fit.j;
-		*s = fit.s;
-		return fit.slot_job ? SW_SLOT_FIRST : SW_WRITTEN;
+		*j = fit->j;
+		*s = fit->s;
+		return fit->slot_job ? SW_SLOT_FIRST : SW_WRITTEN;
 	}
 	if (w != EM_DIRECT_UNWRITABLE)
 		return SW_UNMATCHED;
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(job_id);
-	args[2] = TimestampTzGetDatum(now);
-	args[3] = CStringGetTextDatum(outcome);
-	args[4] = Int64GetDatum(used);
-	nulls[4] = has_used ? ' ' : 'n';
-	args[5] = BoolGetDatum(slot_first);
+	args[2] = TimestampTzGetDatum(fit->now);
+	args[3] = CStringGetTextDatum(fit->outcome);
+	args[4] = Int64GetDatum(fit->used);
+	nulls[4] = fit->has_used ? ' ' : 'n';
+	args[5] = BoolGetDatum(fit->slot_first);
 	em_exec(&settle_job, args, nulls, 1);
 	if (SPI_processed != 1)
 		return SW_UNMATCHED;
@@ -1940,24 +1979,24 @@ static void
 settle_job_now(text *account, int64 job_id, bool has_used, int64 used,
 			   const char *outcome, TimestampTz now, Settle *s)
 {
-	bool		slot_first = true;
+	SettleFit	fit = {now, outcome, has_used, used, true};
 	int32		slot = -1;
+	bool		marked = false;
 	Job			j;
 	SettleWrite w;
 
-	while ((w = settle_write(account, job_id, has_used, used, outcome, now,
-							 slot_first, &j, s)) != SW_WRITTEN)
+	while ((w = settle_write(account, job_id, &fit, &j, s)) != SW_WRITTEN)
 	{
 		if (w == SW_UNMATCHED && !settle_unmatched(account, job_id, &j, s))
 			return;
-		if (slot_first && j.has_slot && j.has_gen)
+		if (fit.slot_first && j.has_slot && j.has_gen)
 		{
-			if (!settle_target(account, job_id, &j, s, &slot))
+			if (!settle_target(account, job_id, &fit, &j, s, &slot, &marked))
 				return;
-			slot_first = false;
+			fit.slot_first = false;
 		}
 	}
-	write_settlement(account, &j, s, slot);
+	write_settlement(account, &j, s, slot, marked);
 }
 
 static Datum settle_body(PG_FUNCTION_ARGS);

@@ -384,7 +384,7 @@ is "$held" "$(qd -c "SELECT coalesce(sum(amount), 0) FROM earmark.job WHERE acco
 # ---------------------------------------------------------------------------
 # Phase 4: one key from many clients at once, on an escrow budget with
 # fewer slots than clients (docs/design.md, "No deadlocks among earmark's
-# own functions").  Account "samekey": SAMEKEY_SLOTS slots (4), room to
+# own functions").  Account "samekey": SAMEKEY_SLOTS slots (2), room to
 # spare; SAMEKEY_CLIENTS clients (16) for PAIR_SECS, each transaction one
 # call: a reserve of 1 unit with the key of the current 20 ms (so each key
 # is reserved by several clients within a few ms: fast-path admissions,
@@ -393,8 +393,13 @@ is "$held" "$(qd -c "SELECT coalesce(sum(amount), 0) FROM earmark.job WHERE acco
 # slot job that found no free slot once wrote its job row and then waited
 # for the budget row, which a slow-path reserve of the same key held while
 # its insert waited for the settle: 36 to 95 deadlocks in 20 s with 2 to 8
-# slots and 16 clients.  No transaction may fail, and the books hold.
-SAMEKEY_SLOTS=${ESCROW_STRESS_SAMEKEY_SLOTS:-4}
+# slots and 16 clients.  No transaction may fail, and the books hold.  (How
+# many jobs the slow path admitted is printed, not tested: most repeats of
+# a key are answered before any slot or the budget row is taken, and a run
+# may admit every new key through the slots.  The isolation specs
+# escrow_key_vs_settle and review_slot_settle_mark_deadlock take each path
+# on purpose.)
+SAMEKEY_SLOTS=${ESCROW_STRESS_SAMEKEY_SLOTS:-2}
 SAMEKEY_CLIENTS=${ESCROW_STRESS_SAMEKEY_CLIENTS:-16}
 qd >/dev/null <<SQL
 SET earmark.rate_limit = 0;
@@ -416,9 +421,8 @@ is "$rc" 0 "phase 4: pgbench ran to the end (no client aborted)"
 is "$(pgbench_failed "$TMP/bench4.out")" 0 "phase 4: no failed transaction (no deadlock between a reserve and a settle of one key)"
 sk_jobs=$(num "$(qd -c "SELECT count(*) FROM earmark.job WHERE account = 'samekey' AND idempotency_key <> 'warm-up'")")
 sk_slot=$(num "$(qd -c "SELECT count(*) FROM earmark.job WHERE account = 'samekey' AND slot IS NOT NULL")")
-diag "phase 4: $(pgbench_done "$TMP/bench4.out") transactions, $sk_jobs jobs ($sk_slot through slots)"
-ok "$(( sk_jobs > 0 && sk_slot > 0 && sk_jobs > sk_slot ? 0 : 1 ))" \
-   "phase 4: jobs came through slots and through the budget row"
+diag "phase 4: $(pgbench_done "$TMP/bench4.out") transactions, $sk_jobs jobs ($sk_slot through slots, $(( sk_jobs - sk_slot )) by the slow path)"
+ok "$(( sk_jobs > 0 && sk_slot > 0 ? 0 : 1 ))" "phase 4: jobs were admitted, through the slots among others"
 read -r used held <<<"$(qd -F ' ' -c "SELECT used, held FROM earmark_budget('samekey')")"
 is "$held" 0 "phase 4: nothing is held at the end"
 is "$used" 0 "phase 4: nothing was used (every job settled at 0)"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test/citus/review_slot_settle.sh: the settle of a job taken from an escrow
+# test/citus/escrow_settle.sh: the settle of a job taken from an escrow
 # slot on Citus (TAP), where settle_target (gate.c) locks by SQL
 # (lock_job_status, lock_budget_row) instead of em_direct_lock, and the
 # first write leaves a slot job unmatched (settle_job's $6) for
@@ -14,7 +14,7 @@
 #   5. earmark_settle_many with the same slot job twice
 #   6. earmark_check() clean, the slots' allocation unchanged
 #
-#   EM_PREFIX=/work/pfx/NAME CT_PORT=55595 bash test/citus/review_slot_settle.sh
+#   EM_PREFIX=/work/pfx/NAME CT_PORT=55595 bash test/citus/escrow_settle.sh
 
 source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
 ct_require_citus
