@@ -1182,6 +1182,20 @@ typedef struct Job
 	int64		gen;
 } Job;
 
+/* a job's slot and generation, from the SPI result's columns slot_col and gen_col */
+static void
+job_slot_from_spi(Job *j, int slot_col, int gen_col)
+{
+	bool		isnull;
+	Datum		d;
+
+	(void) em_get(0, slot_col, &isnull);
+	j->has_slot = !isnull;
+	d = em_get(0, gen_col, &isnull);
+	j->has_gen = !isnull;
+	j->gen = isnull ? 0 : DatumGetInt64(d);
+}
+
 static void
 read_job(text *account, int64 job_id, Job *j)
 {
@@ -1203,11 +1217,7 @@ read_job(text *account, int64 job_id, Job *j)
 	d = em_get(0, LJ_LAST_STEP, &isnull);
 	j->has_last_step = !isnull;
 	j->last_step = isnull ? 0 : DatumGetInt64(d);
-	(void) em_get(0, LJ_SLOT, &isnull);
-	j->has_slot = !isnull;
-	d = em_get(0, LJ_GEN, &isnull);
-	j->has_gen = !isnull;
-	j->gen = isnull ? 0 : DatumGetInt64(d);
+	job_slot_from_spi(j, LJ_SLOT, LJ_GEN);
 }
 
 /* ---------------------------------------------------------------------
@@ -1876,7 +1886,6 @@ static void
 settled_from_spi(Job *j, Settle *s)
 {
 	bool		isnull;
-	Datum		d;
 
 	memset(j, 0, sizeof(Job));
 	j->budget_id = em_get_int64(0, SJ_BUDGET_ID, 0);
@@ -1884,11 +1893,7 @@ settled_from_spi(Job *j, Settle *s)
 	s->status = status_const(TextDatumGetCString(em_get(0, SJ_STATUS, &isnull)));
 	s->charged = em_get_int64(0, SJ_CHARGED, 0);
 	s->released = em_get_int64(0, SJ_RELEASED, 0);
-	(void) em_get(0, SJ_SLOT, &isnull);
-	j->has_slot = !isnull;
-	d = em_get(0, SJ_GEN, &isnull);
-	j->has_gen = !isnull;
-	j->gen = isnull ? 0 : DatumGetInt64(d);
+	job_slot_from_spi(j, SJ_SLOT, SJ_GEN);
 }
 
 /* what settle_write did */
@@ -1945,7 +1950,6 @@ settle_unmatched(text *account, int64 job_id, Job *j, Settle *s)
 {
 	Datum		args[2];
 	bool		isnull;
-	Datum		d;
 
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(job_id);
@@ -1958,11 +1962,7 @@ settle_unmatched(text *account, int64 job_id, Job *j, Settle *s)
 	memset(j, 0, sizeof(Job));
 	j->budget_id = em_get_int64(0, 2, 0);
 	j->amount = em_get_int64(0, 3, 0);
-	(void) em_get(0, 4, &isnull);
-	j->has_slot = !isnull;
-	d = em_get(0, 5, &isnull);
-	j->has_gen = !isnull;
-	j->gen = isnull ? 0 : DatumGetInt64(d);
+	job_slot_from_spi(j, 4, 5);
 	return true;
 }
 
