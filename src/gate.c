@@ -37,10 +37,10 @@
  *	    in its insert for a transaction that wrote the job row, not for one
  *	    that only locked it (settle_target).  Into a free slot, a settlement
  *	    that charges marks the cycle before the job's write too (the mark's
- *	    insert may wait for that reserve's own mark).  (The hot tables have no foreign keys: a
- *	    key-share lock taken by an FK check before the budget update would
- *	    have to be upgraded, a deadlock with any reserve waiting for the
- *	    row.)
+ *	    insert may wait for that reserve's own mark).  (The hot tables have
+ *	    no foreign keys: a key-share lock taken by an FK check before the
+ *	    budget update would have to be upgraded, a deadlock with any
+ *	    reserve waiting for the row.)
  *	  Only settle waits for a budget while holding a job, and nobody waits
  *	  for a job while holding a budget, so no cycle can form.  A settle that
  *	  waits on a job held by a long application transaction therefore holds
