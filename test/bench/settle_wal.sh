@@ -24,7 +24,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 PORT=${SETTLE_WAL_PORT:-55470}
 em_setup
 em_start_cluster "$PORT" "earmark.rate_limit = 0" "jit = off"
-P() { "$EM_PGBIN/psql" -X -q -At -v ON_ERROR_STOP=1 -d postgres "$@" 2>&1 | grep -v '^WARNING\|^DETAIL\|^HINT' || true; }
+# (earmark warns that it is not preloaded: on purpose here)
+export PGOPTIONS="-c client_min_messages=error"
+P() { "$EM_PGBIN/psql" -X -q -At -v ON_ERROR_STOP=1 -d postgres "$@"; }
 P >/dev/null <<'SQL'
 SET client_min_messages = error;
 CREATE EXTENSION earmark;
@@ -83,11 +85,14 @@ measure "a job, no escrow" 1 100
 measure "a slot job, the slot free" 101 200
 # the slot held by an open transaction: the settles go to the budget row
 P -c "SET earmark.rate_limit = 0" -c "BEGIN" -c "SELECT earmark_reserve('slots', 1, 'holder')" \
-  -c "SELECT pg_sleep(3600)" >/dev/null &
+  -c "SELECT pg_sleep(3600)" >/dev/null 2>&1 &
 HOLDER=$!
-until [ "$(P -c "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(3600)'")" = 1 ]; do sleep 0.2; done
+for _ in $(seq 1 150); do
+    [ "$(P -c "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(3600)'")" = 1 ] && break
+    sleep 0.2
+done
 [ "$(P -c "SELECT count(*) FROM (SELECT 1 FROM earmark.budget_slot WHERE account = 'slots' FOR UPDATE SKIP LOCKED) s")" = 0 ] \
     || { echo "the holder does not hold the slot" >&2; exit 1; }
 measure "a slot job, the slot held" 201 300
 P -c "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(3600)'" >/dev/null
-wait "$HOLDER" 2>/dev/null || true
+wait "$HOLDER" 2>/dev/null || true   # ended by the terminate
