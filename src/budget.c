@@ -8,8 +8,9 @@
  *	  ledger (ledger.c) creates budget rows and takes mark locks here too.
  *
  *	  Tables: earmark.budget, earmark.job (inserted and expired here),
- *	  and earmark.meter_mark (an expiry's mark; an expired job row is its
- *	  own ledger entry, see the view earmark.ledger).
+ *	  and earmark.meter_mark (every writer's mark, em_mark_cycle; an
+ *	  expired job row is its own ledger entry, see the view
+ *	  earmark.ledger).
  *
  *	  Locks: the budget row FOR UPDATE (em_budget_lock; the callers hold
  *	  it for the rest of their transaction); dead job rows FOR UPDATE SKIP
@@ -341,14 +342,35 @@ static EmStatement expire_locked_jobs = {
 	3, {TEXTOID, INT8ARRAYOID, TIMESTAMPTZOID}
 };
 
+/*
+ * The cycle's mark, inserted when no committed one was seen: meter_mark
+ * has no unique key (earmark.sql), so the insert never waits for another
+ * writer's uncommitted mark.  That wait closed cycles: a writer that held
+ * a job row another transaction waited for (a reserve's key check, a
+ * settle of the same job) waited in its mark's insert for that
+ * transaction's own mark (isolation specs review_many_mark_deadlock,
+ * review_many_vs_settle).  Writers that ran together may each insert one;
+ * the reporter deletes them all.
+ */
 static EmStatement insert_mark = {
-	"INSERT INTO earmark.meter_mark (account, budget_id) VALUES ($1, $2) "
-	"ON CONFLICT DO NOTHING",
+	"INSERT INTO earmark.meter_mark (account, budget_id) VALUES ($1, $2)",
 	2, {TEXTOID, INT8OID}
 };
 
 /*
- * Mark the cycle for the reporter (it may be marked already).  The
+ * On Citus, where em_mark_seen cannot read: the check in the statement's
+ * snapshot, taken after the caller's mark lock under READ COMMITTED (a
+ * transaction's snapshot may be older than that lock and still show a mark
+ * the reporter deleted since: then the plain insert).
+ */
+static EmStatement insert_mark_unseen = {
+	"INSERT INTO earmark.meter_mark (account, budget_id) SELECT $1, $2 "
+	"WHERE NOT EXISTS (SELECT 1 FROM earmark.meter_mark WHERE account = $1 AND budget_id = $2)",
+	2, {TEXTOID, INT8OID}
+};
+
+/*
+ * Mark the cycle for the reporter, unless it is marked already.  The
  * caller holds the cycle's mark lock.
  */
 void
@@ -356,9 +378,12 @@ em_mark_cycle(text *account, int64 budget_id)
 {
 	Datum		args[2];
 
+	if (em_mark_seen(account, budget_id))
+		return;
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
-	em_exec(&insert_mark, args, NULL, 0);
+	em_exec(em_distributed() && !IsolationUsesXactSnapshot() ?
+			&insert_mark_unseen : &insert_mark, args, NULL, 0);
 }
 
 /*
@@ -371,8 +396,8 @@ em_mark_cycle(text *account, int64 budget_id)
  * transaction's: under REPEATABLE READ a snapshot older than the lock may
  * still show a mark the reporter deleted since.  False under SERIALIZABLE
  * (the read would add predicate locks the insert does not) and on Citus
- * (the table here is a shell): the caller then inserts the mark with ON
- * CONFLICT DO NOTHING, as it always did.
+ * (the table here is a shell): em_mark_cycle then inserts, checking in its
+ * statement on Citus under READ COMMITTED.
  */
 static EmDirect mark_of_cycle = {
 	.table = "meter_mark", .nkeys = 2, .keys = {"account", "budget_id"},

@@ -124,9 +124,21 @@ UPDATE earmark.meter_mark m SET account = b.account FROM earmark.budget b WHERE 
 DELETE FROM earmark.meter_mark WHERE account IS NULL;
 ALTER TABLE earmark.meter_mark ALTER COLUMN account SET NOT NULL;
 ALTER TABLE earmark.meter_mark DROP CONSTRAINT meter_mark_pkey;
-ALTER TABLE earmark.meter_mark ADD PRIMARY KEY (account, budget_id);
+CREATE INDEX meter_mark_cycle ON earmark.meter_mark (account, budget_id);
 DROP INDEX earmark.meter_mark_order;
 CREATE INDEX meter_mark_order ON earmark.meter_mark (marked_at, account, budget_id);
+-- a cycle may have more than one mark now: worker_status counts cycles
+CREATE OR REPLACE VIEW earmark.worker_status AS
+    SELECT (SELECT pg_catalog.count(*) FROM (SELECT DISTINCT account, budget_id FROM earmark.meter_mark) c) AS marked_cycles,
+           (SELECT pg_catalog.min(marked_at) FROM earmark.meter_mark) AS oldest_mark,
+           r.last_pass_at AS last_report_at, r.last_pass_sent AS last_report_sent,
+           r.last_pass_failed AS last_report_failed, r.last_error AS last_report_error,
+           r.blocked_until AS report_blocked_until,
+           (SELECT pg_catalog.count(*) FROM earmark.meter_review) AS cycles_to_review,
+           (SELECT pg_catalog.count(*) FROM earmark.account WHERE limits_wanted_at IS NOT NULL) AS limits_wanted,
+           (SELECT pg_catalog.count(*) FROM earmark.inbox_event WHERE status = 'dead') AS dead_events,
+           earmark.workers_running() AS workers_running
+      FROM earmark.reporter_state r;
 
 -- meter_send
 ALTER TABLE earmark.meter_send ADD COLUMN account text;

@@ -254,16 +254,20 @@ CREATE TABLE earmark.usage_shard (
     PRIMARY KEY (account, budget_id, shard)
 ) WITH (fillfactor = 50);
 
--- Cycles whose ledger changed since the meter was last told.  A mark is
--- written once; more usage while it is marked writes nothing more.  The
--- reporter deletes a mark only after the provider took the total, and
--- only while no writer that saw the mark is still running (meter.c).
+-- Cycles whose ledger changed since the meter was last told.  A writer
+-- inserts a mark when it sees none committed; more usage while the cycle
+-- is marked writes nothing more.  No unique key: an insert never waits for
+-- another writer's uncommitted mark (a wait that closed a cycle with that
+-- writer's wait for a job row), so writers that ran together may each have
+-- inserted one; a cycle is marked while it has any.  The reporter deletes
+-- a cycle's marks only after the provider took the total, and only while
+-- no writer that saw the cycle unmarked is still running (meter.c).
 CREATE TABLE earmark.meter_mark (
     budget_id   bigint NOT NULL,
     marked_at   timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    account     text NOT NULL,
-    PRIMARY KEY (account, budget_id)
+    account     text NOT NULL
 );
+CREATE INDEX meter_mark_cycle ON earmark.meter_mark (account, budget_id);
 CREATE INDEX meter_mark_order ON earmark.meter_mark (marked_at, account, budget_id);
 
 -- Every total sent to the provider's meter, by the reporter or by a
@@ -1007,7 +1011,7 @@ REVOKE ALL ON FUNCTION earmark.workers_running() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION earmark.workers_running() TO earmark_admin;
 
 CREATE VIEW earmark.worker_status AS
-    SELECT (SELECT pg_catalog.count(*) FROM earmark.meter_mark) AS marked_cycles,
+    SELECT (SELECT pg_catalog.count(*) FROM (SELECT DISTINCT account, budget_id FROM earmark.meter_mark) c) AS marked_cycles,
            (SELECT pg_catalog.min(marked_at) FROM earmark.meter_mark) AS oldest_mark,
            r.last_pass_at AS last_report_at, r.last_pass_sent AS last_report_sent,
            r.last_pass_failed AS last_report_failed, r.last_error AS last_report_error,

@@ -32,6 +32,7 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "utils/array.h"
 #include "utils/timestamp.h"
@@ -54,7 +55,11 @@ static EmStatement key_row = {
  * The keys' rows, one counter row per cycle and the cycles' marks, in one
  * statement: key_row for many rows.  It returns the position (in the
  * arrays) of each row it wrote; a key another transaction wrote meanwhile
- * is waited for and skipped.
+ * is waited for and skipped.  A cycle's mark is inserted unless the
+ * statement's snapshot shows one ($8, under READ COMMITTED: that snapshot
+ * is taken after the caller's mark locks, while a transaction's snapshot
+ * may be older and still show a mark the reporter deleted since; then
+ * the mark is inserted, and the reporter deletes every mark of a cycle).
  */
 static EmStatement key_rows = {
 	"WITH e AS (SELECT * FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::bigint[]), "
@@ -69,10 +74,11 @@ static EmStatement key_rows = {
 	"       ON CONFLICT (account, budget_id, shard) DO UPDATE SET units = u.units + excluded.units"
 	"       RETURNING budget_id),"
 	" m AS (INSERT INTO earmark.meter_mark (account, budget_id)"
-	"       SELECT $1, c.budget_id FROM c ON CONFLICT DO NOTHING) "
+	"       SELECT $1, c.budget_id FROM c WHERE NOT ($8 AND EXISTS ("
+	"         SELECT 1 FROM earmark.meter_mark x WHERE x.account = $1 AND x.budget_id = c.budget_id))) "
 	"SELECT e.n FROM e JOIN l ON l.entry_key = e.entry_key",
-	7, {TEXTOID, INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, INT4OID,
-	TIMESTAMPTZOID}
+	8, {TEXTOID, INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, INT4OID,
+	TIMESTAMPTZOID, BOOLOID}
 };
 
 /*
@@ -80,15 +86,16 @@ static EmStatement key_rows = {
  * release and the mark in one statement (a statement fewer than gate.c's
  * one after another).  The mark is written only after the budget row's
  * update, which it depends on: the main statement reads b, so b runs
- * first.  (The job row, which the caller's settlement wrote, is the
- * ledger entry.)  Not on Citus, which plans a statement of several writes
+ * first; the caller runs it when it saw no mark (em_mark_seen).  (The job
+ * row, which the caller's settlement wrote, is the ledger entry.)  Not on
+ * Citus, which plans a statement of several writes
  * in steps whose intermediate results go to every node.
  */
 static EmStatement settle_local = {
 	"WITH b AS (UPDATE earmark.budget SET held = held - $3, used = used + $4 "
 	"           WHERE account = $1 AND budget_id = $2 RETURNING 1) "
 	"INSERT INTO earmark.meter_mark (account, budget_id) "
-	"SELECT $1, $2 WHERE $4 > 0 AND EXISTS (SELECT 1 FROM b) ON CONFLICT DO NOTHING",
+	"SELECT $1, $2 WHERE $4 > 0 AND EXISTS (SELECT 1 FROM b)",
 	4, {TEXTOID, INT8OID, INT8OID, INT8OID}
 };
 
@@ -121,7 +128,7 @@ em_entry_keys(text *account, int n, Datum *budget_ids, Datum *units,
 			  Datum *keys, Datum *occurred_at, int32 shard,
 			  TimestampTz recorded_at, bool *written)
 {
-	Datum		args[7];
+	Datum		args[8];
 	uint64		r;
 	int			i;
 
@@ -132,6 +139,7 @@ em_entry_keys(text *account, int n, Datum *budget_ids, Datum *units,
 	args[4] = int8_like_array(occurred_at, n, TIMESTAMPTZOID);
 	args[5] = Int32GetDatum(shard);
 	args[6] = TimestampTzGetDatum(recorded_at);
+	args[7] = BoolGetDatum(!IsolationUsesXactSnapshot());
 	em_exec(&key_rows, args, NULL, 0);
 	for (i = 0; i < n; i++)
 		written[i] = false;

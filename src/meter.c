@@ -4,13 +4,15 @@
  *	  The reporter: sends each marked cycle's absolute total to the
  *	  provider's meter.  A pass has three steps:
  *	  1. claim (a transaction): up to earmark.report_batch marks, oldest
- *	     first, with their cycle's total and ids.  Nothing is locked or
- *	     deleted, so a worker killed after this step loses nothing.
+ *	     first, with their cycle's total and ids, each cycle once (writers
+ *	     that ran together may have marked a cycle more than once).
+ *	     Nothing is locked or deleted, so a worker killed after this step
+ *	     loses nothing.
  *	  2. send (no transaction in the worker, no earmark lock anywhere):
  *	     the totals, earmark.report_parallel requests at once.  A closed
  *	     cycle is not sent.
  *	  3. finish (a transaction): log every send in earmark.meter_send;
- *	     delete the mark of a cycle the provider took, but only with the
+ *	     delete the marks of a cycle the provider took, but only with the
  *	     cycle's mark lock taken exclusively without waiting and only if
  *	     the total has not moved since step 1 (ledger.c: every writer that
  *	     may have found the mark holds that lock shared until it commits,
@@ -22,8 +24,8 @@
  *
  *	  Tables: earmark.meter_mark, meter_send, meter_review, reporter_state,
  *	  and reads of budget, budget_slot, usage_shard, account.  Locks: the
- *	  mark lock (exclusive, never waited for) and the mark row deleted or
- *	  updated under it; never a budget row.
+ *	  mark lock (exclusive, never waited for) and the cycle's mark rows
+ *	  deleted or updated under it; never a budget row.
  *
  *-------------------------------------------------------------------------
  */
@@ -121,7 +123,7 @@ static EmStatement delete_mark = {
 };
 
 static EmStatement mark_exists = {
-	"SELECT 1 FROM earmark.meter_mark WHERE budget_id = $1 AND account = $2",
+	"SELECT 1 FROM earmark.meter_mark WHERE budget_id = $1 AND account = $2 LIMIT 1",
 	2, {INT8OID, TEXTOID}
 };
 
@@ -228,6 +230,31 @@ read_cycle_numbers(EmMeterOp *op)
 }
 
 /*
+ * A cycle may have more than one mark (earmark.sql): of the claim's rows
+ * of one cycle only the first is kept, so that a pass sends a cycle once
+ * (and then deletes all its marks).  The rows are at most
+ * earmark.report_batch; a cycle's rows compare its id first.
+ */
+static int
+first_of_each_cycle(EmMeterOp *ops, int n)
+{
+	int			kept = 0;
+	int			i;
+	int			j;
+
+	for (i = 0; i < n; i++)
+	{
+		for (j = 0; j < kept; j++)
+			if (ops[j].budget_id == ops[i].budget_id &&
+				strcmp(ops[j].mark_account, ops[i].mark_account) == 0)
+				break;
+		if (j == kept)
+			ops[kept++] = ops[i];
+	}
+	return kept;
+}
+
+/*
  * Step 1: the marked cycles, in memory of the caller's context.  Returns
  * -1 while the provider's 429 reset has not passed.
  */
@@ -259,6 +286,7 @@ em_report_claim(int max_cycles, TimestampTz now, EmMeterOp **ops_out,
 		else
 			read_claimed(&ops[i], i, now, cxt);
 	}
+	n = first_of_each_cycle(ops, n);
 	/* (the claim's result is read whole before these replace it) */
 	if (distributed)
 		for (i = 0; i < n; i++)

@@ -170,12 +170,6 @@ static EmStatement rebuild_counters = {
 	2, {TEXTOID, INT8OID}
 };
 
-/* after a repair the reporter sends the cycle once more (see repair) */
-static EmStatement mark_cycle = {
-	"INSERT INTO earmark.meter_mark (account, budget_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-	2, {TEXTOID, INT8OID}
-};
-
 /* the columns of last_evidence */
 enum
 {
@@ -395,11 +389,8 @@ check_cycle(Run *run, Check *c)
 static void
 mark_after_repair(Check *c)
 {
-	Datum		args[2];
-
-	cycle_args(c, args);
 	em_mark_lock(c->op.budget_id);
-	em_exec(&mark_cycle, args, NULL, 0);
+	em_mark_cycle(cstring_to_text(c->op.account), c->op.budget_id);
 }
 
 /* counters that differ from the ledger: rebuilt, if no writer is at it */
