@@ -127,6 +127,7 @@ ALTER TABLE earmark.meter_mark DROP CONSTRAINT meter_mark_pkey;
 CREATE INDEX meter_mark_cycle ON earmark.meter_mark (account, budget_id);
 DROP INDEX earmark.meter_mark_order;
 CREATE INDEX meter_mark_order ON earmark.meter_mark (marked_at, account, budget_id);
+ALTER TABLE earmark.meter_mark REPLICA IDENTITY FULL;
 -- a cycle may have more than one mark now: worker_status counts cycles
 CREATE OR REPLACE VIEW earmark.worker_status AS
     SELECT (SELECT pg_catalog.count(*) FROM (SELECT DISTINCT account, budget_id FROM earmark.meter_mark) c) AS marked_cycles,

@@ -269,6 +269,10 @@ CREATE TABLE earmark.meter_mark (
 );
 CREATE INDEX meter_mark_cycle ON earmark.meter_mark (account, budget_id);
 CREATE INDEX meter_mark_order ON earmark.meter_mark (marked_at, account, budget_id);
+-- Without a key, the whole row identifies a mark to logical replication:
+-- Citus moves an account's shards that way (docs/scale-out.md), and only
+-- the reporter deletes or updates marks.
+ALTER TABLE earmark.meter_mark REPLICA IDENTITY FULL;
 
 -- Every total sent to the provider's meter, by the reporter or by a
 -- reconciliation's repair, with the answer.  The last row with ok is "the

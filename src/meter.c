@@ -51,7 +51,18 @@ static EmStatement blocked_until = {
 	0, {InvalidOid}
 };
 
-/* a total past bigint reads as NULL here: that cycle fails, not the pass */
+/*
+ * A cycle may have more than one mark (earmark.sql): the claim walks the
+ * marks oldest first by meter_mark_order, up to CLAIM_WALK times as many
+ * as it claims cycles, and claims each cycle once, so that a cycle whose
+ * writers each marked it takes one place of the pass, not many.  (The
+ * reporter leaves a cycle it does not clear with one mark, finish_cycle:
+ * more than one is left only by writers since its last pass.)
+ *
+ * A total past bigint reads as NULL here: that cycle fails, not the pass.
+ */
+#define CLAIM_WALK 4
+
 static EmStatement claim_marks = {
 	"SELECT m.budget_id, b.account, b.feature, b.cycle_start, b.cycle_end, "
 	"       a.provider_customer, a.provider_agreement, "
@@ -59,19 +70,24 @@ static EmStatement claim_marks = {
 	"       (SELECT x.total FROM earmark.meter_send x "
 	"         WHERE x.account = m.account AND x.budget_id = m.budget_id AND x.ok "
 	"         ORDER BY x.send_id DESC LIMIT 1), m.account "
-	"FROM earmark.meter_mark m "
+	"FROM (SELECT r.account, r.budget_id, pg_catalog.min(r.marked_at) AS marked_at "
+	"        FROM (SELECT account, budget_id, marked_at FROM earmark.meter_mark "
+	"               ORDER BY marked_at, account, budget_id LIMIT $2) r "
+	"       GROUP BY r.account, r.budget_id "
+	"       ORDER BY 3, 1, 2 LIMIT $1) m "
 	"LEFT JOIN earmark.budget b ON b.account = m.account AND b.budget_id = m.budget_id "
 	"LEFT JOIN earmark.account a ON a.account = b.account "
 	"LEFT JOIN LATERAL (SELECT " EM_CYCLE_TOTAL_NUMERIC_SQL " AS tot) t ON true "
-	"ORDER BY m.marked_at, m.account, m.budget_id LIMIT $1",
-	1, {INT4OID}
+	"ORDER BY m.marked_at, m.account, m.budget_id",
+	2, {INT4OID, INT4OID}
 };
 
 /*
  * On a distributed install Citus plans no correlated subquery over the
- * whole cluster: the marks are claimed with joins on the account alone,
- * and each cycle's total and last send are read with a statement of its
- * own that names the account (one shard).
+ * whole cluster: the marks are claimed with joins on the account alone
+ * (CLAIM_WALK times as many rows as cycles, of which first_of_each_cycle
+ * keeps each cycle's first), and each cycle's total and last send are
+ * read with a statement of its own that names the account (one shard).
  */
 /* the columns of claim_marks (CM_) and of claim_marks_distributed (CD_) */
 enum
@@ -124,6 +140,21 @@ static EmStatement delete_mark = {
 
 static EmStatement mark_exists = {
 	"SELECT 1 FROM earmark.meter_mark WHERE budget_id = $1 AND account = $2 LIMIT 1",
+	2, {INT8OID, TEXTOID}
+};
+
+/*
+ * The cycle's marks but one, where the reporter leaves the cycle marked:
+ * writers that ran together may each have inserted one, and each would
+ * take a row of every claim's walk while the cycle stays marked.  The
+ * committed marks of the earliest marked_at stay, so the cycle stays
+ * marked whoever else deletes at the same time; no mark lock is needed: a
+ * writer that saw a mark and inserted none relies on the cycle being
+ * marked, not on that row.
+ */
+static EmStatement keep_one_mark = {
+	"DELETE FROM earmark.meter_mark WHERE budget_id = $1 AND account = $2 AND marked_at > "
+	"(SELECT pg_catalog.min(marked_at) FROM earmark.meter_mark WHERE budget_id = $1 AND account = $2)",
 	2, {INT8OID, TEXTOID}
 };
 
@@ -229,28 +260,57 @@ read_cycle_numbers(EmMeterOp *op)
 	op->read_total = SPI_processed == 1 ? em_get_int64(0, 1, -1) : -1;
 }
 
+/* a claimed row's cycle and its place in the claim, for first_of_each_cycle */
+typedef struct ClaimedRow
+{
+	int64		budget_id;
+	const char *account;
+	int			pos;
+} ClaimedRow;
+
+static int
+claimed_row_cmp(const void *a, const void *b)
+{
+	const ClaimedRow *x = a;
+	const ClaimedRow *y = b;
+	int			c;
+
+	if (x->budget_id != y->budget_id)
+		return x->budget_id < y->budget_id ? -1 : 1;
+	c = strcmp(x->account, y->account);
+	if (c != 0)
+		return c;
+	return x->pos - y->pos;
+}
+
 /*
- * A cycle may have more than one mark (earmark.sql): of the claim's rows
- * of one cycle only the first is kept, so that a pass sends a cycle once
- * (and then deletes all its marks).  The rows are at most
- * earmark.report_batch; a cycle's rows compare its id first.
+ * The claim's rows with each cycle's first only, in the claim's order, at
+ * most max: the number kept.  (Sorted by cycle and place, so that a large
+ * claim costs n log n.)
  */
 static int
-first_of_each_cycle(EmMeterOp *ops, int n)
+first_of_each_cycle(EmMeterOp *ops, int n, int max)
 {
+	ClaimedRow *rows = palloc(sizeof(ClaimedRow) * Max(n, 1));
+	bool	   *repeat = palloc0(sizeof(bool) * Max(n, 1));
 	int			kept = 0;
 	int			i;
-	int			j;
 
 	for (i = 0; i < n; i++)
 	{
-		for (j = 0; j < kept; j++)
-			if (ops[j].budget_id == ops[i].budget_id &&
-				strcmp(ops[j].mark_account, ops[i].mark_account) == 0)
-				break;
-		if (j == kept)
-			ops[kept++] = ops[i];
+		rows[i].budget_id = ops[i].budget_id;
+		rows[i].account = ops[i].mark_account;
+		rows[i].pos = i;
 	}
+	qsort(rows, n, sizeof(ClaimedRow), claimed_row_cmp);
+	for (i = 1; i < n; i++)
+		repeat[rows[i].pos] = rows[i].budget_id == rows[i - 1].budget_id &&
+			strcmp(rows[i].account, rows[i - 1].account) == 0;
+	for (i = 0; i < n && kept < max; i++)
+		if (!repeat[i])
+			ops[kept++] = ops[i];
+	pfree(rows);
+	pfree(repeat);
 	return kept;
 }
 
@@ -262,9 +322,10 @@ int
 em_report_claim(int max_cycles, TimestampTz now, EmMeterOp **ops_out,
 				MemoryContext cxt)
 {
-	Datum		arg;
+	Datum		args[2];
 	bool		isnull;
 	bool		distributed = em_distributed();
+	int			walk;
 	EmMeterOp  *ops;
 	int			n;
 	int			i;
@@ -275,8 +336,10 @@ em_report_claim(int max_cycles, TimestampTz now, EmMeterOp **ops_out,
 	if (!isnull && DatumGetTimestampTz(d) > now)
 		return -1;
 
-	arg = Int32GetDatum(max_cycles);
-	em_exec(distributed ? &claim_marks_distributed : &claim_marks, &arg, NULL, 0);
+	walk = (int) Min((int64) max_cycles * CLAIM_WALK, PG_INT32_MAX);
+	args[0] = Int32GetDatum(distributed ? walk : max_cycles);
+	args[1] = Int32GetDatum(walk);
+	em_exec(distributed ? &claim_marks_distributed : &claim_marks, args, NULL, 0);
 	n = (int) SPI_processed;
 	ops = MemoryContextAllocZero(cxt, sizeof(EmMeterOp) * Max(n, 1));
 	for (i = 0; i < n; i++)
@@ -286,7 +349,7 @@ em_report_claim(int max_cycles, TimestampTz now, EmMeterOp **ops_out,
 		else
 			read_claimed(&ops[i], i, now, cxt);
 	}
-	n = first_of_each_cycle(ops, n);
+	n = first_of_each_cycle(ops, n, max_cycles);
 	/* (the claim's result is read whole before these replace it) */
 	if (distributed)
 		for (i = 0; i < n; i++)
@@ -381,18 +444,21 @@ finish_cycle(EmMeterOp *op, TimestampTz now)
 			note_for_review(op, now);
 			em_exec(&delete_mark, arg, NULL, 0);
 		}
+		else
+			em_exec(&keep_one_mark, arg, NULL, 0);
 		return;
 	}
 
 	em_log_send(op, "report");
-	if (op->ok)
+	if (op->ok && em_mark_try_lock_exclusive(op->budget_id) &&
+		em_cycle_total(cstring_to_text(op->account), op->budget_id, &found) == op->total)
 	{
-		if (em_mark_try_lock_exclusive(op->budget_id) &&
-			em_cycle_total(cstring_to_text(op->account), op->budget_id, &found) == op->total)
-			em_exec(&delete_mark, arg, NULL, 0);
-		/* else: usage arrived meanwhile, the mark stays for the next pass */
+		em_exec(&delete_mark, arg, NULL, 0);
+		return;
 	}
-	else if (em_mark_try_lock_exclusive(op->budget_id))
+	/* usage arrived meanwhile, or the send failed: marked for a later pass */
+	em_exec(&keep_one_mark, arg, NULL, 0);
+	if (!op->ok && em_mark_try_lock_exclusive(op->budget_id))
 		em_exec(&requeue_mark, arg, NULL, 0);	/* behind the cycles that wait */
 }
 

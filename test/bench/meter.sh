@@ -94,7 +94,7 @@ Q -c "ALTER SYSTEM SET earmark.provider = 'kinde'" -c "ALTER SYSTEM SET earmark.
 report_rate() {  # report_rate PARALLEL: requests/s of one pass over CYCLES marks
     Q -c "ALTER SYSTEM SET earmark.report_parallel = $1" -c "SELECT pg_reload_conf()" >/dev/null
     sleep 0.5
-    Q -c "INSERT INTO earmark.meter_mark (account, budget_id) SELECT account, budget_id FROM earmark.budget WHERE account LIKE 'acc%' ORDER BY budget_id LIMIT $CYCLES ON CONFLICT DO NOTHING" >/dev/null
+    Q -c "DELETE FROM earmark.meter_mark" -c "INSERT INTO earmark.meter_mark (account, budget_id) SELECT account, budget_id FROM earmark.budget WHERE account LIKE 'acc%' ORDER BY budget_id LIMIT $CYCLES" >/dev/null
     local t0 t1 sent
     t0=$(date +%s.%N)
     sent=$(Q -c "SELECT earmark_report($CYCLES)")
