@@ -6,9 +6,10 @@
  *
  *	  Tables: earmark.job (the holds), earmark.budget (through budget.c,
  *	  and a settlement's held and used), earmark.budget_slot (a settlement
- *	  of a hold taken from a slot) and earmark.meter_mark (a mark per
- *	  settlement that charged something; the settled job row itself is its
- *	  ledger entry, see the view earmark.ledger).
+ *	  of a hold taken from a slot) and earmark.meter_mark (the cycle's
+ *	  mark, by a settlement that charged something and saw the cycle
+ *	  unmarked, budget.c; the settled job row itself is its ledger entry,
+ *	  see the view earmark.ledger).
  *
  *	  Locks, and why they cannot deadlock among themselves:
  *	  - reserve locks the budget row FOR UPDATE (check and hold in one
@@ -1693,12 +1694,13 @@ lock_row(EmDirect *d, EmStatement *sql, text *account, int64 key, Datum *v,
  * the job closed locks nothing more (review_settle_noop_budget_lock).
  *
  * Into a slot, a settlement that charges also marks the cycle here, before
- * the job row's write: the mark's insert waits for a transaction that
- * inserted the mark and is still open, such as a slow-path reserve that
- * expired a dead hold with use, which may be the reserve of this job's key
- * (review_slot_settle_mark_deadlock).  (Into the budget row the mark comes
- * after, as for any job: the settle holds the budget row by then, and that
- * reserve cannot be running.)
+ * the job row's write.  While meter_mark had a unique key, the mark's
+ * insert waited for a transaction that had inserted the mark and was still
+ * open, such as a slow-path reserve that expired a dead hold with use,
+ * which may be the reserve of this job's key
+ * (review_slot_settle_mark_deadlock); a mark's insert waits for nobody
+ * now (budget.c), and the order is kept because it costs nothing.  (Into
+ * the budget row the mark comes after, as for any job.)
  *
  * False, with the status in *s, when the locked job is not open; else
  * *slot is the slot, or -1 for the budget row, and *marked says whether
