@@ -268,9 +268,10 @@ stop_test_cluster plain
 if layer citus; then
     t_begin "citus"
     # earmark.sh, escrow_settle.sh (a settle of escrow slot jobs,
-    # whose locks are SQL on Citus) and mark_shard_move.sh (an account's
-    # shards moved while its cycle is marked), each on a cluster of its own
-    for ct in earmark escrow_settle mark_shard_move; do
+    # whose locks are SQL on Citus), mark_shard_move.sh (an account's
+    # shards moved while its cycle is marked) and mark_one.sh (a failed
+    # pass leaves a cycle one mark), each on a cluster of its own
+    for ct in earmark escrow_settle mark_shard_move mark_one; do
         em_log "citus: test/citus/$ct.sh"
         CT_PORT=${EM_CITUS_PORT:-$(( ${EM_TEST_PORT:-55432} + 300 ))} timeout 1800 \
             bash test/citus/$ct.sh >"$OUT/citus-$ct.log" 2>&1

@@ -304,8 +304,9 @@ event_budget(UsageBatch *ub, UsageEvent *e, bool has_anchor, TimestampTz anchor)
 
 /*
  * Write the pending events: their cycles' mark locks (shared, as a single
- * call takes it), then one statement (em_entry_keys, entries.c: the rows,
- * one counter row per cycle and the cycles' marks).  An event whose key
+ * call takes it) and which of the cycles are marked already (em_mark_seen),
+ * then one statement (em_entry_keys, entries.c: the rows, one counter row
+ * per cycle and the marks of the others).  An event whose key
  * another transaction wrote meanwhile is a repeat of it (or EM001), as in
  * a single call.
  */
@@ -318,6 +319,8 @@ flush_pending(UsageBatch *ub)
 	Datum	   *keys;
 	Datum	   *times;
 	bool	   *written;
+	Datum	   *marked;
+	int			nmarked = 0;
 	int			i;
 
 	if (n == 0)
@@ -337,9 +340,14 @@ flush_pending(UsageBatch *ub)
 		keys[i] = PointerGetDatum(e->key);
 		times[i] = TimestampTzGetDatum(e->occurred_at);
 	}
+	marked = palloc(sizeof(Datum) * Max(ub->nbudgets, 1));
 	for (i = 0; i < ub->nbudgets; i++)
+	{
 		em_mark_lock(ub->budgets[i].budget_id);
-	em_entry_keys(ub->account, n, budget_ids, units, keys, times,
+		if (em_mark_seen(ub->account, ub->budgets[i].budget_id))
+			marked[nmarked++] = Int64GetDatum(ub->budgets[i].budget_id);
+	}
+	em_entry_keys(ub->account, n, budget_ids, units, keys, times, nmarked, marked,
 				  (int32) pg_prng_uint64_range(&pg_global_prng_state, 0,
 											   EARMARK_USAGE_SHARDS - 1),
 				  ub->now, written);

@@ -48,6 +48,7 @@
 #include "storage/lmgr.h"
 #include "storage/lock.h"
 #include "utils/array.h"
+#include "utils/snapmgr.h"
 
 #include "budget.h"
 #include "cluster.h"
@@ -387,17 +388,21 @@ em_mark_cycle(text *account, int64 budget_id)
 }
 
 /*
- * Whether the cycle's meter mark is there, committed, so that a writer need
- * not insert it: read by index from C (direct.c) in the latest snapshot,
- * by a caller that holds the cycle's mark lock shared.  Holding that lock,
- * no reporter is between its exclusive lock and its commit, so a mark
- * committed now stays until the caller commits (the reporter deletes a
- * mark only under the exclusive lock).  The latest snapshot, not the
- * transaction's: under REPEATABLE READ a snapshot older than the lock may
- * still show a mark the reporter deleted since.  False under SERIALIZABLE
- * (the read would add predicate locks the insert does not) and on Citus
- * (the table here is a shell): em_mark_cycle then inserts, checking in its
- * statement on Citus under READ COMMITTED.
+ * Whether the cycle's meter mark is there, committed or this
+ * transaction's own, so that a writer need not insert it: read by index
+ * from C (direct.c), by a caller that holds the cycle's mark lock shared.
+ * Holding that lock, no reporter is between its exclusive lock and its
+ * commit, so a mark committed now stays until the caller commits (the
+ * reporter deletes marks only under the exclusive lock).  Read with
+ * SnapshotSelf, which sees what is committed now and the transaction's
+ * own rows, not with the transaction's snapshot: under REPEATABLE READ a
+ * snapshot older than the lock may still show a mark the reporter deleted
+ * since; and SnapshotSelf takes no predicate lock under SERIALIZABLE (an
+ * MVCC read would, and two writers of one cycle that each read "no mark"
+ * and inserted one would fail each other with 40001).  A transaction that
+ * writes a cycle many times so inserts one mark.  False on Citus (the
+ * table here is a shell): em_mark_cycle then checks in its insert under
+ * READ COMMITTED.
  */
 static EmDirect mark_of_cycle = {
 	.table = "meter_mark", .nkeys = 2, .keys = {"account", "budget_id"},
@@ -414,17 +419,12 @@ bool
 em_mark_seen(text *account, int64 budget_id)
 {
 	Datum		keys[2];
-	Snapshot	snap;
-	bool		seen;
 
-	if (IsolationIsSerializable() || em_distributed())
+	if (em_distributed())
 		return false;
 	keys[0] = PointerGetDatum(account);
 	keys[1] = Int64GetDatum(budget_id);
-	snap = em_direct_latest_snapshot();
-	seen = em_direct_scan(&mark_of_cycle, keys, snap, count_row, NULL) > 0;
-	em_direct_release(snap);
-	return seen;
+	return em_direct_scan(&mark_of_cycle, keys, SnapshotSelf, count_row, NULL) > 0;
 }
 
 /* the ids of up to max dead holds of the budget, locked; palloc'd */

@@ -56,10 +56,12 @@ static EmStatement key_row = {
  * statement: key_row for many rows.  It returns the position (in the
  * arrays) of each row it wrote; a key another transaction wrote meanwhile
  * is waited for and skipped.  A cycle's mark is inserted unless the
- * statement's snapshot shows one ($8, under READ COMMITTED: that snapshot
- * is taken after the caller's mark locks, while a transaction's snapshot
- * may be older and still show a mark the reporter deleted since; then
- * the mark is inserted, and the reporter deletes every mark of a cycle).
+ * caller saw it marked ($9: em_mark_seen, on a single node) or the
+ * statement's snapshot shows a mark ($8, under READ COMMITTED: that
+ * snapshot is taken after the caller's mark locks, while a transaction's
+ * snapshot may be older and still show a mark the reporter deleted since;
+ * then the mark is inserted, and the reporter deletes every mark of a
+ * cycle).
  */
 static EmStatement key_rows = {
 	"WITH e AS (SELECT * FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::bigint[]), "
@@ -74,11 +76,11 @@ static EmStatement key_rows = {
 	"       ON CONFLICT (account, budget_id, shard) DO UPDATE SET units = u.units + excluded.units"
 	"       RETURNING budget_id),"
 	" m AS (INSERT INTO earmark.meter_mark (account, budget_id)"
-	"       SELECT $1, c.budget_id FROM c WHERE NOT ($8 AND EXISTS ("
+	"       SELECT $1, c.budget_id FROM c WHERE c.budget_id <> ALL ($9) AND NOT ($8 AND EXISTS ("
 	"         SELECT 1 FROM earmark.meter_mark x WHERE x.account = $1 AND x.budget_id = c.budget_id))) "
 	"SELECT e.n FROM e JOIN l ON l.entry_key = e.entry_key",
-	8, {TEXTOID, INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, INT4OID,
-	TIMESTAMPTZOID, BOOLOID}
+	9, {TEXTOID, INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, INT4OID,
+	TIMESTAMPTZOID, BOOLOID, INT8ARRAYOID}
 };
 
 /*
@@ -125,10 +127,10 @@ int8_like_array(Datum *values, int n, Oid type)
 
 void
 em_entry_keys(text *account, int n, Datum *budget_ids, Datum *units,
-			  Datum *keys, Datum *occurred_at, int32 shard,
-			  TimestampTz recorded_at, bool *written)
+			  Datum *keys, Datum *occurred_at, int nmarked, Datum *marked,
+			  int32 shard, TimestampTz recorded_at, bool *written)
 {
-	Datum		args[8];
+	Datum		args[9];
 	uint64		r;
 	int			i;
 
@@ -140,6 +142,7 @@ em_entry_keys(text *account, int n, Datum *budget_ids, Datum *units,
 	args[5] = Int32GetDatum(shard);
 	args[6] = TimestampTzGetDatum(recorded_at);
 	args[7] = BoolGetDatum(!IsolationUsesXactSnapshot());
+	args[8] = int8_like_array(marked, nmarked, INT8OID);
 	em_exec(&key_rows, args, NULL, 0);
 	for (i = 0; i < n; i++)
 		written[i] = false;

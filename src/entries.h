@@ -19,14 +19,15 @@ extern bool em_entry_key(text *account, int64 budget_id, int64 units, text *key,
 						 TimestampTz occurred_at, TimestampTz recorded_at);
 
 /*
- * n keys' rows, one counter row per cycle in shard and the cycles' marks,
- * in one statement; written[i] tells whether row i was written (its key
- * was not taken).  The arrays hold Datums of bigint, bigint, text and
- * timestamptz.
+ * n keys' rows, one counter row per cycle in shard and the cycles' marks
+ * (but for the nmarked cycles in marked, which the caller saw marked), in
+ * one statement; written[i] tells whether row i was written (its key was
+ * not taken).  The arrays hold Datums of bigint, bigint, text and
+ * timestamptz; marked of bigint.
  */
 extern void em_entry_keys(text *account, int n, Datum *budget_ids, Datum *units,
-						  Datum *keys, Datum *occurred_at, int32 shard,
-						  TimestampTz recorded_at, bool *written);
+						  Datum *keys, Datum *occurred_at, int nmarked, Datum *marked,
+						  int32 shard, TimestampTz recorded_at, bool *written);
 
 /*
  * A settlement into the budget row on a single node: the release and

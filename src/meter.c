@@ -53,11 +53,13 @@ static EmStatement blocked_until = {
 
 /*
  * A cycle may have more than one mark (earmark.sql): the claim walks the
- * marks oldest first by meter_mark_order, up to CLAIM_WALK times as many
- * as it claims cycles, and claims each cycle once, so that a cycle whose
- * writers each marked it takes one place of the pass, not many.  (The
- * reporter leaves a cycle it does not clear with one mark, finish_cycle:
- * more than one is left only by writers since its last pass.)
+ * marks oldest first by meter_mark_order and claims each cycle once, so
+ * that a cycle whose writers each marked it takes one place of the pass,
+ * not many.  The walk starts at CLAIM_WALK marks for each cycle to claim
+ * and, while the marks it walked were too few cycles and there are more,
+ * is made CLAIM_WALK times longer (em_report_claim).  (A pass leaves a
+ * cycle it does not clear with one mark, finish_cycle: more than one is
+ * left only by writers since the last pass that could take its lock.)
  *
  * A total past bigint reads as NULL here: that cycle fails, not the pass.
  */
@@ -69,8 +71,9 @@ static EmStatement claim_marks = {
 	"       CASE WHEN t.tot <= 9223372036854775807 THEN t.tot::bigint END, "
 	"       (SELECT x.total FROM earmark.meter_send x "
 	"         WHERE x.account = m.account AND x.budget_id = m.budget_id AND x.ok "
-	"         ORDER BY x.send_id DESC LIMIT 1), m.account "
-	"FROM (SELECT r.account, r.budget_id, pg_catalog.min(r.marked_at) AS marked_at "
+	"         ORDER BY x.send_id DESC LIMIT 1), m.account, m.walked "
+	"FROM (SELECT r.account, r.budget_id, pg_catalog.min(r.marked_at) AS marked_at, "
+	"             (pg_catalog.sum(pg_catalog.count(*)) OVER ())::bigint AS walked "
 	"        FROM (SELECT account, budget_id, marked_at FROM earmark.meter_mark "
 	"               ORDER BY marked_at, account, budget_id LIMIT $2) r "
 	"       GROUP BY r.account, r.budget_id "
@@ -93,7 +96,7 @@ static EmStatement claim_marks = {
 enum
 {
 	CM_BUDGET_ID = 1, CM_ACCOUNT, CM_FEATURE, CM_CYCLE_START, CM_CYCLE_END,
-	CM_CUSTOMER, CM_AGREEMENT, CM_TOTAL, CM_LAST_SENT, CM_MARK_ACCOUNT
+	CM_CUSTOMER, CM_AGREEMENT, CM_TOTAL, CM_LAST_SENT, CM_MARK_ACCOUNT, CM_WALKED
 };
 enum
 {
@@ -143,19 +146,16 @@ static EmStatement mark_exists = {
 	2, {INT8OID, TEXTOID}
 };
 
-/*
- * The cycle's marks but one, where the reporter leaves the cycle marked:
- * writers that ran together may each have inserted one, and each would
- * take a row of every claim's walk while the cycle stays marked.  The
- * committed marks of the earliest marked_at stay, so the cycle stays
- * marked whoever else deletes at the same time; no mark lock is needed: a
- * writer that saw a mark and inserted none relies on the cycle being
- * marked, not on that row.
- */
-static EmStatement keep_one_mark = {
-	"DELETE FROM earmark.meter_mark WHERE budget_id = $1 AND account = $2 AND marked_at > "
-	"(SELECT pg_catalog.min(marked_at) FROM earmark.meter_mark WHERE budget_id = $1 AND account = $2)",
+/* the cycle's marks: how many, and the earliest */
+static EmStatement count_marks = {
+	"SELECT pg_catalog.count(*), pg_catalog.min(marked_at) FROM earmark.meter_mark "
+	"WHERE budget_id = $1 AND account = $2",
 	2, {INT8OID, TEXTOID}
+};
+
+static EmStatement put_mark = {
+	"INSERT INTO earmark.meter_mark (budget_id, account, marked_at) VALUES ($1, $2, $3)",
+	3, {INT8OID, TEXTOID, TIMESTAMPTZOID}
 };
 
 static EmStatement requeue_mark = {
@@ -315,17 +315,51 @@ first_of_each_cycle(EmMeterOp *ops, int n, int max)
 }
 
 /*
+ * One claim over a walk of at most walk marks: the cycles, each once, at
+ * most max_cycles, into *ops_out (the caller's context); *walked is the
+ * number of marks walked.
+ */
+static int
+claim_walk(int max_cycles, int walk, TimestampTz now, EmMeterOp **ops_out,
+		   int64 *walked, MemoryContext cxt)
+{
+	bool		distributed = em_distributed();
+	Datum		args[2];
+	EmMeterOp  *ops;
+	int			n;
+	int			i;
+
+	args[0] = Int32GetDatum(distributed ? walk : max_cycles);
+	args[1] = Int32GetDatum(walk);
+	em_exec(distributed ? &claim_marks_distributed : &claim_marks, args, NULL, 0);
+	n = (int) SPI_processed;
+	*walked = distributed ? n : (n > 0 ? em_get_int64(0, CM_WALKED, 0) : 0);
+	ops = MemoryContextAllocZero(cxt, sizeof(EmMeterOp) * Max(n, 1));
+	for (i = 0; i < n; i++)
+	{
+		if (distributed)
+			read_claimed_distributed(&ops[i], i, now, cxt);
+		else
+			read_claimed(&ops[i], i, now, cxt);
+	}
+	*ops_out = ops;
+	return first_of_each_cycle(ops, n, max_cycles);
+}
+
+/*
  * Step 1: the marked cycles, in memory of the caller's context.  Returns
- * -1 while the provider's 429 reset has not passed.
+ * -1 while the provider's 429 reset has not passed.  A walk that found
+ * fewer cycles than max_cycles while more marks were left (one cycle's
+ * marks filled it) is made CLAIM_WALK times longer, until it finds them
+ * or walks every mark.
  */
 int
 em_report_claim(int max_cycles, TimestampTz now, EmMeterOp **ops_out,
 				MemoryContext cxt)
 {
-	Datum		args[2];
 	bool		isnull;
-	bool		distributed = em_distributed();
-	int			walk;
+	int64		walk = (int64) max_cycles * CLAIM_WALK;
+	int64		walked;
 	EmMeterOp  *ops;
 	int			n;
 	int			i;
@@ -336,22 +370,17 @@ em_report_claim(int max_cycles, TimestampTz now, EmMeterOp **ops_out,
 	if (!isnull && DatumGetTimestampTz(d) > now)
 		return -1;
 
-	walk = (int) Min((int64) max_cycles * CLAIM_WALK, PG_INT32_MAX);
-	args[0] = Int32GetDatum(distributed ? walk : max_cycles);
-	args[1] = Int32GetDatum(walk);
-	em_exec(distributed ? &claim_marks_distributed : &claim_marks, args, NULL, 0);
-	n = (int) SPI_processed;
-	ops = MemoryContextAllocZero(cxt, sizeof(EmMeterOp) * Max(n, 1));
-	for (i = 0; i < n; i++)
+	for (;;)
 	{
-		if (distributed)
-			read_claimed_distributed(&ops[i], i, now, cxt);
-		else
-			read_claimed(&ops[i], i, now, cxt);
+		walk = Min(walk, PG_INT32_MAX);
+		n = claim_walk(max_cycles, (int) walk, now, &ops, &walked, cxt);
+		if (n >= max_cycles || walked < walk || walk == PG_INT32_MAX)
+			break;
+		pfree(ops);
+		walk *= CLAIM_WALK;
 	}
-	n = first_of_each_cycle(ops, n, max_cycles);
 	/* (the claim's result is read whole before these replace it) */
-	if (distributed)
+	if (em_distributed())
 		for (i = 0; i < n; i++)
 			if (ops[i].account != NULL)
 				read_cycle_numbers(&ops[i]);
@@ -409,11 +438,44 @@ em_log_send(EmMeterOp *op, const char *origin)
 static void note_for_review(EmMeterOp *op, TimestampTz now);
 
 /*
+ * Under the cycle's exclusive mark lock (no writer of it is running): its
+ * marks made one, which keeps the earliest marked_at, or (at, when not 0)
+ * is moved to at.  Writers that ran together may each have inserted one
+ * (earmark.sql); left so, each would take a row of every claim's walk.
+ */
+static void
+one_mark(Datum *arg, TimestampTz at)
+{
+	int64		marks;
+	bool		isnull;
+
+	em_exec(&count_marks, arg, NULL, 1);
+	marks = em_get_int64(0, 1, 0);
+	if (marks == 0)
+		return;
+	if (marks == 1)
+	{
+		if (at != 0)
+		{
+			arg[2] = TimestampTzGetDatum(at);
+			em_exec(&requeue_mark, arg, NULL, 0);
+		}
+		return;
+	}
+	if (at == 0)
+		at = DatumGetTimestampTz(em_get(0, 2, &isnull));
+	em_exec(&delete_mark, arg, NULL, 0);
+	arg[2] = TimestampTzGetDatum(at);
+	em_exec(&put_mark, arg, NULL, 0);
+}
+
+/*
  * Step 3 for one cycle, on the node that holds its account: log the send;
- * delete the mark of a cycle the provider took, under the cycle's mark
- * lock taken exclusively without waiting, and only if its total did not
- * move; list a closed cycle for review; mark a failed one again, behind
- * the others.
+ * then, with the cycle's mark lock taken exclusively without waiting (a
+ * writer that holds it shared is still running: the marks stay as they
+ * are, for a later pass): delete the marks of a cycle the provider took,
+ * if its total did not move; list a closed cycle for review; mark a failed
+ * one again, behind the others; leave one mark otherwise (one_mark).
  */
 static void
 finish_cycle(EmMeterOp *op, TimestampTz now)
@@ -444,22 +506,19 @@ finish_cycle(EmMeterOp *op, TimestampTz now)
 			note_for_review(op, now);
 			em_exec(&delete_mark, arg, NULL, 0);
 		}
-		else
-			em_exec(&keep_one_mark, arg, NULL, 0);
 		return;
 	}
 
 	em_log_send(op, "report");
-	if (op->ok && em_mark_try_lock_exclusive(op->budget_id) &&
-		em_cycle_total(cstring_to_text(op->account), op->budget_id, &found) == op->total)
-	{
-		em_exec(&delete_mark, arg, NULL, 0);
+	if (!em_mark_try_lock_exclusive(op->budget_id))
 		return;
-	}
-	/* usage arrived meanwhile, or the send failed: marked for a later pass */
-	em_exec(&keep_one_mark, arg, NULL, 0);
-	if (!op->ok && em_mark_try_lock_exclusive(op->budget_id))
-		em_exec(&requeue_mark, arg, NULL, 0);	/* behind the cycles that wait */
+	if (op->ok &&
+		em_cycle_total(cstring_to_text(op->account), op->budget_id, &found) == op->total)
+		em_exec(&delete_mark, arg, NULL, 0);
+	else if (op->ok)
+		one_mark(arg, 0);		/* usage arrived meanwhile: it keeps its place */
+	else
+		one_mark(arg, now);		/* behind the cycles that wait */
 }
 
 /* a closed cycle that changed after it closed, for a person */
