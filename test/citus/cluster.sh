@@ -104,6 +104,17 @@ ct_sql() {
 # ct_val NODE SQL: the query's result, unaligned and without a header
 ct_val() { ct_sql "$1" -A -t -q -c "$2"; }
 
+# ct_wait SECONDS NODE SQL EXPECTED: poll a node until the query returns EXPECTED
+ct_wait() {
+    local deadline=$(( $(date +%s) + $1 )) got
+    while :; do
+        got=$(ct_val "$2" "$3" 2>/dev/null)
+        [ "$got" == "$4" ] && { echo "$got"; return 0; }
+        [ "$(date +%s)" -ge "$deadline" ] && { echo "$got"; return 1; }
+        sleep 0.2
+    done
+}
+
 # ct_ready NODE SECONDS: wait until the node accepts connections
 ct_ready() {
     local deadline=$(( $(date +%s) + ${2:-60} ))

@@ -108,17 +108,6 @@ kv() { sed -n "s/^$2=//p" "$1" | tail -n 1; }
 # matches TEXT REGEX: 0 when TEXT matches (for ok)
 matches() { [[ $1 =~ $2 ]]; echo $?; }
 
-# ct_wait SECONDS NODE SQL EXPECTED: poll a node until the query returns EXPECTED
-ct_wait() {
-    local deadline=$(( $(date +%s) + $1 )) got
-    while :; do
-        got=$(ct_val "$2" "$3" 2>/dev/null)
-        [ "$got" == "$4" ] && { echo "$got"; return 0; }
-        [ "$(date +%s)" -ge "$deadline" ] && { echo "$got"; return 1; }
-        sleep 0.2
-    done
-}
-
 # wait_lines SECONDS FILE REGEX N: wait until FILE has N lines matching REGEX
 wait_lines() {
     local deadline=$(( $(date +%s) + $1 ))

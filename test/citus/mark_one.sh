@@ -19,16 +19,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/../integration/tap.sh"
 set +e
 export PGOPTIONS="-c client_min_messages=warning"
 
-ct_wait() {  # ct_wait SECONDS NODE SQL WANT
-    local deadline=$(( $(date +%s) + $1 )) got
-    while :; do
-        got=$(ct_val "$2" "$3" 2>/dev/null)
-        [ "$got" == "$4" ] && { echo "$got"; return 0; }
-        [ "$(date +%s)" -ge "$deadline" ] && { echo "$got"; return 1; }
-        sleep 0.2
-    done
-}
-
 CT_PRELOAD='citus,earmark'
 ct_start "earmark.database = '$CT_DB'" "earmark.report_interval = '1h'" \
     || { echo "Bail out! the Citus cluster did not start"; exit 1; }
