@@ -98,3 +98,25 @@ SELECT account, count(*) AS sends, max(total) AS total
 SELECT count(*) AS marks_left, (SELECT marked_cycles FROM earmark.worker_status) AS cycles
   FROM earmark.meter_mark;
 SELECT account, total FROM earmark.local_meter ORDER BY account;
+
+-- a report in a transaction that has written refuses (its totals would
+-- count usage that may still roll back): 25001, and nothing changes
+SELECT earmark_set_account('own', pg_temp.mid_anchor()), earmark_set_limit('own', 1000);
+\set VERBOSITY default
+DO $$
+BEGIN
+    PERFORM earmark_record_usage('own', 7, 'own-1');
+    PERFORM earmark_report();
+END
+$$;
+\set VERBOSITY sqlstate
+DO $$
+BEGIN
+    PERFORM earmark_record_usage('own', 7, 'own-1');
+    PERFORM earmark_report();
+END
+$$;
+\set VERBOSITY default
+SELECT (SELECT count(*) FROM earmark.ledger WHERE account = 'own') AS own_entries,
+       (SELECT count(*) FROM earmark.local_meter WHERE account = 'own') AS own_sent,
+       pg_temp.marks('own') AS own_marks;

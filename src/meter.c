@@ -438,13 +438,18 @@ em_log_send(EmMeterOp *op, const char *origin)
 static void note_for_review(EmMeterOp *op, TimestampTz now);
 
 /*
- * Under the cycle's exclusive mark lock (no writer of it is running): its
- * marks made one, which keeps the earliest marked_at, or (at, when not 0)
- * is moved to at.  Writers that ran together may each have inserted one
- * (earmark.sql); left so, each would take a row of every claim's walk.
+ * Under the cycle's exclusive mark lock (no writer of it is running), for
+ * a cycle whose total the provider may not have: its marks made one, which
+ * keeps the earliest marked_at, or (at, when not 0) is moved to at.
+ * Writers that ran together may each have inserted one (earmark.sql); left
+ * so, each would take a row of every claim's walk.  No mark left is a mark
+ * at now: another pass, running at the same time (the worker's and an
+ * earmark_report(), which nothing keeps apart), sent a later total and
+ * deleted them, and this pass's send may have reached the provider after
+ * that one (review_report_passes).
  */
 static void
-one_mark(Datum *arg, TimestampTz at)
+one_mark(Datum *arg, TimestampTz at, TimestampTz now)
 {
 	int64		marks;
 	bool		isnull;
@@ -452,7 +457,11 @@ one_mark(Datum *arg, TimestampTz at)
 	em_exec(&count_marks, arg, NULL, 1);
 	marks = em_get_int64(0, 1, 0);
 	if (marks == 0)
+	{
+		arg[2] = TimestampTzGetDatum(now);
+		em_exec(&put_mark, arg, NULL, 0);
 		return;
+	}
 	if (marks == 1)
 	{
 		if (at != 0)
@@ -516,9 +525,9 @@ finish_cycle(EmMeterOp *op, TimestampTz now)
 		em_cycle_total(cstring_to_text(op->account), op->budget_id, &found) == op->total)
 		em_exec(&delete_mark, arg, NULL, 0);
 	else if (op->ok)
-		one_mark(arg, 0);		/* usage arrived meanwhile: it keeps its place */
+		one_mark(arg, 0, now);	/* usage arrived meanwhile: it keeps its place */
 	else
-		one_mark(arg, now);		/* behind the cycles that wait */
+		one_mark(arg, now, now);	/* behind the cycles that wait */
 }
 
 /* a closed cycle that changed after it closed, for a person */
@@ -743,6 +752,17 @@ earmark_report(PG_FUNCTION_ARGS)
 				 errmsg("earmark_report cannot run inside a transaction block"),
 				 errdetail("It holds the locks of the cycles it reports until its transaction ends, and writers of those cycles would wait for them."),
 				 errhint("Call it on its own, outside BEGIN ... COMMIT.")));
+	/*
+	 * A transaction that has written may still roll back: the totals the
+	 * report sent would count its usage, and the marks the report deleted
+	 * would come back without it (review_report_own_write).
+	 */
+	if (TransactionIdIsValid(GetTopTransactionIdIfAny()))
+		ereport(ERROR,
+				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
+				 errmsg("earmark_report cannot run in a transaction that has written"),
+				 errdetail("The totals it sends would count writes that may still roll back."),
+				 errhint("Call it in a statement of its own, after the writes commit.")));
 	SPI_connect();
 	n = em_report_claim(max_cycles, now, &ops, CurrentMemoryContext);
 	if (n < 0)
