@@ -446,7 +446,7 @@ static void note_for_review(EmMeterOp *op, TimestampTz now);
  * at now: another pass, running at the same time (the worker's and an
  * earmark_report(), which nothing keeps apart), sent a later total and
  * deleted them, and this pass's send may have reached the provider after
- * that one (review_report_passes).
+ * that one (test/integration/report_passes.sh).
  */
 static void
 one_mark(Datum *arg, TimestampTz at, TimestampTz now)
@@ -755,7 +755,7 @@ earmark_report(PG_FUNCTION_ARGS)
 	/*
 	 * A transaction that has written may still roll back: the totals the
 	 * report sent would count its usage, and the marks the report deleted
-	 * would come back without it (review_report_own_write).
+	 * would come back without it (test/integration/report_passes.sh).
 	 */
 	if (TransactionIdIsValid(GetTopTransactionIdIfAny()))
 		ereport(ERROR,

@@ -126,3 +126,20 @@ DROP FUNCTION public.tap_conf_probe(earmark.inbox_event);
 SQL
     [ "$got" = "applied true" ] || { echo "# reload_conf: the worker did not reread its configuration ($got)" >&2; return 1; }
 }
+
+# fake_provider WORK [ARGS...]: test/fake_provider.py on loopback (ARGS are
+# its own: --client-id, --client-secret, ...), its port and request log in
+# WORK; sets FAKE_PID and BASE.  control JSON and state PYEXPR (d is its
+# /_state) talk to it.
+fake_provider() {
+    local work=$1 deadline
+    shift
+    python3 "$(dirname "${BASH_SOURCE[0]}")/../fake_provider.py" \
+        --port-file "$work/port" --log "$work/requests.log" "$@" &
+    FAKE_PID=$!
+    deadline=$(wait_deadline 60)
+    until [ -s "$work/port" ] || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.1; done
+    BASE="http://127.0.0.1:$(cat "$work/port")"
+}
+control() { curl -s -X POST "$BASE/_control" -H 'Content-Type: application/json' -d "$1" >/dev/null; }
+state() { curl -s "$BASE/_state" | python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }

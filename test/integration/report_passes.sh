@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
-# Review test (finish_cycle, src/meter.c): two report passes at once, the
-# worker's and a manual earmark_report(), or two manual ones, which nothing
-# keeps apart (only each cycle's mark lock in the finish step).  Pass A
-# claims the cycle's total 10 and sends it; its request is slow on the way
-# (held by the fake provider, then processed).  Usage of 5 commits (it sees
-# the committed mark and inserts none).  Pass B claims 15, sends 15, finds
-# the total unchanged and deletes the cycle's marks.  A's request then
-# lands: the meter holds 10.  A's finish takes the mark lock, sees the
-# total moved (15, not 10) and calls one_mark "usage arrived meanwhile: it
-# keeps its place", but there is no mark left to keep: the cycle is left
-# unmarked with the meter at 10 and the ledger at 15, until some later
-# usage of the cycle (never, if it closes first: not even listed for
-# review).  Expected: a pass that finds the total moved leaves the cycle
-# marked, so that the next pass sends 15.  Failed on 9966740 (and before:
-# the mark was left as it was); one_mark now marks a cycle that has none.
+# The reporter against itself and its caller (src/meter.c), with a real
+# HTTP provider on loopback (test/fake_provider.py) and the worker of the
+# test cluster reporting only once a day, so that the passes here are
+# earmark_report()'s (TAP).  Two faults found by a hostile review, each
+# failing on 9966740 and before:
+#
+# 1. Two report passes at once: the worker's and an earmark_report(), or
+#    two of those, which nothing keeps apart (only each cycle's mark lock
+#    in the finish step).  Pass A claims the cycle's total 10 and sends it;
+#    its request is held on the way.  Usage of 5 commits (it sees the
+#    committed mark and inserts none).  Pass B claims 15, sends it, finds
+#    the total unchanged and deletes the cycle's marks.  A's request then
+#    lands: the meter holds 10.  A's finish sees the total moved and left
+#    the marks as they were: none, so the meter stayed behind the ledger
+#    until some later usage of the cycle (never, if it closed first).  Now
+#    a pass that finds the total moved and no mark left marks the cycle
+#    again (one_mark), and the next pass sends 15.
+# 2. earmark_report() in a statement, DO block or function that wrote
+#    usage first: it sent the uncommitted total and deleted the marks; the
+#    rollback took the usage and its mark, and the provider kept a total
+#    over the ledger with nothing to send the ledger's again.  Now it
+#    refuses (25001) in a transaction that has written.
 source "$(dirname "$0")/tap.sh"
 export PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning"
-DB=postgres
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-WORK=$(mktemp -d /tmp/earmark-stale.XXXXXX)
+WORK=$(mktemp -d /tmp/earmark-passes.XXXXXX)
 chmod 755 "$WORK"
 FAKE_PID=
 A_PID=
@@ -36,14 +41,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-python3 "$ROOT/test/fake_provider.py" --port-file "$WORK/port" --log "$WORK/requests.log" \
-    --client-id earmark-test --client-secret "$SECRET" &
-FAKE_PID=$!
-deadline=$(wait_deadline 60)
-until [ -s "$WORK/port" ] || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.1; done
-BASE="http://127.0.0.1:$(cat "$WORK/port")"
-control() { curl -s -X POST "$BASE/_control" -H 'Content-Type: application/json' -d "$1" >/dev/null; }
-state() { curl -s "$BASE/_state" | python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+fake_provider "$WORK" --client-id earmark-test --client-secret "$SECRET"
 meter() { state "int(d['kinde_meters'].get('$1|${2:-default}', -1))"; }
 METER=/api/v1/billing/meter_usage
 in_flight() { state "len([r for r in d['in_flight'] if r['path'] == '$METER'])"; }
@@ -55,7 +53,6 @@ as_root chmod 600 "$WORK/secrets"
 q -c "CREATE EXTENSION IF NOT EXISTS earmark" >/dev/null
 q -c "TRUNCATE earmark.meter_mark, earmark.meter_send, earmark.meter_review" \
   -c "UPDATE earmark.reporter_state SET blocked_until = NULL" >/dev/null
-# the worker reports once a day: the two passes here are earmark_report()'s
 reload_conf "ALTER SYSTEM SET earmark.provider = 'kinde'" \
             "ALTER SYSTEM SET earmark.kinde_domain = '$BASE'" \
             "ALTER SYSTEM SET earmark.provider_client_id = 'earmark-test'" \
@@ -64,6 +61,7 @@ reload_conf "ALTER SYSTEM SET earmark.provider = 'kinde'" \
             "ALTER SYSTEM SET earmark.http_timeout = '60s'" || echo "# the worker did not reload"
 sleep 1
 
+# --- 1. two passes at once ---------------------------------------------------
 acct=stale_$RANDOM
 q -c "SELECT earmark_set_account('$acct', NULL, 'cus_$acct', 'agr_$acct')" \
   -c "SELECT earmark_set_limit('$acct', NULL)" \
@@ -101,5 +99,26 @@ is "$(marks)" 1 "the cycle whose total moved under pass A is still marked (the m
 # a later pass puts the meter right only if the cycle is marked
 q -c "SELECT earmark_report()" >/dev/null
 is "$(meter "agr_$acct")" 15 "a later pass sends 15"
+
+
+# --- 2. a report in a transaction that wrote, then rolled back ---------------
+acct=own_$RANDOM
+q -c "SELECT earmark_set_account('$acct', NULL, 'cus_$acct', 'agr_$acct')" \
+  -c "SELECT earmark_set_limit('$acct', NULL)" \
+  -c "SELECT earmark_record_usage('$acct', 10, 'first')" \
+  -c "SELECT earmark_report()" >/dev/null
+is "$(meter "agr_$acct")" 10 "the meter holds the committed 10"
+is "$(marks)" 0 "the cycle is not marked"
+
+# usage and a report in one statement, which then fails
+q -c "DO \$\$ BEGIN
+        PERFORM earmark_record_usage('$acct', 7, 'rolled-back');
+        PERFORM earmark_report();
+        RAISE EXCEPTION 'the application fails after its report';
+      END \$\$" >/dev/null 2>&1
+ledger=$(q -c "SELECT sum(units) FROM earmark.ledger WHERE account = '$acct'")
+is "$ledger" 10 "the ledger holds 10 (the usage of 7 rolled back)"
+q -c "SELECT earmark_report()" >/dev/null
+is "$(meter "agr_$acct")" 10 "the meter holds the ledger's 10, not the 17 of usage that never committed"
 
 done_testing
