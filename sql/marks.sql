@@ -109,14 +109,7 @@ BEGIN
     PERFORM earmark_report();
 END
 $$;
-\set VERBOSITY sqlstate
-DO $$
-BEGIN
-    PERFORM earmark_record_usage('own', 7, 'own-1');
-    PERFORM earmark_report();
-END
-$$;
-\set VERBOSITY default
+\echo :LAST_ERROR_SQLSTATE
 SELECT (SELECT count(*) FROM earmark.ledger WHERE account = 'own') AS own_entries,
        (SELECT count(*) FROM earmark.local_meter WHERE account = 'own') AS own_sent,
        pg_temp.marks('own') AS own_marks;

@@ -317,7 +317,7 @@ first_of_each_cycle(EmMeterOp *ops, int n, int max)
 /*
  * One claim over a walk of at most walk marks: the cycles, each once, at
  * most max_cycles, into *ops_out (the caller's context); *walked is the
- * number of marks walked.
+ * number of marks walked (on Citus, the rows: one a mark).
  */
 static int
 claim_walk(int max_cycles, int walk, TimestampTz now, EmMeterOp **ops_out,
@@ -343,7 +343,8 @@ claim_walk(int max_cycles, int walk, TimestampTz now, EmMeterOp **ops_out,
 			read_claimed(&ops[i], i, now, cxt);
 	}
 	*ops_out = ops;
-	return first_of_each_cycle(ops, n, max_cycles);
+	/* (the single node's statement claims each cycle once itself) */
+	return distributed ? first_of_each_cycle(ops, n, max_cycles) : n;
 }
 
 /*
@@ -440,7 +441,8 @@ static void note_for_review(EmMeterOp *op, TimestampTz now);
 /*
  * Under the cycle's exclusive mark lock (no writer of it is running), for
  * a cycle whose total the provider may not have: its marks made one, which
- * keeps the earliest marked_at, or (at, when not 0) is moved to at.
+ * keeps the earliest marked_at, or (to_back) is moved behind the others,
+ * to now.
  * Writers that ran together may each have inserted one (earmark.sql); left
  * so, each would take a row of every claim's walk.  No mark left is a mark
  * at now: another pass, running at the same time (the worker's and an
@@ -449,10 +451,11 @@ static void note_for_review(EmMeterOp *op, TimestampTz now);
  * that one (test/integration/report_passes.sh).
  */
 static void
-one_mark(Datum *arg, TimestampTz at, TimestampTz now)
+one_mark(Datum *arg, bool to_back, TimestampTz now)
 {
 	int64		marks;
 	bool		isnull;
+	TimestampTz at = now;
 
 	em_exec(&count_marks, arg, NULL, 1);
 	marks = em_get_int64(0, 1, 0);
@@ -464,14 +467,14 @@ one_mark(Datum *arg, TimestampTz at, TimestampTz now)
 	}
 	if (marks == 1)
 	{
-		if (at != 0)
+		if (to_back)
 		{
-			arg[2] = TimestampTzGetDatum(at);
+			arg[2] = TimestampTzGetDatum(now);
 			em_exec(&requeue_mark, arg, NULL, 0);
 		}
 		return;
 	}
-	if (at == 0)
+	if (!to_back)
 		at = DatumGetTimestampTz(em_get(0, 2, &isnull));
 	em_exec(&delete_mark, arg, NULL, 0);
 	arg[2] = TimestampTzGetDatum(at);
@@ -525,9 +528,9 @@ finish_cycle(EmMeterOp *op, TimestampTz now)
 		em_cycle_total(cstring_to_text(op->account), op->budget_id, &found) == op->total)
 		em_exec(&delete_mark, arg, NULL, 0);
 	else if (op->ok)
-		one_mark(arg, 0, now);	/* usage arrived meanwhile: it keeps its place */
+		one_mark(arg, false, now);	/* usage arrived meanwhile: it keeps its place */
 	else
-		one_mark(arg, now, now);	/* behind the cycles that wait */
+		one_mark(arg, true, now);	/* behind the cycles that wait */
 }
 
 /* a closed cycle that changed after it closed, for a person */
