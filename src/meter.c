@@ -755,17 +755,7 @@ earmark_report(PG_FUNCTION_ARGS)
 				 errmsg("earmark_report cannot run inside a transaction block"),
 				 errdetail("It holds the locks of the cycles it reports until its transaction ends, and writers of those cycles would wait for them."),
 				 errhint("Call it on its own, outside BEGIN ... COMMIT.")));
-	/*
-	 * A transaction that has written may still roll back: the totals the
-	 * report sent would count its usage, and the marks the report deleted
-	 * would come back without it (test/integration/report_passes.sh).
-	 */
-	if (TransactionIdIsValid(GetTopTransactionIdIfAny()))
-		ereport(ERROR,
-				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
-				 errmsg("earmark_report cannot run in a transaction that has written"),
-				 errdetail("The totals it sends would count writes that may still roll back."),
-				 errhint("Call it in a statement of its own, after the writes commit.")));
+	em_require_no_writes("earmark_report");
 	SPI_connect();
 	n = em_report_claim(max_cycles, now, &ops, CurrentMemoryContext);
 	if (n < 0)

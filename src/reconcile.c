@@ -50,6 +50,9 @@
  *	  writes the newer total, never an older one.  A report of a newer
  *	  total racing the repair's write is covered by marking the cycle
  *	  after a repair: the reporter sends its current total once more.
+ *	  It refuses to run after its transaction wrote anything (spi.c,
+ *	  em_require_no_writes): a repair would send the transaction's own
+ *	  uncommitted usage, which a rollback would leave on the meter.
  *
  *-------------------------------------------------------------------------
  */
@@ -657,6 +660,7 @@ earmark_reconcile(PG_FUNCTION_ARGS)
 	account = PG_ARGISNULL(0) ? NULL : em_arg_name(fcinfo, 0, "account");
 	feature = PG_ARGISNULL(1) ? NULL : em_arg_name(fcinfo, 1, "feature");
 	em_require_read_committed("earmark_reconcile");
+	em_require_no_writes("earmark_reconcile");
 	/*
 	 * A cycle's locked steps take its mark lock, which only excludes the
 	 * cycle's writers on the account's node: on a distributed install an

@@ -410,6 +410,26 @@ em_require_read_committed(const char *what)
 				 errhint("Call it outside a REPEATABLE READ or SERIALIZABLE transaction.")));
 }
 
+/*
+ * A call that sends totals to the provider from its caller's transaction
+ * (earmark_report, earmark_reconcile) must not run after the transaction
+ * wrote: a write that rolls back later would be counted in what the
+ * provider took, and the marks that would send the ledger's total again
+ * roll back with it (test/integration/report_passes.sh).  Any xid counts,
+ * a rolled-back subtransaction's too: nothing cheaper tells usage from
+ * other writes, and the call belongs in a statement of its own anyway.
+ */
+void
+em_require_no_writes(const char *what)
+{
+	if (TransactionIdIsValid(GetTopTransactionIdIfAny()))
+		ereport(ERROR,
+				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
+				 errmsg("%s cannot run in a transaction that has written", what),
+				 errdetail("The totals it sends would count writes that may still roll back."),
+				 errhint("Call it in a statement of its own, after the writes commit.")));
+}
+
 Datum
 em_get(int row, int col, bool *isnull)
 {

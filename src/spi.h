@@ -49,6 +49,7 @@ extern Datum em_get(int row, int col, bool *isnull);
 extern int64 em_get_int64(int row, int col, int64 if_null);
 
 extern void em_require_read_committed(const char *what);
+extern void em_require_no_writes(const char *what);
 
 /* argument checks: they raise the documented SQLSTATE or return the value */
 extern text *em_arg_name(FunctionCallInfo fcinfo, int argno, const char *what);

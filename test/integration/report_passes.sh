@@ -121,4 +121,26 @@ is "$ledger" 10 "the ledger holds 10 (the usage of 7 rolled back)"
 q -c "SELECT earmark_report()" >/dev/null
 is "$(meter "agr_$acct")" 10 "the meter holds the ledger's 10, not the 17 of usage that never committed"
 
+
+# --- 3. a reconcile in a transaction that wrote, then rolled back ------------
+acct=rec_$RANDOM
+q -c "SELECT earmark_set_account('$acct', NULL, 'cus_$acct', 'agr_$acct')" \
+  -c "SELECT earmark_set_limit('$acct', NULL)" \
+  -c "SELECT earmark_record_usage('$acct', 10, 'first')" \
+  -c "SELECT earmark_report()" >/dev/null
+is "$(meter "agr_$acct")" 10 "the meter holds the committed 10"
+
+# usage and a reconcile in one transaction, which then rolls back (psql
+# leaves with the transaction open)
+is "$(sqlstate "BEGIN" \
+               "SELECT earmark_record_usage('$acct', 7, 'rolled-back')" \
+               "SELECT verdict FROM earmark_reconcile('$acct')")" 25001 \
+   "earmark_reconcile refuses in a transaction that has written (25001)"
+ledger=$(q -c "SELECT sum(units) FROM earmark.ledger WHERE account = '$acct'")
+is "$ledger" 10 "the ledger holds 10 (the usage of 7 rolled back)"
+q -c "SELECT earmark_report()" >/dev/null
+is "$(meter "agr_$acct")" 10 "the meter holds the ledger's 10, not the 17 of usage that never committed"
+is "$(q -c "SELECT verdict FROM earmark_reconcile('$acct')")" match \
+   "a reconcile on its own finds the meter equal to the ledger"
+
 done_testing
