@@ -113,3 +113,24 @@ $$;
 SELECT (SELECT count(*) FROM earmark.ledger WHERE account = 'own') AS own_entries,
        (SELECT count(*) FROM earmark.local_meter WHERE account = 'own') AS own_sent,
        pg_temp.marks('own') AS own_marks;
+-- so does a reconcile (its repair would write the uncommitted 7), and a
+-- second reconcile in one transaction (the first one's writes count)
+DO $$
+BEGIN
+    PERFORM earmark_record_usage('own', 7, 'own-2');
+    PERFORM earmark_reconcile('own');
+END
+$$;
+\echo :LAST_ERROR_SQLSTATE
+SELECT earmark_record_usage('own', 3, 'own-committed');
+DO $$
+BEGIN
+    PERFORM earmark_reconcile('own');
+    PERFORM earmark_reconcile('own');
+END
+$$;
+\echo :LAST_ERROR_SQLSTATE
+SELECT (SELECT count(*) FROM earmark.ledger WHERE account = 'own') AS own_entries,
+       (SELECT count(*) FROM earmark.local_meter WHERE account = 'own') AS own_sent,
+       (SELECT count(*) FROM earmark.evidence WHERE account = 'own') AS own_evidence,
+       pg_temp.marks('own') AS own_marks;

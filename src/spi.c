@@ -427,7 +427,7 @@ em_require_no_writes(const char *what)
 				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
 				 errmsg("%s cannot run in a transaction that has written", what),
 				 errdetail("The totals it sends would count writes that may still roll back."),
-				 errhint("Call it in a statement of its own, after the writes commit.")));
+				 errhint("Call it in a transaction of its own, after the writes commit.")));
 }
 
 Datum
