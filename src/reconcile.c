@@ -22,10 +22,11 @@
  *	     repair (write and read back).  No row or advisory lock is taken;
  *	     the repair's send is logged (an insert nobody waits for).
  *	  2. after the last provider call of the run, each cycle in budget_id
- *	     order: the mark after a repair, the rebuild of counters that
- *	     differ, the evidence, the row returned.  Its locks are held from
- *	     here to the end of the caller's transaction, which makes no more
- *	     provider calls.
+ *	     order: the mark after a repair (a unit of its own, first: the
+ *	     provider keeps the repair whatever happens next), then the
+ *	     rebuild of counters that differ, the evidence, the row returned.
+ *	     Its locks are held from here to the end of the caller's
+ *	     transaction.
  *	  Each cycle's step of each phase is its own unit, a subtransaction:
  *	  an error in one (any error but a cancel) is rolled back, reported as
  *	  a WARNING that names the cycle, and the run goes on with the others.
@@ -387,11 +388,14 @@ check_cycle(Run *run, Check *c)
 /*
  * After a repair's write, a report of a newer total may have landed just
  * before it: mark the cycle, so that the reporter sends its total once
- * more.
+ * more.  A unit of its own, before the rebuild and the evidence: an error
+ * in those (a lock_timeout on the budget row) must not take the mark back
+ * with it, since the provider keeps the repair.
  */
 static void
-mark_after_repair(Check *c)
+mark_after_repair(Run *run, Check *c)
 {
+	(void) run;
 	em_mark_lock(c->op.budget_id);
 	em_mark_cycle(cstring_to_text(c->op.account), c->op.budget_id);
 }
@@ -500,8 +504,6 @@ keep_evidence(Run *run, Check *c)
 static void
 finish_cycle(Run *run, Check *c)
 {
-	if (c->written)
-		mark_after_repair(c);
 	/* counters last: the only row locks, after every provider call */
 	if (c->counters != c->ledger)
 		rebuild(c);
@@ -712,6 +714,8 @@ earmark_reconcile(PG_FUNCTION_ARGS)
 		if (!run.checks[i].checked)
 			continue;
 		old = MemoryContextSwitchTo(step_cxt);
+		if (run.checks[i].written)
+			(void) cycle_unit(mark_after_repair, &run, &run.checks[i]);
 		(void) cycle_unit(finish_cycle, &run, &run.checks[i]);
 		MemoryContextSwitchTo(old);
 		MemoryContextReset(step_cxt);
