@@ -22,7 +22,6 @@ DB=postgres
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=$(mktemp -d /tmp/earmark-catch.XXXXXX)
 chmod 755 "$WORK"
-PIDS=()
 RUN=$(date +%s%N)      # keys of this run (the cluster may have seen an earlier one)
 
 settings=(earmark.provider earmark.provider_url earmark.provider_secrets_file earmark.report_interval
@@ -34,7 +33,8 @@ reset_settings() {
 }
 cleanup() {
     local p
-    for p in "${PIDS[@]}" $(cat "$WORK/endpoint.pids" 2>/dev/null); do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+    fake_provider_stop
+    for p in $(cat "$WORK/endpoint.pids" 2>/dev/null); do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
     reset_settings
     q -d postgres -c "DROP ROLE IF EXISTS catch_webhooks" >/dev/null 2>&1
     rm -rf "$WORK"
@@ -42,14 +42,7 @@ cleanup() {
 trap cleanup EXIT
 
 # --- the fake provider --------------------------------------------------------
-python3 "$ROOT/test/fake_provider.py" --port-file "$WORK/port" --log "$WORK/requests.log" &
-PIDS+=($!)
-for i in $(seq 1 300); do [ -s "$WORK/port" ] && break; sleep 0.1; done
-BASE="http://127.0.0.1:$(cat "$WORK/port")"
-control() { curl -s -X POST "$BASE/_control" -H 'Content-Type: application/json' -d "$1" >/dev/null; }
-state() {  # state PYTHON-EXPRESSION over d (the fake's /_state)
-    curl -s "$BASE/_state" | python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"
-}
+fake_provider "$WORK"
 marks() {  # marked cycles of the accounts LIKE $1
     q -c "SELECT count(*) FROM earmark.meter_mark WHERE account LIKE '$1'"
 }

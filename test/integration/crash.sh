@@ -32,13 +32,11 @@ source "$(dirname "$0")/tap.sh"
 export PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning"
 DB=postgres
 P="q -d postgres"
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=$(mktemp -d /tmp/earmark-crash.XXXXXX)
 chmod 755 "$WORK"
 LOAD_SECS=${CRASH_LOAD_SECONDS:-12}
 LOAD_CLIENTS=${CRASH_LOAD_CLIENTS:-4}
 RUN=$(date +%s)
-FAKE_PID=
 HOLDER=
 VICTIM=
 T_START=$(date +%s)
@@ -501,14 +499,7 @@ fig_end "2. pg_ctl stop -m immediate during a load run of reserves, settles, usa
 diag "3. kill -9 of the worker, three times, during reports to a slow failing provider"
 fig_begin
 SECRET="crash-$RANDOM-secret"
-python3 "$ROOT/test/fake_provider.py" --port-file "$WORK/port" --log "$WORK/requests.log" \
-    --client-id earmark-crash --client-secret "$SECRET" &
-FAKE_PID=$!
-deadline=$(wait_deadline 60)
-until [ -s "$WORK/port" ] || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.1; done
-BASE="http://127.0.0.1:$(cat "$WORK/port")"
-control() { curl -s -X POST "$BASE/_control" -H 'Content-Type: application/json' -d "$1" >/dev/null; }
-state() { curl -s "$BASE/_state" | python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+fake_provider "$WORK" --client-id earmark-crash --client-secret "$SECRET"
 meter() { state "int(d['kinde_meters'].get('$1|default', -1))"; }
 ledger() { $P -c "SELECT coalesce(sum(l.units), 0) FROM earmark.ledger l JOIN earmark.budget b USING (budget_id) WHERE b.account = '$1'"; }
 printf '%s\n' "client_secret = $SECRET" >"$WORK/secrets"
@@ -579,7 +570,7 @@ FIG_FAULTS=$KILLS
 fig_end "3. kill -9 of the worker during reports to a slow provider that fails (usage rows; lost = meters not equal to their ledger)" \
     "$($P -c "SELECT count(*) FROM earmark.ledger WHERE account LIKE 'crash\_m%'")" "$METER_BAD"
 reset_settings
-kill "$FAKE_PID" 2>/dev/null; wait "$FAKE_PID" 2>/dev/null; FAKE_PID=
+fake_provider_stop
 wait_for 15 "SHOW earmark.provider" local >/dev/null
 
 # === 4. a long application transaction holding a reserve while the sweeper runs

@@ -32,10 +32,8 @@
 source "$(dirname "$0")/tap.sh"
 export PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning"
 DB=postgres
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=$(mktemp -d /tmp/earmark-meter.XXXXXX)
 chmod 755 "$WORK"
-FAKE_PID=
 SECRET="s3cret-$RANDOM-client"
 HMAC="hm4c-$RANDOM-key"
 
@@ -48,7 +46,7 @@ reset_settings() {
     q -d postgres "${args[@]}" -c "SELECT pg_reload_conf()" >/dev/null 2>&1
 }
 cleanup() {
-    [ -n "$FAKE_PID" ] && { kill "$FAKE_PID" 2>/dev/null; wait "$FAKE_PID" 2>/dev/null; }
+    fake_provider_stop
     reset_settings
     q -d postgres -c "DROP ROLE IF EXISTS meter_app" >/dev/null 2>&1
     rm -rf "$WORK"
@@ -56,18 +54,8 @@ cleanup() {
 trap cleanup EXIT
 
 # --- the fake provider --------------------------------------------------------
-python3 "$ROOT/test/fake_provider.py" --port-file "$WORK/port" --log "$WORK/requests.log" \
-    --client-id earmark-test --client-secret "$SECRET" --bearer btok --hmac-secret "$HMAC" &
-FAKE_PID=$!
-# (a loaded machine may take seconds to start python)
-deadline=$(wait_deadline 60)
-until [ -s "$WORK/port" ] || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.1; done
-BASE="http://127.0.0.1:$(cat "$WORK/port")"
+fake_provider "$WORK" --client-id earmark-test --client-secret "$SECRET" --bearer btok --hmac-secret "$HMAC"
 
-control() { curl -s -X POST "$BASE/_control" -H 'Content-Type: application/json' -d "$1" >/dev/null; }
-state() {  # state PYTHON-EXPRESSION over d (the fake's /_state)
-    curl -s "$BASE/_state" | python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"
-}
 meter() { state "int(d['kinde_meters'].get('$1|${2:-default}', -1))"; }
 writes() { state "d['writes'].get('$1|${2:-default}', 0)"; }
 # requests to a path waiting on a hang
@@ -250,7 +238,7 @@ q -c "SELECT earmark_set_account('lim_acct', NULL, 'cus_l', 'agr_l')" >/dev/null
 is "$(q -c "SELECT earmark_refresh_limits('lim_acct')")" 3 "earmark_refresh_limits read three entitlements over two pages"
 is "$(q -c "SELECT string_agg(feature || '=' || coalesce(lim::text, 'unlimited'), ',' ORDER BY feature) FROM earmark.account_limit WHERE account = 'lim_acct'")" \
    "default=1000,images=unlimited,video=unlimited" "null and 2147483647 both mean unlimited"
-is "$(q -c "SELECT count(*) FROM (SELECT 1 FROM jsonb_array_elements('$(curl -s "$BASE/_state")'::jsonb -> 'requests') r WHERE r ->> 'path' = '/api/v1/billing/entitlements') x")" 2 "two entitlement pages were read (starting_after while has_more)"
+is "$(state "len([r for r in d['requests'] if r['path'] == '/api/v1/billing/entitlements'])")" 2 "two entitlement pages were read (starting_after while has_more)"
 is "$(q -c "SELECT admitted FROM earmark_reserve('lim_acct', 100, 'l1')")" t "an admission under a fresh provider limit"
 
 # The cache's age is written into the account row (limits_fetched_at), not
@@ -344,7 +332,7 @@ body = '{"has_more": false, "entitlements": ' + '[' * n + ']' * n + '}'
 json.dump({"answer": {"path": "/api/v1/billing/entitlements", "query": "customer_id=cus_hx_deep",
                       "count": 100000, "body": body}}, open(sys.argv[1], "w"))
 EOF2
-curl -s -X POST "$BASE/_control" -H 'Content-Type: application/json' --data-binary @"$WORK/deep.json" >/dev/null
+control "@$WORK/deep.json"
 control '{"answer": {"path": "/api/v1/billing/entitlements", "query": "customer_id=cus_hx_big", "count": 100000, "body": "{\"has_more\": false, \"entitlements\": [{\"id\": \"e1\", \"feature_code\": \"default\", \"entitlement_limit_max\": 1e200000}]}"}}'
 control '{"set_entitlement": [{"customer": "cus_hx_one", "feature": "default", "limit": 500}, {"customer": "cus_hx_two", "feature": "default", "limit": 600}]}'
 q -c "SELECT earmark_set_account(a, NULL, 'cus_' || a, 'agr_' || a) FROM unnest(ARRAY['hx_big', 'hx_deep', 'hx_one', 'hx_two']) a" >/dev/null

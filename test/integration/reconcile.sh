@@ -19,13 +19,11 @@
 source "$(dirname "$0")/tap.sh"
 export PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning"
 DB=postgres
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=$(mktemp -d /tmp/earmark-reconcile.XXXXXX)
 chmod 755 "$WORK"
-FAKE_PID=
 
 cleanup() {
-    [ -n "$FAKE_PID" ] && { kill "$FAKE_PID" 2>/dev/null; wait "$FAKE_PID" 2>/dev/null; }
+    fake_provider_stop
     q -d postgres -c "ALTER SYSTEM RESET earmark.provider" -c "ALTER SYSTEM RESET earmark.kinde_domain" \
       -c "ALTER SYSTEM RESET earmark.provider_client_id" -c "ALTER SYSTEM RESET earmark.provider_secrets_file" \
       -c "ALTER SYSTEM RESET earmark.report_interval" -c "SELECT pg_reload_conf()" >/dev/null 2>&1
@@ -36,15 +34,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-python3 "$ROOT/test/fake_provider.py" --port-file "$WORK/port" --log "$WORK/requests.log" \
-    --client-id rec-test --client-secret rec-secret &
-FAKE_PID=$!
-# (a loaded machine may take seconds to start python)
-deadline=$(wait_deadline 60)
-until [ -s "$WORK/port" ] || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.1; done
-BASE="http://127.0.0.1:$(cat "$WORK/port")"
-control() { curl -s -X POST "$BASE/_control" -H 'Content-Type: application/json' -d "$1" >/dev/null; }
-meter() { curl -s "$BASE/_state" | python3 -c "import json,sys; print(json.load(sys.stdin)['kinde_meters'].get('$1|default', -1))"; }
+fake_provider "$WORK" --client-id rec-test --client-secret rec-secret
+meter() { state "d['kinde_meters'].get('$1|${2:-default}', -1)"; }   # meter AGREEMENT [FEATURE]
 evidence() { q -c "SELECT count(*) FROM earmark.evidence WHERE account = '$1'"; }
 
 printf 'client_secret = rec-secret\n' >"$WORK/secrets"
@@ -131,7 +122,7 @@ images repaired 9 9 f" "a failed repair is the evidence of its cycle; the next c
 q -c "SELECT feature || ': ' || cause FROM earmark.evidence WHERE account = 'rec_u' ORDER BY evidence_id" | sed 's/^/# /'
 is "$(q -c "SELECT string_agg(feature || ' ' || verdict, ', ' ORDER BY feature) FROM earmark.evidence WHERE account = 'rec_u'")" \
    "default under_billed, images repaired" "both cycles' evidence was kept"
-is "$(meter agr_ru)/$(curl -s "$BASE/_state" | python3 -c "import json,sys; print(json.load(sys.stdin)['kinde_meters'].get('agr_ru|images', -1))")" \
+is "$(meter agr_ru)/$(meter agr_ru images)" \
    "-1/9" "the provider holds the repaired total, and nothing for the failed one"
 row=$(q -F ' ' -c "SELECT verdict, repaired_to, read_back FROM earmark_reconcile('rec_u', 'default')")
 is "$row" "repaired 7 7" "once the provider answers, the next run repairs it"
@@ -151,7 +142,7 @@ PGOPTIONS="$PGOPTIONS -c earmark.http_timeout=60000" q -F ' ' \
     -c "SELECT feature, verdict, counters_rebuilt, coalesce(read_back::text, 'none') FROM earmark_reconcile('rec_l') ORDER BY feature" \
     >"$WORK/rec_l.out" 2>"$WORK/rec_l.err" &
 rec_pid=$!
-in_flight() { curl -s "$BASE/_state" | python3 -c "import json,sys; print(len(json.load(sys.stdin)['in_flight']))"; }
+in_flight() { state "len(d['in_flight'])"; }
 deadline=$(wait_deadline 60)
 until [ "$(in_flight)" = 1 ] || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.2; done
 is "$(in_flight)" 1 "the images cycle's repair write is waiting on the provider"

@@ -25,7 +25,6 @@ source "$(dirname "$0")/tap.sh"
 export PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning"
 WORK=$(mktemp -d /tmp/earmark-passes.XXXXXX)
 chmod 755 "$WORK"
-FAKE_PID=
 A_PID=
 SECRET="s3cret-$RANDOM-client"
 
@@ -33,7 +32,7 @@ settings=(earmark.provider earmark.kinde_domain earmark.provider_client_id
           earmark.provider_secrets_file earmark.report_interval earmark.http_timeout)
 cleanup() {
     [ -n "$A_PID" ] && wait "$A_PID" 2>/dev/null
-    [ -n "$FAKE_PID" ] && { kill "$FAKE_PID" 2>/dev/null; wait "$FAKE_PID" 2>/dev/null; }
+    fake_provider_stop
     local s args=()
     for s in "${settings[@]}"; do args+=(-c "ALTER SYSTEM RESET $s"); done
     q -d postgres "${args[@]}" -c "SELECT pg_reload_conf()" >/dev/null 2>&1

@@ -128,9 +128,13 @@ SQL
 }
 
 # fake_provider WORK [ARGS...]: test/fake_provider.py on loopback (ARGS are
-# its own: --client-id, --client-secret, ...), its port and request log in
-# WORK; sets FAKE_PID and BASE.  control JSON and state PYEXPR (d is its
-# /_state) talk to it.
+# its own: --client-id, --client-secret, --bearer, --hmac-secret, ...), its
+# port and request log in WORK; sets FAKE_PID and BASE, and returns 1 if it
+# wrote no port within 60 s (scaled).  fake_provider_stop ends it (for the
+# scripts' cleanup, and wherever a script is done with it).  control JSON
+# posts a /_control request (control @FILE: the body is the file's, for one
+# too long for an argument); state PYEXPR prints PYEXPR over d, the
+# provider's /_state.
 fake_provider() {
     local work=$1 deadline
     shift
@@ -140,6 +144,13 @@ fake_provider() {
     deadline=$(wait_deadline 60)
     until [ -s "$work/port" ] || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.1; done
     BASE="http://127.0.0.1:$(cat "$work/port")"
+    [ -s "$work/port" ]
 }
-control() { curl -s -X POST "$BASE/_control" -H 'Content-Type: application/json' -d "$1" >/dev/null; }
+fake_provider_stop() {
+    [ -n "${FAKE_PID:-}" ] || return 0
+    kill "$FAKE_PID" 2>/dev/null
+    wait "$FAKE_PID" 2>/dev/null
+    FAKE_PID=
+}
+control() { curl -s -X POST "$BASE/_control" -H 'Content-Type: application/json' --data-binary "$1" >/dev/null; }
 state() { curl -s "$BASE/_state" | python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
