@@ -100,13 +100,18 @@ q -c "SELECT earmark_report()" >/dev/null
 is "$(meter "agr_$acct")" 15 "a later pass sends 15"
 
 
+# reported_10: account $acct with usage of 10, reported (the meter holds it)
+reported_10() {
+    q -c "SELECT earmark_set_account('$acct', NULL, 'cus_$acct', 'agr_$acct')" \
+      -c "SELECT earmark_set_limit('$acct', NULL)" \
+      -c "SELECT earmark_record_usage('$acct', 10, 'first')" \
+      -c "SELECT earmark_report()" >/dev/null
+    is "$(meter "agr_$acct")" 10 "the meter holds the committed 10"
+}
+
 # --- 2. a report in a transaction that wrote, then rolled back ---------------
 acct=own_$RANDOM
-q -c "SELECT earmark_set_account('$acct', NULL, 'cus_$acct', 'agr_$acct')" \
-  -c "SELECT earmark_set_limit('$acct', NULL)" \
-  -c "SELECT earmark_record_usage('$acct', 10, 'first')" \
-  -c "SELECT earmark_report()" >/dev/null
-is "$(meter "agr_$acct")" 10 "the meter holds the committed 10"
+reported_10
 is "$(marks)" 0 "the cycle is not marked"
 
 # usage and a report in one statement, which then fails
@@ -123,11 +128,7 @@ is "$(meter "agr_$acct")" 10 "the meter holds the ledger's 10, not the 17 of usa
 
 # --- 3. a reconcile in a transaction that wrote, then rolled back ------------
 acct=rec_$RANDOM
-q -c "SELECT earmark_set_account('$acct', NULL, 'cus_$acct', 'agr_$acct')" \
-  -c "SELECT earmark_set_limit('$acct', NULL)" \
-  -c "SELECT earmark_record_usage('$acct', 10, 'first')" \
-  -c "SELECT earmark_report()" >/dev/null
-is "$(meter "agr_$acct")" 10 "the meter holds the committed 10"
+reported_10
 
 # usage and a reconcile in one transaction, which then rolls back (psql
 # leaves with the transaction open)
