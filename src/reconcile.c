@@ -714,9 +714,10 @@ earmark_reconcile(PG_FUNCTION_ARGS)
 		if (!run.checks[i].checked)
 			continue;
 		old = MemoryContextSwitchTo(step_cxt);
-		if (run.checks[i].written)
-			(void) cycle_unit(mark_after_repair, &run, &run.checks[i]);
-		(void) cycle_unit(finish_cycle, &run, &run.checks[i]);
+		/* a cycle whose mark failed returns no row, as any failed step */
+		if (!run.checks[i].written ||
+			cycle_unit(mark_after_repair, &run, &run.checks[i]))
+			(void) cycle_unit(finish_cycle, &run, &run.checks[i]);
 		MemoryContextSwitchTo(old);
 		MemoryContextReset(step_cxt);
 	}
