@@ -38,7 +38,6 @@
 
 #include "access/xact.h"
 #include "catalog/pg_type.h"
-#include "common/pg_prng.h"
 #include "funcapi.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -348,8 +347,7 @@ flush_pending(UsageBatch *ub)
 			marked[nmarked++] = Int64GetDatum(ub->budgets[i].budget_id);
 	}
 	em_entry_keys(ub->account, n, budget_ids, units, keys, times, nmarked, marked,
-				  (int32) pg_prng_uint64_range(&pg_global_prng_state, 0,
-											   EARMARK_USAGE_SHARDS - 1),
+				  em_usage_shard(),
 				  ub->now, written);
 	for (i = 0; i < n; i++)
 	{

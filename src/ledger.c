@@ -23,8 +23,8 @@
  *	    reporter deletes a mark only with that lock taken exclusively and
  *	    without waiting (meter.c), so it never deletes a mark whose
  *	    writer's usage it has not seen.
- *	  - the random shard's row, for the length of the writer's transaction:
- *	    with 64 shards, writers rarely meet there.
+ *	  - the backend's shard row (em_usage_shard), for the length of the
+ *	    writer's transaction: up to 64 writers at once never meet there.
  *
  *-------------------------------------------------------------------------
  */
@@ -32,10 +32,10 @@
 
 #include "access/xact.h"
 #include "catalog/pg_type.h"
-#include "common/pg_prng.h"
 #include "miscadmin.h"
 #include "storage/lmgr.h"
 #include "storage/lock.h"
+#include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
@@ -258,6 +258,19 @@ check_correction(text *account, int64 budget_id, int64 units, TimestampTz start)
 						   INT64_FORMAT ".", timestamptz_to_str(start), total, -units)));
 }
 
+/*
+ * The backend's own counter row: live backends have distinct PGPROC
+ * numbers, so up to EARMARK_USAGE_SHARDS writers of one cycle at once never
+ * wait for each other there.  A shard drawn at random met another open
+ * writer's with a chance of 1 in 64 each time, and the writer then waited
+ * for that one's commit (isolation marks_together failed so, now and then).
+ */
+int32
+em_usage_shard(void)
+{
+	return (int32) (MyProc->pgprocno % EARMARK_USAGE_SHARDS);
+}
+
 /* the ledger row, one counter and the mark; false when the key was taken */
 static bool
 write_usage(text *account, int64 budget_id, int64 units, text *key,
@@ -270,8 +283,7 @@ write_usage(text *account, int64 budget_id, int64 units, text *key,
 		return false;
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
-	args[2] = Int32GetDatum((int32) pg_prng_uint64_range(&pg_global_prng_state, 0,
-														 EARMARK_USAGE_SHARDS - 1));
+	args[2] = Int32GetDatum(em_usage_shard());
 	args[3] = Int64GetDatum(units);
 	em_exec(&count_in_shard, args, NULL, 0);
 	em_mark_cycle(account, budget_id);

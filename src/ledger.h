@@ -23,6 +23,9 @@
  */
 #define EARMARK_MAX_UNITS		INT64CONST(1000000000000000)
 
+/* the usage counter row this backend writes (ledger.c) */
+extern int32 em_usage_shard(void);
+
 /* a cycle's total without a scan of its ledger: budget row, slots, counters */
 extern int64 em_cycle_total(text *account, int64 budget_id, bool *found);
 
