@@ -40,9 +40,9 @@
  *	  locks the budget row FOR UPDATE and then takes the cycle's mark lock
  *	  exclusively without waiting (ledger.c: every writer of the cycle
  *	  holds it shared until it commits): with both, no counter can move
- *	  while it is rebuilt.  When the mark lock is busy the rebuild is left
- *	  for the next run (never a wait: a settle holds the mark lock while it
- *	  waits for the budget row).  The mark after a repair takes the mark
+ *	  while it is rebuilt.  When the mark lock stays busy (tried for
+ *	  100 ms) the rebuild is left for the next run (never a wait: a settle
+ *	  holds the mark lock while it waits for the budget row).  The mark after a repair takes the mark
  *	  lock shared, as any writer of a mark does.  Updating a cycle's last
  *	  evidence row locks that row (only another reconcile waits for it).
  *
@@ -62,6 +62,7 @@
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "funcapi.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
@@ -400,6 +401,31 @@ mark_after_repair(Run *run, Check *c)
 	em_mark_cycle(cstring_to_text(c->op.account), c->op.budget_id);
 }
 
+/*
+ * The cycle's mark lock, exclusively, without waiting for a writer (one
+ * that waits for the budget row we hold would wait for us in turn), but
+ * tried again for up to MARK_RETRY_MS: a writer whose commit just let us
+ * have the budget row gives its mark lock back a moment after its row lock
+ * (PostgreSQL releases advisory locks last), and the first try could fall
+ * in between (isolation rebuild_vs_settle, under load).
+ */
+#define MARK_RETRY_MS	100
+
+static bool
+mark_lock_for_rebuild(int64 budget_id)
+{
+	int			ms;
+
+	for (ms = 0; ms < MARK_RETRY_MS; ms++)
+	{
+		if (em_mark_try_lock_exclusive(budget_id))
+			return true;
+		CHECK_FOR_INTERRUPTS();
+		pg_usleep(1000L);
+	}
+	return em_mark_try_lock_exclusive(budget_id);
+}
+
 /* counters that differ from the ledger: rebuilt, if no writer is at it */
 static void
 rebuild(Check *c)
@@ -408,7 +434,7 @@ rebuild(Check *c)
 
 	cycle_args(c, args);
 	em_exec(&lock_for_rebuild, args, NULL, 1);
-	if (em_mark_try_lock_exclusive(c->op.budget_id))
+	if (mark_lock_for_rebuild(c->op.budget_id))
 	{
 		em_exec(&clear_shards, args, NULL, 0);
 		em_exec(&rebuild_counters, args, NULL, 0);
