@@ -24,7 +24,7 @@
  *	    without waiting (meter.c), so it never deletes a mark whose
  *	    writer's usage it has not seen.
  *	  - the backend's shard row (em_usage_shard), for the length of the
- *	    writer's transaction: up to 64 writers at once never meet there.
+ *	    writer's transaction: sessions rarely meet there.
  *
  *-------------------------------------------------------------------------
  */
@@ -259,9 +259,11 @@ check_correction(text *account, int64 budget_id, int64 units, TimestampTz start)
 }
 
 /*
- * The backend's own counter row: live backends have distinct PGPROC
- * numbers, so up to EARMARK_USAGE_SHARDS writers of one cycle at once never
- * wait for each other there.  A shard drawn at random met another open
+ * The backend's own counter row.  PostgreSQL hands a new session the most
+ * recently freed PGPROC, so while no more than EARMARK_USAGE_SHARDS client
+ * sessions have ever been connected at once, the live ones have numbers
+ * distinct mod 64 and writers of one cycle never wait for each other
+ * there; past that, two may share a row, as two random draws could.  A shard drawn at random met another open
  * writer's with a chance of 1 in 64 each time, and the writer then waited
  * for that one's commit (isolation marks_together failed so, now and then).
  */

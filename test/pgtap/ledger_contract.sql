@@ -404,10 +404,10 @@ SELECT is(pg_temp.em_tap_try($$SELECT earmark_record_usage('em_tap_lc', 10000000
           'units of 10^15, the most one call records, are accepted');
 
 -- 6: recorded usage goes to the cycle's 64 counter rows, each backend to
--- its own (its PGPROC number mod 64), so that up to 64 writers of one
--- account at once never meet on one row (isolation marks_together: two
--- open writers do not wait for each other); one session's usages are on
--- one row; their sum is the ledger's
+-- its own (its PGPROC number mod 64), so that writers of one account
+-- rarely meet on one row (isolation marks_together: two open writers do
+-- not wait for each other); one session's usages are on one row; their
+-- sum is the ledger's
 -- (its cycle began 14 to 17 days ago: none ends during the run, on any date)
 SELECT earmark_set_account('em_tap_shards', make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
                         least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC'))
