@@ -259,13 +259,14 @@ check_correction(text *account, int64 budget_id, int64 units, TimestampTz start)
 }
 
 /*
- * The backend's own counter row.  PostgreSQL hands a new session the most
- * recently freed PGPROC, so while no more than EARMARK_USAGE_SHARDS client
- * sessions have ever been connected at once, the live ones have numbers
- * distinct mod 64 and writers of one cycle never wait for each other
- * there; past that, two may share a row, as two random draws could.  A shard drawn at random met another open
- * writer's with a chance of 1 in 64 each time, and the writer then waited
- * for that one's commit (isolation marks_together failed so, now and then).
+ * The backend's own counter row.  PostgreSQL 15 hands a new session the
+ * most recently freed PGPROC, so while no more than EARMARK_USAGE_SHARDS
+ * client sessions have ever been connected at once, the live ones have
+ * numbers distinct mod 64 and writers of one cycle never wait for each
+ * other there; past that, two may share a row, as two random draws could.
+ * A shard drawn at random met another open writer's 1 time in 64, and the
+ * writer then waited for that one's commit (isolation marks_together
+ * failed so, now and then).
  */
 int32
 em_usage_shard(void)

@@ -42,15 +42,18 @@
  *	  holds it shared until it commits): with both, no counter can move
  *	  while it is rebuilt.  When the mark lock stays busy (tried for
  *	  100 ms) the rebuild is left for the next run (never a wait: a settle
- *	  holds the mark lock while it waits for the budget row).  The mark after a repair takes the mark
- *	  lock shared, as any writer of a mark does.  Updating a cycle's last
+ *	  holds the mark lock while it waits for the budget row).  The mark
+ *	  after a repair takes the mark lock shared, as any writer of a mark
+ *	  does.  Updating a cycle's last
  *	  evidence row locks that row (only another reconcile waits for it).
  *
  *	  The provider is read before the ledger: a usage (and its report)
  *	  landing in between makes the ledger look ahead, and the repair then
  *	  writes the newer total, never an older one.  A report of a newer
- *	  total racing the repair's write is covered by marking the cycle
- *	  after a repair: the reporter sends its current total once more.
+ *	  total that landed before the repair's write, by a pass that has
+ *	  finished, is covered by marking the cycle after a repair: the
+ *	  reporter sends its current total once more (a pass that finishes
+ *	  after the repair is not: docs/api.md, Known issues).
  *	  It refuses to run after its transaction wrote anything (spi.c,
  *	  em_require_no_writes): a repair would send the transaction's own
  *	  uncommitted usage, which a rollback would leave on the meter.
