@@ -55,5 +55,7 @@
 #define EARMARK_ADVISORY_CLASS	0x6561726d
 /* first key of the meter mark locks ("emmk"), see budget.c */
 #define EARMARK_MARK_CLASS		0x656d6d6b
+/* first key of the database's send lock ("emsd"), see meter.c */
+#define EARMARK_SEND_CLASS		0x656d7364
 
 #endif							/* EARMARK_H */

@@ -22,10 +22,25 @@
  *	  A repeated send sets the same total: absolute writes make every
  *	  step safe to run twice.
  *
+ *	  One sender at a time: a pass runs its three steps under the
+ *	  database's send lock (em_send_lock), which earmark_reconcile's repairs
+ *	  take too.  The meter keeps whichever total reached it last, so two
+ *	  senders of a cycle at once could leave the older of their totals
+ *	  there, and the later finish would delete the marks that were to send
+ *	  the newer one again.  The worker holds the lock for the session,
+ *	  from before its claim to after its finish commits, and skips a pass
+ *	  while another sender has it; earmark_report() waits for it and holds
+ *	  it to the end of its transaction.  Only senders take it: no writer,
+ *	  sweep or claim of the inbox ever waits for it.  It is per node: on
+ *	  a distributed install the coordinator's worker reports and a repair
+ *	  runs on the account's node, and the two are not kept apart
+ *	  (docs/api.md, Known issues).
+ *
  *	  Tables: earmark.meter_mark, meter_send, meter_review, reporter_state,
  *	  and reads of budget, budget_slot, usage_shard, account.  Locks: the
- *	  mark lock (exclusive, never waited for) and the cycle's mark rows
- *	  deleted or updated under it; never a budget row.
+ *	  send lock (above); the mark lock (exclusive, never waited for) and
+ *	  the cycle's mark rows deleted or updated under it; never a budget
+ *	  row.
  *
  *-------------------------------------------------------------------------
  */
@@ -33,11 +48,14 @@
 
 #include "access/xact.h"
 #include "catalog/pg_type.h"
+#include "miscadmin.h"
+#include "storage/lock.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
 #include "budget.h"
 #include "cluster.h"
+#include "earmark.h"
 #include "ledger.h"
 #include "meter.h"
 #include "provider.h"
@@ -416,6 +434,62 @@ em_report_send(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg)
 	}
 }
 
+/* ---------------------------------------------------------------------
+ * The send lock (see the file header)
+ * ---------------------------------------------------------------------
+ */
+
+/*
+ * The fourth key 3 is one no SQL function makes (pg_advisory_lock's forms
+ * use 1 and 2): an application's advisory locks never meet it.
+ */
+static void
+send_locktag(LOCKTAG *tag)
+{
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, EARMARK_SEND_CLASS, 0, 3);
+}
+
+/* whether this backend holds the lock for its session */
+static bool send_lock_session = false;
+
+/* until the transaction ends; waits for the sender that has it */
+void
+em_send_lock(void)
+{
+	LOCKTAG		tag;
+
+	send_locktag(&tag);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+}
+
+/* for the session, without waiting: false when another sender has it */
+bool
+em_send_try_lock_session(void)
+{
+	LOCKTAG		tag;
+
+	Assert(!send_lock_session);
+	send_locktag(&tag);
+	if (LockAcquire(&tag, ExclusiveLock, true, true) == LOCKACQUIRE_NOT_AVAIL)
+		return false;
+	/* remembered only once taken: an unlock of a lock not held warns */
+	send_lock_session = true;
+	return true;
+}
+
+/* give the session's lock back, if this backend holds it */
+void
+em_send_unlock_session(void)
+{
+	LOCKTAG		tag;
+
+	if (!send_lock_session)
+		return;
+	send_lock_session = false;
+	send_locktag(&tag);
+	(void) LockRelease(&tag, ExclusiveLock, true);
+}
+
 /* log one send (the reconciler's repairs too) */
 void
 em_log_send(EmMeterOp *op, const char *origin)
@@ -445,10 +519,11 @@ static void note_for_review(EmMeterOp *op, TimestampTz now);
  * to now.
  * Writers that ran together may each have inserted one (earmark.sql); left
  * so, each would take a row of every claim's walk.  No mark left is a mark
- * at now: another pass, running at the same time (the worker's and an
- * earmark_report(), which nothing keeps apart), sent a later total and
- * deleted them, and this pass's send may have reached the provider after
- * that one (test/integration/report_passes.sh).
+ * at now: another sender deleted them after sending a later total, and
+ * this pass's send may have reached the provider after that one.  The
+ * send lock keeps that from happening on one node; on a distributed
+ * install a repair on the account's node is not kept apart from the
+ * coordinator's pass (the file header).
  */
 static void
 one_mark(Datum *arg, bool to_back, TimestampTz now)
@@ -756,6 +831,8 @@ earmark_report(PG_FUNCTION_ARGS)
 				 errdetail("It holds the locks of the cycles it reports until its transaction ends, and writers of those cycles would wait for them."),
 				 errhint("Call it on its own, outside BEGIN ... COMMIT.")));
 	em_require_no_writes("earmark_report");
+	/* after the worker's pass or a repair's transaction (the file header) */
+	em_send_lock();
 	SPI_connect();
 	n = em_report_claim(max_cycles, now, &ops, CurrentMemoryContext);
 	if (n < 0)

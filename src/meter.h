@@ -22,4 +22,9 @@ extern void em_report_send(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_ar
 extern int	em_report_finish(EmMeterOp *ops, int n, TimestampTz now, int *failed);
 extern void em_log_send(EmMeterOp *op, const char *origin);
 
+/* the database's send lock: one sender of totals at a time (meter.c) */
+extern void em_send_lock(void);
+extern bool em_send_try_lock_session(void);
+extern void em_send_unlock_session(void);
+
 #endif							/* EARMARK_METER_H */

@@ -17,10 +17,17 @@
  *	  evidence (its cause says so), not an error of the run.  A run on the
  *	  same numbers as the cycle's last evidence adds no row.
  *
- *	  Two phases, so that no lock is held during any provider call:
+ *	  Two phases, so that no lock a writer waits for is held during any
+ *	  provider call:
  *	  1. every page: the reads, each cycle's numbers, its verdict and its
- *	     repair (write and read back).  No row or advisory lock is taken;
- *	     the repair's send is logged (an insert nobody waits for).
+ *	     repair (write and read back).  No row lock and no mark lock is
+ *	     taken; the repair's send is logged (an insert nobody waits for).
+ *	     Before the run's first repair it takes the database's send lock
+ *	     (meter.c), which only senders take, and holds it to the end of the
+ *	     transaction: a report pass neither sends nor finishes between a
+ *	     repair's write and its transaction's end.  A cycle whose meter was
+ *	     read before that lock is read again (the meter, then the ledger)
+ *	     before it is repaired.
  *	  2. after the last provider call of the run, each cycle in budget_id
  *	     order: the mark after a repair (a unit of its own, first: the
  *	     provider keeps the repair whatever happens next), then the
@@ -36,7 +43,8 @@
  *
  *	  Tables: reads ledger, budget, budget_slot, usage_shard, meter_send,
  *	  account; writes evidence, meter_send (repairs), meter_mark and, to
- *	  rebuild, usage_shard and budget.  Locks (phase 2 only): a rebuild
+ *	  rebuild, usage_shard and budget.  Locks: the send lock (phase 1,
+ *	  above, waited for); in phase 2 only: a rebuild
  *	  locks the budget row FOR UPDATE and then takes the cycle's mark lock
  *	  exclusively without waiting (ledger.c: every writer of the cycle
  *	  holds it shared until it commits): with both, no counter can move
@@ -49,11 +57,12 @@
  *
  *	  The provider is read before the ledger: a usage (and its report)
  *	  landing in between makes the ledger look ahead, and the repair then
- *	  writes the newer total, never an older one.  A report of a newer
- *	  total that landed before the repair's write, by a pass that has
- *	  finished, is covered by marking the cycle after a repair: the
- *	  reporter sends its current total once more (a pass that finishes
- *	  after the repair is not: docs/api.md, Known issues).
+ *	  writes the newer total, never an older one.  Usage committed after
+ *	  the ledger was read is covered by marking the cycle after a repair:
+ *	  the reporter sends its current total once more, after this
+ *	  transaction ends (on a distributed install the coordinator's pass is
+ *	  not kept out by the send lock of the account's node: docs/api.md,
+ *	  Known issues).
  *	  It refuses to run after its transaction wrote anything (spi.c,
  *	  em_require_no_writes): a repair would send the transaction's own
  *	  uncommitted usage, which a rollback would leave on the meter.
@@ -239,6 +248,8 @@ typedef struct Run
 	Check	   *checks;
 	int			n;
 	int			size;
+	bool		send_locked;	/* the send lock is held, to the end */
+	int			locked_from;	/* the first check whose read came after it */
 } Run;
 
 typedef void (*CycleStep) (Run *run, Check *c);
@@ -350,9 +361,60 @@ repair(Run *run, Check *c)
 		c->repair_error = MemoryContextStrdup(run->cxt, r.error ? r.error : "no answer");
 }
 
-/* phase 1, one cycle: its numbers, its verdict, its repair */
+/* the verdicts a repair is for */
+static bool
+needs_repair(Check *c)
+{
+	return strcmp(c->verdict, "over_billed") == 0 || strcmp(c->verdict, "under_billed") == 0;
+}
+
+/*
+ * The send lock (meter.c), before the run's first repair, to the end of
+ * the transaction: no report pass sends while a repair is written, read
+ * back and marked, nor before the transaction ends (a rollback takes the
+ * mark after a repair back, and the pass's finish would delete it).  It
+ * is held by the run's own resource owner, not the unit's, so that a
+ * later cycle's error does not give it back.  Waits for a pass that is
+ * sending (lock_timeout applies; its error is this cycle's WARNING).
+ */
 static void
-check_cycle(Run *run, Check *c)
+take_send_lock(Run *run)
+{
+	ResourceOwner owner = CurrentResourceOwner;
+
+	if (run->send_locked)
+		return;
+	CurrentResourceOwner = run->owner;
+	PG_TRY();
+	{
+		em_send_lock();
+	}
+	PG_FINALLY();
+	{
+		CurrentResourceOwner = owner;
+	}
+	PG_END_TRY();
+	run->send_locked = true;
+	run->locked_from = run->n;
+}
+
+/* the provider's total again, for a check whose read came before the lock */
+static void
+read_meter_again(Run *run, Check *c)
+{
+	EmMeterOp	r = c->op;
+
+	em_meter_read(&r, 1);
+	c->op.ok = r.ok;
+	c->op.read_total = r.read_total;
+	c->op.http_status = r.http_status;
+	c->read_error = r.ok ? NULL :
+		MemoryContextStrdup(run->cxt, r.error ? r.error : "no answer");
+}
+
+/* the cycle's numbers from the ledger, the counters and the send log */
+static void
+read_numbers(Run *run, Check *c)
 {
 	Datum		args[2];
 	bool		isnull;
@@ -373,9 +435,30 @@ check_cycle(Run *run, Check *c)
 	c->last_send_failed = !isnull && !DatumGetBool(d);
 	d = em_get(0, CN_LAST_ERROR, &isnull);
 	c->last_send_error = isnull ? NULL : MemoryContextStrdup(run->cxt, TextDatumGetCString(d));
+}
 
+/* phase 1, one cycle: its numbers, its verdict, its repair */
+static void
+check_cycle(Run *run, Check *c)
+{
+	read_numbers(run, c);
 	decide(c);
-	if (strcmp(c->verdict, "over_billed") == 0 || strcmp(c->verdict, "under_billed") == 0)
+	if (needs_repair(c))
+	{
+		take_send_lock(run);
+		/*
+		 * A read from before the lock may be older than a pass that sent
+		 * while we waited: the meter again, then the ledger (the header's
+		 * order), and the verdict on those.
+		 */
+		if (c - run->checks < run->locked_from)
+		{
+			read_meter_again(run, c);
+			read_numbers(run, c);
+			decide(c);
+		}
+	}
+	if (needs_repair(c))
 		repair(run, c);
 	/*
 	 * A proven repair is its own verdict, so that a cycle that was fixed

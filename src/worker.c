@@ -408,14 +408,24 @@ sweep_tick(void *arg)
 
 /*
  * One report pass: claim (a transaction), send (none: no transaction and
- * no lock is open while the provider answers), finish (a transaction).
+ * no lock but the send lock is held while the provider answers), finish
+ * (a transaction), all under the database's send lock (meter.c), held for
+ * the session from before the claim to after the finish's commit.
+ * Returns false, having done nothing, while another sender (an
+ * earmark_report() or a repair of earmark_reconcile) has that lock: the
+ * worker never waits for it, and tries again at its next wake-up.
  */
-static void
+static bool
 report_pass(void)
 {
 	ReportPass	p;
 	MemoryContext old;
 
+	if (!em_send_try_lock_session())
+	{
+		elog(DEBUG1, "earmark: another sender holds the send lock; the report pass waits for the next round");
+		return false;
+	}
 	memset(&p, 0, sizeof(p));
 	p.cxt = AllocSetContextCreate(CurrentMemoryContext, "earmark report pass",
 								  ALLOCSET_DEFAULT_SIZES);
@@ -434,6 +444,8 @@ report_pass(void)
 			elog(DEBUG1, "earmark: reported %d cycles, %d failed", p.sent, p.failed);
 	}
 	MemoryContextDelete(p.cxt);
+	em_send_unlock_session();
+	return true;
 }
 
 typedef struct LimitAccounts
@@ -597,8 +609,11 @@ run_round(void)
 	if (TimestampDifferenceExceeds(last_report, GetCurrentTimestamp(),
 								   earmark_report_interval_s * 1000))
 	{
-		last_report = GetCurrentTimestamp();
-		report_pass();
+		TimestampTz started = GetCurrentTimestamp();
+
+		/* a pass another sender kept out is tried at the next wake-up */
+		if (report_pass())
+			last_report = started;
 	}
 
 	if (earmark_jwks_refresh_s > 0 &&
@@ -623,6 +638,8 @@ recover_from_error(void)
 	HOLD_INTERRUPTS();
 	EmitErrorReport();
 	AbortOutOfAnyTransaction();
+	/* a report pass's session lock (meter.c), if the error cut one short */
+	em_send_unlock_session();
 	MemoryContextSwitchTo(TopMemoryContext);
 	FlushErrorState();
 	pgstat_report_activity(STATE_IDLE, NULL);
