@@ -14,7 +14,9 @@
  *	  those of gate.c and inbox.c: the sweep waits for no job row and no
  *	  budget row (an application's open transaction delays only its own
  *	  budget's sweep, never the worker); claims skip locked
- *	  events.  Once a minute it checks whether the cached JWKS is older than
+ *	  events.  A report pass holds the send lock (meter.c) for the
+ *	  session, from before its claim to after its finish, and is skipped
+ *	  while another sender has it.  Once a minute it checks whether the cached JWKS is older than
  *	  earmark.jwks_refresh and fetches it again (the HTTP call holds no
  *	  earmark row lock).
  *
