@@ -462,6 +462,21 @@ em_send_lock(void)
 	(void) LockAcquire(&tag, ExclusiveLock, false, false);
 }
 
+/*
+ * Give back the transaction's lock before the transaction ends (the
+ * current resource owner must be the one that took it).  For a sender
+ * whose writes after its sends are held under other locks to the end of
+ * the transaction (earmark_reconcile: the mark after a repair).
+ */
+void
+em_send_unlock(void)
+{
+	LOCKTAG		tag;
+
+	send_locktag(&tag);
+	(void) LockRelease(&tag, ExclusiveLock, false);
+}
+
 /* for the session, without waiting: false when another sender has it */
 bool
 em_send_try_lock_session(void)
@@ -799,7 +814,7 @@ Datum
 earmark_report(PG_FUNCTION_ARGS)
 {
 	int			max_cycles;
-	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz now;
 	EmMeterOp  *ops;
 	int			n;
 	int			failed;
@@ -831,8 +846,13 @@ earmark_report(PG_FUNCTION_ARGS)
 				 errdetail("It holds the locks of the cycles it reports until its transaction ends, and writers of those cycles would wait for them."),
 				 errhint("Call it on its own, outside BEGIN ... COMMIT.")));
 	em_require_no_writes("earmark_report");
-	/* after the worker's pass or a repair's transaction (the file header) */
+	/* after the worker's pass or a reconciliation's repairs (the file header) */
 	em_send_lock();
+	/*
+	 * The time after the wait: a cycle that closed while another sender
+	 * had the lock goes to review, it is not sent.
+	 */
+	now = GetCurrentTimestamp();
 	SPI_connect();
 	n = em_report_claim(max_cycles, now, &ops, CurrentMemoryContext);
 	if (n < 0)

@@ -24,6 +24,7 @@ extern void em_log_send(EmMeterOp *op, const char *origin);
 
 /* the database's send lock: one sender of totals at a time (meter.c) */
 extern void em_send_lock(void);
+extern void em_send_unlock(void);
 extern bool em_send_try_lock_session(void);
 extern void em_send_unlock_session(void);
 

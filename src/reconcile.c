@@ -23,16 +23,20 @@
  *	     repair (write and read back).  No row lock and no mark lock is
  *	     taken; the repair's send is logged (an insert nobody waits for).
  *	     Before the run's first repair it takes the database's send lock
- *	     (meter.c), which only senders take, and holds it to the end of the
- *	     transaction: a report pass neither sends nor finishes between a
- *	     repair's write and its transaction's end.  A cycle whose meter was
- *	     read before that lock is read again (the meter, then the ledger)
- *	     before it is repaired.
- *	  2. after the last provider call of the run, each cycle in budget_id
- *	     order: the mark after a repair (a unit of its own, first: the
- *	     provider keeps the repair whatever happens next), then the
- *	     rebuild of counters that differ, the evidence, the row returned.
- *	     Its locks are held from here to the end of the caller's
+ *	     (meter.c), which only senders take, and holds it until the marks
+ *	     after its repairs are written (phase 2): a report pass neither
+ *	     sends nor finishes between a repair's write and its mark.  A
+ *	     cycle whose meter was read before that lock is read again (the
+ *	     meter, then the ledger), and a cycle that has closed meanwhile is
+ *	     not written.
+ *	  2. after the last provider call of the run, in budget_id order: the
+ *	     marks after the repairs (each a unit of its own, first: the
+ *	     provider keeps the repair whatever happens next); the send lock
+ *	     given back, unless a repaired cycle's counters are to be rebuilt
+ *	     (then it is held to the end of the transaction: a pass before the
+ *	     commit would send the drifted counters over the repair); then
+ *	     each cycle's rebuild of counters that differ, its evidence, its
+ *	     row.  These locks are held to the end of the caller's
  *	     transaction.
  *	  Each cycle's step of each phase is its own unit, a subtransaction:
  *	  an error in one (any error but a cancel) is rolled back, reported as
@@ -50,10 +54,14 @@
  *	  holds it shared until it commits): with both, no counter can move
  *	  while it is rebuilt.  When the mark lock stays busy (tried for
  *	  100 ms) the rebuild is left for the next run (never a wait: a settle
- *	  holds the mark lock while it waits for the budget row).  The mark
- *	  after a repair takes the mark lock shared, as any writer of a mark
- *	  does.  Updating a cycle's last
- *	  evidence row locks that row (only another reconcile waits for it).
+ *	  holds the mark lock while it waits for the budget row); a repaired
+ *	  cycle whose rebuild is left is no repair (a report sends the
+ *	  counters' total).  The mark after a repair takes the mark lock
+ *	  shared, as any writer of a mark does, but tried for 100 ms, not
+ *	  waited for: it holds the send lock, and another reconcile's rebuild
+ *	  keeps the mark lock until its transaction ends.  Updating a cycle's
+ *	  last evidence row locks that row (only another reconcile waits for
+ *	  it).
  *
  *	  The provider is read before the ledger: a usage (and its report)
  *	  landing in between makes the ledger look ahead, and the repair then
@@ -232,6 +240,8 @@ typedef struct Check
 	const char *verdict;
 	bool		repair_tried;	/* a repair write was sent */
 	bool		written;		/* the provider took it */
+	bool		unmarked;		/* written, but the mark after it failed */
+	bool		undone;			/* repaired, but its counters not rebuilt */
 	bool		read_back_ok;	/* the meter was read after it */
 	int64		read_back;
 	char	   *repair_error;	/* the write's error, or the read back's */
@@ -248,7 +258,7 @@ typedef struct Run
 	Check	   *checks;
 	int			n;
 	int			size;
-	bool		send_locked;	/* the send lock is held, to the end */
+	bool		send_locked;	/* the send lock is held (give_send_lock_back) */
 	int			locked_from;	/* the first check whose read came after it */
 } Run;
 
@@ -324,9 +334,12 @@ cause_of(Check *c)
 		return psprintf("The cycle has closed: it is not written, a person decides. %s", cause);
 	if (c->repaired)
 		return psprintf("%s: the meter read " INT64_FORMAT ", the ledger " INT64_FORMAT ". %s "
-						"The repair wrote " INT64_FORMAT " and read it back: the meter equals the ledger.",
+						"The repair wrote " INT64_FORMAT " and read it back: the meter equals the ledger%s",
 						c->op.read_total > c->ledger ? "Over-billed" : "Under-billed",
-						c->op.read_total, c->ledger, cause, c->ledger);
+						c->op.read_total, c->ledger, cause, c->ledger,
+						c->undone ? psprintf(", but the counters (" INT64_FORMAT ") could not be rebuilt "
+											 "while usage was written, and the next report sends their "
+											 "total. Run earmark_reconcile again.", c->counters) : ".");
 	if (c->repair_tried)
 		cause = psprintf("%s %s", cause, repair_outcome(c));
 	return cause;
@@ -369,13 +382,12 @@ needs_repair(Check *c)
 }
 
 /*
- * The send lock (meter.c), before the run's first repair, to the end of
- * the transaction: no report pass sends while a repair is written, read
- * back and marked, nor before the transaction ends (a rollback takes the
- * mark after a repair back, and the pass's finish would delete it).  It
- * is held by the run's own resource owner, not the unit's, so that a
- * later cycle's error does not give it back.  Waits for a pass that is
- * sending (lock_timeout applies; its error is this cycle's WARNING).
+ * The send lock (meter.c), before the run's first repair, until the marks
+ * after the repairs are written (give_send_lock_back): no report pass sends while a repair is
+ * written, read back and marked.  It is held by the run's own resource
+ * owner, not the unit's, so that a later cycle's error does not give it
+ * back.  Waits for a pass that is sending (lock_timeout applies; its
+ * error is this cycle's WARNING).
  */
 static void
 take_send_lock(Run *run)
@@ -396,6 +408,49 @@ take_send_lock(Run *run)
 	PG_END_TRY();
 	run->send_locked = true;
 	run->locked_from = run->n;
+}
+
+/*
+ * Once every repair has been written, read back and marked, not at the
+ * end of the transaction: each mark is kept from a pass's finish by the
+ * mark lock held shared to the transaction's end, and a pass from here on
+ * sends the cycle's total as it is then, committed after the ledger this
+ * run read.  Held longer, the lock would stop every report while the
+ * caller's transaction stays open, or while a later cycle's rebuild waits
+ * for a budget row.
+ */
+static void
+give_send_lock_back(Run *run)
+{
+	ResourceOwner owner = CurrentResourceOwner;
+
+	if (!run->send_locked)
+		return;
+	CurrentResourceOwner = run->owner;
+	em_send_unlock();
+	CurrentResourceOwner = owner;
+	run->send_locked = false;
+}
+
+/*
+ * Whether a repaired cycle's counters are to be rebuilt.  A pass sends
+ * the counters' total, and the rebuild's is seen only once the transaction
+ * commits: a pass before then would send the drifted total over the
+ * repair.  Such a run keeps the send lock to the end of its transaction.
+ */
+static bool
+rebuilds_a_repair(Run *run)
+{
+	int			i;
+
+	for (i = 0; i < run->n; i++)
+	{
+		Check	   *c = &run->checks[i];
+
+		if (c->checked && c->written && !c->unmarked && c->counters != c->ledger)
+			return true;
+	}
+	return false;
 }
 
 /* the provider's total again, for a check whose read came before the lock */
@@ -455,8 +510,13 @@ check_cycle(Run *run, Check *c)
 		{
 			read_meter_again(run, c);
 			read_numbers(run, c);
-			decide(c);
 		}
+		/*
+		 * And the time: a cycle that closed since its page was read (while
+		 * we waited, or while the page's meters were read) is not written.
+		 */
+		c->op.closed = c->op.cycle_end <= GetCurrentTimestamp();
+		decide(c);
 	}
 	if (needs_repair(c))
 		repair(run, c);
@@ -473,6 +533,33 @@ check_cycle(Run *run, Check *c)
 }
 
 /*
+ * The cycle's mark lock, without waiting for its holders, but tried again
+ * for up to MARK_RETRY_MS.  Exclusively, for a rebuild: a writer that
+ * waits for the budget row we hold would wait for us in turn; tried again
+ * because a writer whose commit just let us have the budget row gives
+ * its mark lock back a moment after its row lock (PostgreSQL releases
+ * advisory locks last), and the first try could fall in between
+ * (isolation rebuild_vs_settle, under load).
+ */
+#define MARK_RETRY_MS	100
+
+static bool
+mark_lock_tried(int64 budget_id, bool exclusive)
+{
+	int			ms;
+
+	for (ms = 0;; ms++)
+	{
+		if (exclusive ? em_mark_try_lock_exclusive(budget_id) : em_mark_try_lock(budget_id))
+			return true;
+		if (ms == MARK_RETRY_MS)
+			return false;
+		CHECK_FOR_INTERRUPTS();
+		pg_usleep(1000L);
+	}
+}
+
+/*
  * After a repair's write, a report of a newer total may have landed just
  * before it: mark the cycle, so that the reporter sends its total once
  * more.  A unit of its own, before the rebuild and the evidence: an error
@@ -483,33 +570,18 @@ static void
 mark_after_repair(Run *run, Check *c)
 {
 	(void) run;
-	em_mark_lock(c->op.budget_id);
+	/*
+	 * Tried, not waited for: it is taken under the send lock, and the
+	 * exclusive holder may be another reconciliation's rebuild of this
+	 * cycle, which keeps it until its transaction ends (every report
+	 * would wait that long).
+	 */
+	if (!mark_lock_tried(c->op.budget_id, false))
+		ereport(ERROR,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("the meter was repaired to " INT64_FORMAT " but the cycle could not be marked: another transaction rebuilds its counters",
+						c->ledger)));
 	em_mark_cycle(cstring_to_text(c->op.account), c->op.budget_id);
-}
-
-/*
- * The cycle's mark lock, exclusively, without waiting for a writer (one
- * that waits for the budget row we hold would wait for us in turn), but
- * tried again for up to MARK_RETRY_MS: a writer whose commit just let us
- * have the budget row gives its mark lock back a moment after its row lock
- * (PostgreSQL releases advisory locks last), and the first try could fall
- * in between (isolation rebuild_vs_settle, under load).
- */
-#define MARK_RETRY_MS	100
-
-static bool
-mark_lock_for_rebuild(int64 budget_id)
-{
-	int			ms;
-
-	for (ms = 0; ms < MARK_RETRY_MS; ms++)
-	{
-		if (em_mark_try_lock_exclusive(budget_id))
-			return true;
-		CHECK_FOR_INTERRUPTS();
-		pg_usleep(1000L);
-	}
-	return em_mark_try_lock_exclusive(budget_id);
 }
 
 /* counters that differ from the ledger: rebuilt, if no writer is at it */
@@ -520,7 +592,7 @@ rebuild(Check *c)
 
 	cycle_args(c, args);
 	em_exec(&lock_for_rebuild, args, NULL, 1);
-	if (mark_lock_for_rebuild(c->op.budget_id))
+	if (mark_lock_tried(c->op.budget_id, true))
 	{
 		em_exec(&clear_shards, args, NULL, 0);
 		em_exec(&rebuild_counters, args, NULL, 0);
@@ -619,6 +691,15 @@ finish_cycle(Run *run, Check *c)
 	/* counters last: the only row locks, after every provider call */
 	if (c->counters != c->ledger)
 		rebuild(c);
+	/*
+	 * A report sends the counters' total: a repair whose counters still
+	 * differ is undone by the next one, so it is no repair.
+	 */
+	if (c->repaired && c->counters != c->ledger && !c->rebuilt)
+	{
+		c->verdict = c->op.read_total > c->ledger ? "over_billed" : "under_billed";
+		c->undone = true;
+	}
 	keep_evidence(run, c);
 }
 
@@ -823,13 +904,22 @@ earmark_reconcile(PG_FUNCTION_ARGS)
 	/* phase 2: the locked steps and the evidence, after the last call */
 	for (i = 0; i < run.n; i++)
 	{
-		if (!run.checks[i].checked)
+		if (!run.checks[i].checked || !run.checks[i].written)
 			continue;
 		old = MemoryContextSwitchTo(step_cxt);
+		run.checks[i].unmarked = !cycle_unit(mark_after_repair, &run, &run.checks[i]);
+		MemoryContextSwitchTo(old);
+		MemoryContextReset(step_cxt);
+	}
+	if (!rebuilds_a_repair(&run))
+		give_send_lock_back(&run);
+	for (i = 0; i < run.n; i++)
+	{
 		/* a cycle whose mark failed returns no row, as any failed step */
-		if (!run.checks[i].written ||
-			cycle_unit(mark_after_repair, &run, &run.checks[i]))
-			(void) cycle_unit(finish_cycle, &run, &run.checks[i]);
+		if (!run.checks[i].checked || run.checks[i].unmarked)
+			continue;
+		old = MemoryContextSwitchTo(step_cxt);
+		(void) cycle_unit(finish_cycle, &run, &run.checks[i]);
 		MemoryContextSwitchTo(old);
 		MemoryContextReset(step_cxt);
 	}

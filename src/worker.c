@@ -597,6 +597,49 @@ inbox_pass(void)
 	return claimed.n;
 }
 
+/*
+ * Since when no report pass has run while other senders kept them out
+ * (the last pass that ran began then, or the worker started): 0 while
+ * they run.
+ */
+static TimestampTz kept_out_since = 0;
+static bool kept_out_logged = false;
+
+/*
+ * A pass kept out, or one that ran: logged once when the passes have been
+ * kept out for ten report intervals (a long earmark_report() or
+ * earmark_reconcile, or a session that holds the send lock and does not
+ * give it back: marked cycles are not sent, and one that closes meanwhile
+ * goes to review), and once when they run again.
+ */
+static void
+note_report_pass(bool ran, TimestampTz now)
+{
+	if (ran)
+	{
+		if (kept_out_logged)
+			ereport(LOG,
+					(errmsg("earmark: the report passes run again after %ld s",
+							(long) ((now - kept_out_since) / USECS_PER_SEC))));
+		kept_out_since = 0;
+		kept_out_logged = false;
+		return;
+	}
+	if (kept_out_since == 0)
+		kept_out_since = last_report != 0 ? last_report : now;
+	else if (!kept_out_logged &&
+			 TimestampDifferenceExceeds(kept_out_since, now,
+										earmark_report_interval_s * 10 * 1000))
+	{
+		ereport(LOG,
+				(errmsg("earmark: no report pass has run for %ld s: another sender holds the send lock",
+						(long) ((now - kept_out_since) / USECS_PER_SEC)),
+				 errdetail("Marked cycles are not sent meanwhile, and a cycle that closes goes to earmark.meter_review."),
+				 errhint("See who holds it: SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = 1701671780 AND objsubid = 3 AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database()).")));
+		kept_out_logged = true;
+	}
+}
+
 /* one wake-up: every duty whose time has come */
 static void
 run_round(void)
@@ -614,8 +657,11 @@ run_round(void)
 		TimestampTz started = GetCurrentTimestamp();
 
 		/* a pass another sender kept out is tried at the next wake-up */
-		if (report_pass())
+		bool		ran = report_pass();
+
+		if (ran)
 			last_report = started;
+		note_report_pass(ran, started);
 	}
 
 	if (earmark_jwks_refresh_s > 0 &&
