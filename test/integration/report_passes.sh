@@ -119,6 +119,38 @@ wait_until() {
     echo "$got"
 }
 
+# hold_open END SQL...: in the background (R_PID), BEGIN, the statements
+# (their rows to $WORK/r.out, messages to $WORK/r.err), then, once
+# $WORK/go exists, END (COMMIT or ROLLBACK); ready waits until the
+# statements have run, end_held lets the transaction end
+hold_open() {
+    local end=$1 s args=()
+    shift
+    for s in "$@"; do args+=(-c "$s"); done
+    rm -f "$WORK/go" "$WORK/ready"
+    q -c "BEGIN" "${args[@]}" \
+      -c "\\! touch $WORK/ready; while [ ! -e $WORK/go ]; do sleep 0.1; done" \
+      -c "$end" >"$WORK/r.out" 2>"$WORK/r.err" &
+    R_PID=$!
+}
+ready() {
+    local deadline
+    deadline=$(wait_deadline 30)
+    until [ -e "$WORK/ready" ] || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.1; done
+}
+end_held() { touch "$WORK/go"; wait "$R_PID"; R_PID=; }
+# hung_pass ACCOUNT TAG: a new account with a usage of 1, and an
+# earmark_report() /* TAG */ in the background (A_PID) whose send of it
+# is held on the way
+hung_pass() {
+    q -c "SELECT earmark_set_account('$1', NULL, 'cus_$1', 'agr_$1')" \
+      -c "SELECT earmark_set_limit('$1', NULL)" \
+      -c "SELECT earmark_record_usage('$1', 1, 'first')" >/dev/null
+    control "{\"hang\": {\"count\": 1, \"seconds\": $HANG, \"path\": \"$METER\", \"method\": \"POST\"}}"
+    q -c "SELECT earmark_report() /* $2 */" >"$WORK/a.out" 2>&1 &
+    A_PID=$!
+}
+
 # pass A: claims 10, its send is held on the way
 control "{\"hang\": {\"count\": 1, \"seconds\": $HANG, \"path\": \"$METER\", \"method\": \"POST\"}}"
 q -c "SELECT earmark_report()" >"$WORK/a.out" 2>&1 &
@@ -222,11 +254,8 @@ q -c "SELECT earmark_record_usage('$acct', 5, 'second')" >/dev/null
 # the repair's write of 15 is held on the way; its transaction then waits
 # for $WORK/go
 control "{\"hang\": {\"count\": 1, \"seconds\": $HANG, \"path\": \"$METER\", \"method\": \"POST\"}}"
-rm -f "$WORK/go" "$WORK/ready" "$WORK/c.out"
-q -c "BEGIN" -c "SELECT verdict FROM earmark_reconcile('$acct')" \
-  -c "\\! touch $WORK/ready; while [ ! -e $WORK/go ]; do sleep 0.1; done" \
-  -c "ROLLBACK" >"$WORK/r.out" 2>&1 &
-R_PID=$!
+rm -f "$WORK/c.out"
+hold_open ROLLBACK "SELECT verdict FROM earmark_reconcile('$acct')"
 is "$(wait_until 30 in_flight 1)" 1 "the repair's write of 15 is on its way"
 # usage of 3, then a pass
 q -c "SELECT earmark_record_usage('$acct', 3, 'third')" >/dev/null
@@ -234,15 +263,13 @@ q -c "SELECT earmark_report() /* pass_C */" >"$WORK/c.out" 2>&1 &
 A_PID=$!
 is "$(wait_until 10 "waiting pass_C" 1)" 1 "the pass waits for the send lock while the repair is written"
 control '{"release": true}'
-deadline=$(wait_deadline 30)
-until [ -e "$WORK/ready" ] || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.1; done
+ready
 # the call has ended, its transaction is open: the pass goes on
 pass_out() { cat "$WORK/c.out"; }
 is "$(wait_until 30 pass_out 1)" 1 "the pass sent the cycle while the repair's transaction was open"
 is "$(meter "agr_$acct")" 18 "the meter holds the ledger's 18"
 is "$(marks)" 1 "the pass left the cycle marked (the repair holds its mark lock)"
-touch "$WORK/go"
-wait "$R_PID"; R_PID=
+end_held
 wait "$A_PID"; A_PID=
 is "$(head -1 "$WORK/r.out")" repaired "the reconcile repaired the cycle, then rolled back"
 ledger=$(q -c "SELECT sum(units) FROM earmark.ledger WHERE account = '$acct'")
@@ -310,12 +337,7 @@ add_usage "$c2" 10 first "$end"
 q -c "SELECT earmark_report()" >/dev/null
 is "$(meter "agr_$c2")" 10 "the second account's meter holds its 10"
 # pass A: sends another account's cycle, held on the way
-q -c "SELECT earmark_set_account('$held', NULL, 'cus_$held', 'agr_$held')" \
-  -c "SELECT earmark_set_limit('$held', NULL)" \
-  -c "SELECT earmark_record_usage('$held', 1, 'first')" >/dev/null
-control "{\"hang\": {\"count\": 1, \"seconds\": $HANG, \"path\": \"$METER\", \"method\": \"POST\"}}"
-q -c "SELECT earmark_report()" >"$WORK/a.out" 2>&1 &
-A_PID=$!
+hung_pass "$held" pass_A
 is "$(wait_until 30 in_flight 1)" 1 "pass A's send is on its way"
 # usage in both closing cycles after A's claim: the first marked, the
 # second marked and 5 over its meter
@@ -352,12 +374,7 @@ is "$(q -c "SELECT count(*) FROM earmark.meter_send WHERE account = '$c2' AND or
 acct=kept_out_$RANDOM
 log_from=$(($(wc -l <"$EM_BASE/server.log") + 1))
 logged() { tail -n "+$log_from" "$EM_BASE/server.log" | grep -c "$1"; }
-q -c "SELECT earmark_set_account('$acct', NULL, 'cus_$acct', 'agr_$acct')" \
-  -c "SELECT earmark_set_limit('$acct', NULL)" \
-  -c "SELECT earmark_record_usage('$acct', 1, 'first')" >/dev/null
-control "{\"hang\": {\"count\": 1, \"seconds\": $HANG, \"path\": \"$METER\", \"method\": \"POST\"}}"
-q -c "SELECT earmark_report() /* pass_D */" >"$WORK/a.out" 2>&1 &
-A_PID=$!
+hung_pass "$acct" pass_D
 is "$(wait_until 30 in_flight 1)" 1 "an earmark_report() holds the send lock while its send is held"
 is "$(q -c "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
              WHERE $sendlock AND l.granted AND a.query LIKE '%pass_D%'")" 1 \
@@ -383,20 +400,15 @@ reported_10
 q -c "SELECT earmark_record_usage('$acct', 5, 'second')" \
   -c "UPDATE earmark.budget SET used = used + 7 WHERE account = '$acct'" >/dev/null
 is "$(q -c "SELECT used FROM earmark_budget('$acct')")" 22 "the counters say 22 (the ledger 15)"
-rm -f "$WORK/go" "$WORK/ready" "$WORK/c.out"
-q -c "BEGIN" -c "SELECT verdict, counters_rebuilt FROM earmark_reconcile('$acct')" \
-  -c "\\! touch $WORK/ready; while [ ! -e $WORK/go ]; do sleep 0.1; done" \
-  -c "COMMIT" >"$WORK/r.out" 2>"$WORK/r.err" &
-R_PID=$!
-deadline=$(wait_deadline 30)
-until [ -e "$WORK/ready" ] || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.1; done
+rm -f "$WORK/c.out"
+hold_open COMMIT "SELECT verdict, counters_rebuilt FROM earmark_reconcile('$acct')"
+ready
 is "$(meter "agr_$acct")" 15 "the repair wrote the ledger's 15"
 q -c "SELECT earmark_report() /* pass_E */" >"$WORK/c.out" 2>&1 &
 A_PID=$!
 is "$(wait_until 10 "waiting pass_E" 1)" 1 "a pass waits while the rebuild is not committed"
 is "$(meter "agr_$acct")" 15 "the meter keeps the repair's 15 (a pass would have sent 22)"
-touch "$WORK/go"
-wait "$R_PID"; R_PID=
+end_held
 wait "$A_PID"; A_PID=
 is "$(head -1 "$WORK/r.out")" "repaired|t" "the reconcile repaired the cycle and rebuilt its counters"
 is "$(cat "$WORK/c.out")" 1 "after the commit the pass sent the cycle"
@@ -420,13 +432,8 @@ q -c "SELECT earmark_report()" >/dev/null
 q -c "UPDATE earmark.budget SET used = used + 7 WHERE account = '$x' AND feature = '$F'" \
   -c "SELECT earmark_record_usage('$y', 5, 'second', '$F')" >/dev/null
 is "$(meter "agr_$x" "$F")$(meter "agr_$y" "$F")" 1010 "both meters hold 10"
-rm -f "$WORK/go" "$WORK/ready"
-q -c "BEGIN" -c "SELECT verdict, counters_rebuilt FROM earmark_reconcile('$x', '$F')" \
-  -c "\\! touch $WORK/ready; while [ ! -e $WORK/go ]; do sleep 0.1; done" \
-  -c "COMMIT" >"$WORK/r.out" 2>"$WORK/r.err" &
-R_PID=$!
-deadline=$(wait_deadline 30)
-until [ -e "$WORK/ready" ] || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.1; done
+hold_open COMMIT "SELECT verdict, counters_rebuilt FROM earmark_reconcile('$x', '$F')"
+ready
 is "$(head -1 "$WORK/r.out")" "match|t" "the first reconcile rebuilt x's counters (its transaction open)"
 q -c "SELECT verdict FROM earmark_reconcile(NULL, '$F') /* r_two */ ORDER BY budget_id" >"$WORK/r2.out" 2>"$WORK/r2.err" &
 B_PID=$!
@@ -441,8 +448,7 @@ is "$(q -c "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
              WHERE $sendlock AND l.granted AND a.query LIKE '%r_two%'")" 0 \
    "it does not hold the send lock while it waits"
 is "$(sqlstate "SET lock_timeout = '5s'" "SELECT earmark_report()")" ok "a report runs meanwhile"
-touch "$WORK/go"
-wait "$R_PID"; R_PID=
+end_held
 wait "$B_PID"; B_PID=
 is "$(tr '\n' ' ' <"$WORK/r2.out")" "match repaired " "the second reconcile: x matches, y repaired"
 
@@ -455,21 +461,15 @@ acct=undone_$RANDOM
 reported_10
 q -c "SELECT earmark_record_usage('$acct', 5, 'second')" \
   -c "UPDATE earmark.budget SET used = used + 7 WHERE account = '$acct'" >/dev/null
-rm -f "$WORK/go" "$WORK/ready"
-q -c "BEGIN" -c "SELECT earmark_record_usage('$acct', 1, 'open')" \
-  -c "\\! touch $WORK/ready; while [ ! -e $WORK/go ]; do sleep 0.1; done" \
-  -c "ROLLBACK" >/dev/null 2>&1 &
-R_PID=$!
-deadline=$(wait_deadline 30)
-until [ -e "$WORK/ready" ] || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.1; done
+hold_open ROLLBACK "SELECT earmark_record_usage('$acct', 1, 'open')"
+ready
 q -c "SELECT verdict, counters_rebuilt, repaired_to, read_back,
              cause LIKE '%the counters (22) could not be rebuilt%'
-        FROM earmark_reconcile('$acct')" >"$WORK/r.out" 2>"$WORK/r.err"
-touch "$WORK/go"
-wait "$R_PID"; R_PID=
-is "$(cat "$WORK/r.out")" "under_billed|f|15|15|t" \
+        FROM earmark_reconcile('$acct')" >"$WORK/r2.out" 2>"$WORK/r2.err"
+end_held
+is "$(cat "$WORK/r2.out")" "under_billed|f|15|15|t" \
    "the meter was written and read back, the counters were not rebuilt: under_billed, and the cause says why (repaired on e812c1a)"
-grep -q "so they were not rebuilt" "$WORK/r.err"
+grep -q "so they were not rebuilt" "$WORK/r2.err"
 ok $? "a WARNING says the counters were not rebuilt"
 is "$(q -c "SELECT verdict, counters_rebuilt FROM earmark_reconcile('$acct')" 2>/dev/null)" "match|t" \
    "run again once the writer is gone: the meter matches, the counters are rebuilt"
@@ -485,13 +485,8 @@ is "$(meter "agr_$acct")" 15 "and the next report sends the ledger's 15"
 acct=markwait_$RANDOM
 reported_10
 q -c "UPDATE earmark.budget SET used = used + 7 WHERE account = '$acct'" >/dev/null
-rm -f "$WORK/go" "$WORK/ready"
-q -c "BEGIN" -c "SELECT verdict, counters_rebuilt FROM earmark_reconcile('$acct')" \
-  -c "\\! touch $WORK/ready; while [ ! -e $WORK/go ]; do sleep 0.1; done" \
-  -c "COMMIT" >"$WORK/r.out" 2>"$WORK/r.err" &
-R_PID=$!
-deadline=$(wait_deadline 30)
-until [ -e "$WORK/ready" ] || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.1; done
+hold_open COMMIT "SELECT verdict, counters_rebuilt FROM earmark_reconcile('$acct')"
+ready
 is "$(head -1 "$WORK/r.out")" "match|t" "the first reconcile rebuilt the counters (its transaction open)"
 control "{\"set_meter\": {\"agreement\": \"agr_$acct\", \"feature\": \"default\", \"value\": 99}}"
 rm -f "$WORK/r2.out"
@@ -500,8 +495,7 @@ B_PID=$!
 r_two_out() { cat "$WORK/r2.out" 2>/dev/null; }
 is "$(wait_until 30 r_two_out 0)" 0 "the second reconcile returns no row for the cycle, without waiting for the first"
 is "$(sqlstate "SET lock_timeout = '5s'" "SELECT earmark_report()")" ok "a report runs meanwhile"
-touch "$WORK/go"
-wait "$R_PID"; R_PID=
+end_held
 wait "$B_PID"; B_PID=
 grep -q "the meter was repaired to 10 but the cycle could not be marked" "$WORK/r2.err"
 ok $? "its WARNING says the meter was repaired and the cycle not marked"
