@@ -23,19 +23,42 @@
  *	  Slots get half of the free room; the other half stays unallocated on
  *	  the budget row.  An admission whose slot ran dry takes from it under
  *	  the budget row's lock and tops up only the free slots running low.
- *	  Only near the limit (or after a limit change) does a rebalance gather
- *	  the room of every free slot, so that a refusal means the whole budget
- *	  lacks room.
+ *	  Only near the limit (or when the allocations no longer fit a lowered
+ *	  limit or the recorded usage) does a rebalance gather the room of
+ *	  every free slot, so that a refusal means the whole budget lacks room.
  *
- *	  A limit change: the fast path only uses a slot whose gen is the
- *	  budget's slot_gen while the account's limit, less the usage recorded
- *	  without a hold (earmark_record_usage's counter rows), still equals
- *	  slot_lim.  So recorded usage that committed before an admission's
- *	  snapshot also sends it to the slow path, which cuts the slots again
- *	  from what is left: the slots never hand out room that usage took.
- *	  The first admission after a change finds no usable slot, rebalances,
- *	  bumps the generation and re-cuts the rooms it can lock to the new
- *	  limit; the others stop admitting until a later rebalance takes them.
+ *	  A limit change, and usage recorded without a hold (the counter rows
+ *	  earmark_record_usage writes; it locks no slot): the fast path reads,
+ *	  in its one statement's snapshot, the budget row, the sums of every
+ *	  slot row (room, held and used, whatever its generation or slot
+ *	  number), the account's limit and the recorded usage, and uses the
+ *	  slots only while they fit:
+ *	    budget.used + budget.held + allocations + recorded <= limit
+ *	  (and the slots were cut limited, slot_lim not NULL; unlimited, only
+ *	  slots cut unlimited admit).  Why that keeps the limit: every writer
+ *	  that changes an allocation or budget.used/held upward is a slow path
+ *	  under the budget row's lock (admit_from_unallocated, the gathering
+ *	  cut), and it leaves budget.used + budget.held + allocations at most
+ *	  the limit less the recorded usage as its own snapshot after the lock
+ *	  reads them.  A slot admission moves room to held inside one
+ *	  allocation, a settlement or expiry only lowers the sum, and room is
+ *	  never below zero, so used + held over the row and the slots is at
+ *	  most that sum.  An admission whose own read shows the whole fitting
+ *	  therefore keeps used + held + recorded within the limit, exactly as
+ *	  the equality rule it replaces did; usage committed concurrently
+ *	  counts from the next admission, as with any limit change.  So usage
+ *	  recorded within the unallocated room leaves the slots admitting, and
+ *	  only usage beyond it sends admissions to the slow path.
+ *	  The rebalance starts a new generation (gathering every free slot and
+ *	  cutting them for what is left) only when the allocations no longer
+ *	  fit the limit less the recorded usage, summed under the budget row's
+ *	  lock, or limited-ness changed; while they fit it keeps the generation
+ *	  and writes the new slot_lim.  A lowered limit under which the
+ *	  allocations still fit thus keeps the slots admitting; one under which
+ *	  they do not sends every admission to the slow path, whose first
+ *	  rebalance bumps the generation and re-cuts the rooms it can lock;
+ *	  slots it could not lock stop admitting (their generation is old)
+ *	  until a later rebalance takes them.
  *
  *	  Locks (the order gate.c keeps, extended):
  *	  - the fast path locks one slot FOR UPDATE SKIP LOCKED and reads the
@@ -108,9 +131,9 @@ PG_FUNCTION_INFO_V1(earmark_set_escrow);
 
 /*
  * The budget's slot state, its limit and recorded usage, and the sums of
- * its slots, without a lock: whether the slots may admit (they were cut
- * for the limit less the recorded usage now in force), and the numbers
- * reserve's "remaining" is computed from.
+ * its slots, without a lock, in one snapshot: whether the slots may admit
+ * (everything allocated and recorded fits the limit now in force), and
+ * the numbers reserve's "remaining" is computed from.
  */
 static EmStatement fast_numbers = {
 	"SELECT b.budget_id, b.slots, b.slot_gen, b.slot_lim, b.used, b.held, l.lim, "
@@ -125,6 +148,10 @@ static EmStatement fast_numbers = {
 	"       (SELECT coalesce(pg_catalog.sum(t.held), 0)::bigint FROM earmark.budget_slot t "
 	"         WHERE t.account = $1 AND t.budget_id = "
 	"               (SELECT x.budget_id FROM earmark.budget x "
+	"                 WHERE x.account = $1 AND x.feature = $2 AND x.cycle_start = $3)), "
+	"       (SELECT coalesce(pg_catalog.sum(t.room), 0)::bigint FROM earmark.budget_slot t "
+	"         WHERE t.account = $1 AND t.budget_id = "
+	"               (SELECT x.budget_id FROM earmark.budget x "
 	"                 WHERE x.account = $1 AND x.feature = $2 AND x.cycle_start = $3)) "
 	"FROM earmark.budget b "
 	"JOIN earmark.account_limit l ON l.account = b.account AND l.feature = b.feature "
@@ -134,7 +161,7 @@ static EmStatement fast_numbers = {
 enum
 {
 	FN_BUDGET_ID = 1, FN_SLOTS, FN_SLOT_GEN, FN_SLOT_LIM, FN_USED, FN_HELD, FN_LIM,
-	FN_RECORDED, FN_SLOTS_USED, FN_SLOTS_HELD
+	FN_RECORDED, FN_SLOTS_USED, FN_SLOTS_HELD, FN_SLOTS_ROOM
 };
 
 /*
@@ -189,16 +216,28 @@ em_random_slot(int slots)
 }
 
 /*
- * Whether the slots were cut for the limit in force: the limit less the
- * usage recorded without a hold, or unlimited (slot_lim NULL).
+ * Whether the slots may admit: unlimited, when they were cut unlimited
+ * (slot_lim NULL); limited, when they were cut for some limit and the
+ * budget row's used and held, every allocation (the room, held and used
+ * of every slot row, whatever its generation or slot number) and the usage
+ * recorded without a hold (the nparts numbers in parts) all fit the limit
+ * now.  A sum that passes the largest bigint does not fit.
  */
 static bool
-slots_cut_for_limit(bool unlimited, int64 lim, int64 recorded,
-					bool slot_lim_null, int64 slot_lim)
+slots_fit_limit(bool unlimited, int64 lim, bool slot_lim_null,
+				const int64 *parts, int nparts)
 {
+	int64		whole = 0;
+	int			i;
+
 	if (unlimited)
 		return slot_lim_null;
-	return !slot_lim_null && Max(lim - recorded, 0) == slot_lim;
+	if (slot_lim_null)
+		return false;
+	for (i = 0; i < nparts; i++)
+		if (pg_add_s64_overflow(whole, parts[i], &whole))
+			return false;
+	return whole <= lim;
 }
 
 /*
@@ -217,6 +256,7 @@ em_escrow_fast(EmHold *h, TimestampTz cycle_start, int slots,
 	bool		isnull;
 	bool		slot_lim_null;
 	int64		gen;
+	int64		parts[6];
 	Datum		lim;
 
 	args[0] = PointerGetDatum(h->account);
@@ -228,9 +268,14 @@ em_escrow_fast(EmHold *h, TimestampTz cycle_start, int slots,
 	lim = em_get(0, FN_LIM, &numbers->unlimited);
 	numbers->lim = numbers->unlimited ? 0 : DatumGetInt64(lim);
 	(void) em_get(0, FN_SLOT_LIM, &slot_lim_null);
-	if (!slots_cut_for_limit(numbers->unlimited, numbers->lim,
-							 em_get_int64(0, FN_RECORDED, 0), slot_lim_null,
-							 em_get_int64(0, FN_SLOT_LIM, 0)))
+	parts[0] = em_get_int64(0, FN_USED, 0);
+	parts[1] = em_get_int64(0, FN_HELD, 0);
+	parts[2] = em_get_int64(0, FN_SLOTS_ROOM, 0);
+	parts[3] = em_get_int64(0, FN_SLOTS_HELD, 0);
+	parts[4] = em_get_int64(0, FN_SLOTS_USED, 0);
+	parts[5] = em_get_int64(0, FN_RECORDED, 0);
+	if (!slots_fit_limit(numbers->unlimited, numbers->lim, slot_lim_null,
+						 parts, lengthof(parts)))
 		return EM_ADMIT_NO_SLOT;
 	numbers->used = em_get_int64(0, FN_USED, 0) + em_get_int64(0, FN_RECORDED, 0) +
 		em_get_int64(0, FN_SLOTS_USED, 0);
@@ -477,20 +522,20 @@ create_missing_slots(text *account, EmBudget *b)
  * Usually a slot ran dry while the budget still has room that no slot
  * holds: admit from that, and refill only the free slots that are low.
  * Locking every slot here would make all concurrent admissions miss
- * their fast path for as long as this transaction lasts.  Returns false
+ * their fast path for as long as this transaction lasts.  all: every
+ * slot summed, none locked (sum_slots with an empty array).  Returns false
  * when the job does not fit in the unallocated room (the caller gathers).
  */
 static bool
 admit_from_unallocated(EmHold *h, EmBudget *b, int64 cap, int64 gen,
-					   EmAdmit *result, int64 *remaining)
+					   const SlotSums *all, EmAdmit *result, int64 *remaining)
 {
-	SlotSums	s;
+	SlotSums	s = *all;
 	int64		unallocated;
 	int64		fair;
 	int			nlocked;
 	Datum		locked;
 
-	sum_slots(h->account, b->budget_id, empty_array(), &s);
 	unallocated = cap - b->used - b->held - s.others_alloc;
 	if (h->amount > unallocated)
 		return false;
@@ -510,6 +555,21 @@ admit_from_unallocated(EmHold *h, EmBudget *b, int64 cap, int64 gen,
 	}
 	write_budget(h->account, b, gen);
 	return true;
+}
+
+/*
+ * Whether the budget row's used and held and every slot's allocation (all:
+ * every slot summed as not ours) fit cap; a sum that passes the largest
+ * bigint does not.
+ */
+static bool
+allocations_fit(const EmBudget *b, const SlotSums *all, int64 cap)
+{
+	int64		whole;
+
+	return !pg_add_s64_overflow(b->used, b->held, &whole) &&
+		!pg_add_s64_overflow(whole, all->others_alloc, &whole) &&
+		whole <= cap;
 }
 
 /*
@@ -558,19 +618,26 @@ em_escrow_rebalance(EmHold *h, EmBudget *b, int64 *remaining)
 	int64		cap = b->unlimited ? UNLIMITED_CAP : b->lim;
 	int64		gen = b->slot_gen;
 	EmAdmit		result = EM_ADMIT_REFUSED;
+	SlotSums	all;
 	int			try;
 
 	/*
-	 * A new limit (or the first rebalance): a new generation, so that slots
-	 * cut for the old limit stop admitting once this commits.
+	 * The first rebalance, a change between limited and unlimited, or a
+	 * limit (less the recorded usage) that the budget row's used and held
+	 * and every slot's allocation, as last committed, no longer fit: a new
+	 * generation, so that slots cut for the old limit stop admitting once
+	 * this commits, and the gathering below.  While they still fit, the
+	 * generation stays: the fast path's own fit check keeps the slots
+	 * within the new limit (see the file's header).
 	 */
+	sum_slots(h->account, b->budget_id, empty_array(), &all);
 	if (gen == 0 || b->slot_lim_null != b->unlimited ||
-		(!b->unlimited && b->slot_lim != b->lim))
+		(!b->unlimited && !allocations_fit(b, &all, cap)))
 		gen++;
 	create_missing_slots(h->account, b);
 
 	if (gen == b->slot_gen &&
-		admit_from_unallocated(h, b, cap, gen, &result, remaining))
+		admit_from_unallocated(h, b, cap, gen, &all, &result, remaining))
 		return result;
 
 	for (try = 0;; try++)
