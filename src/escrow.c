@@ -45,10 +45,12 @@
  *	  never below zero, so used + held over the row and the slots is at
  *	  most that sum.  An admission whose own read shows the whole fitting
  *	  therefore keeps used + held + recorded within the limit, exactly as
- *	  the equality rule it replaces did; usage committed concurrently
- *	  counts from the next admission, as with any limit change.  So usage
- *	  recorded within the unallocated room leaves the slots admitting, and
- *	  only usage beyond it sends admissions to the slow path.
+ *	  the equality rule it replaces did (a rebalance that commits between
+ *	  the read and the take keeps the sum within the limit by its own
+ *	  read); usage or a limit committed concurrently counts from the next
+ *	  admission, as with the equality rule.  So usage recorded within the
+ *	  unallocated room leaves the slots admitting, and only usage beyond it
+ *	  sends admissions to the slow path.
  *	  The rebalance starts a new generation (gathering every free slot and
  *	  cutting them for what is left) only when the allocations no longer
  *	  fit the limit less the recorded usage, summed under the budget row's
