@@ -54,6 +54,7 @@ typedef struct EmBudget
 	/* read after the lock */
 	bool		unlimited;
 	int64		lim;			/* the limit, less recorded usage for escrow */
+	int64		raw_lim;		/* the account's limit itself (escrow's slot_lim) */
 	int64		recorded;		/* usage recorded without a hold */
 } EmBudget;
 

@@ -23,44 +23,56 @@
  *	  Slots get half of the free room; the other half stays unallocated on
  *	  the budget row.  An admission whose slot ran dry takes from it under
  *	  the budget row's lock and tops up only the free slots running low.
- *	  Only near the limit (or when the allocations no longer fit a lowered
- *	  limit or the recorded usage) does a rebalance gather the room of
- *	  every free slot, so that a refusal means the whole budget lacks room.
+ *	  Only near the limit (or after a limit change, or when the
+ *	  allocations no longer fit the recorded usage) does a rebalance gather
+ *	  the room of every free slot, so that a refusal means the whole budget
+ *	  lacks room.
  *
  *	  A limit change, and usage recorded without a hold (the counter rows
- *	  earmark_record_usage writes; it locks no slot): the fast path reads,
- *	  in its one statement's snapshot, the budget row, the sums of every
- *	  slot row (room, held and used, whatever its generation or slot
- *	  number), the account's limit and the recorded usage, and uses the
- *	  slots only while they fit:
+ *	  earmark_record_usage writes; it locks no slot): budget.slot_lim is
+ *	  the raw limit (the account's limit, not less recorded usage) the
+ *	  current generation was cut for, NULL when cut unlimited.  The fast
+ *	  path reads, in its one statement's snapshot, the budget row, the sums
+ *	  of every slot row (room, held and used, whatever its generation or
+ *	  slot number), the account's limit and the recorded usage, and uses
+ *	  the slots only while slot_lim is the limit it read and they fit:
  *	    budget.used + budget.held + allocations + recorded <= limit
- *	  (and the slots were cut limited, slot_lim not NULL; unlimited, only
- *	  slots cut unlimited admit).  Why that keeps the limit: every writer
- *	  that changes an allocation or budget.used/held upward is a slow path
- *	  under the budget row's lock (admit_from_unallocated, the gathering
- *	  cut), and it leaves budget.used + budget.held + allocations at most
- *	  the limit less the recorded usage as its own snapshot after the lock
- *	  reads them.  A slot admission moves room to held inside one
- *	  allocation, a settlement or expiry only lowers the sum, and room is
- *	  never below zero, so used + held over the row and the slots is at
- *	  most that sum.  An admission whose own read shows the whole fitting
- *	  therefore keeps used + held + recorded within the limit, exactly as
- *	  the equality rule it replaces did (a rebalance that commits between
- *	  the read and the take keeps the sum within the limit by its own
- *	  read); usage or a limit committed concurrently counts from the next
- *	  admission, as with the equality rule.  So usage recorded within the
- *	  unallocated room leaves the slots admitting, and only usage beyond it
- *	  sends admissions to the slow path.
+ *	  (unlimited, only slots cut unlimited admit).  Why that keeps the
+ *	  limit: every writer that changes an allocation or budget.used/held
+ *	  upward is a slow path under the budget row's lock
+ *	  (admit_from_unallocated, the gathering cut), and it leaves
+ *	  budget.used + budget.held + allocations at most its raw limit less
+ *	  the recorded usage as its own snapshot after the lock reads them.  A
+ *	  rebalance keeps the generation only when its raw limit is slot_lim;
+ *	  any other limit bumps it and writes the new slot_lim.  So every
+ *	  rebalance of the generation a passing fast path read ran under the
+ *	  raw limit that fast path read (slot_lim changes only with the
+ *	  generation), whether it committed before the read or between the
+ *	  read and the take: a take whose slot is still of that generation
+ *	  takes room some such rebalance cut under that limit.  A slot
+ *	  admission moves room to held inside one allocation, a settlement or
+ *	  expiry only lowers the sum, and room is never below zero, so used +
+ *	  held over the row and the slots is at most that sum, and used + held
+ *	  + recorded stays within the limit the fast path read, up to usage
+ *	  recorded concurrently, which counts from the next admission (as with
+ *	  the equality rule this replaces).  A limit changed between the read
+ *	  and the take has either not been rebalanced under yet (the slots
+ *	  still hold only room cut under the old limit) or its rebalance
+ *	  bumped the generation, and the take's re-check of the generation
+ *	  finds no slot.  So usage recorded within the unallocated room leaves
+ *	  the slots admitting, and only usage beyond it sends admissions to
+ *	  the slow path.
  *	  The rebalance starts a new generation (gathering every free slot and
- *	  cutting them for what is left) only when the allocations no longer
- *	  fit the limit less the recorded usage, summed under the budget row's
- *	  lock, or limited-ness changed; while they fit it keeps the generation
- *	  and writes the new slot_lim.  A lowered limit under which the
- *	  allocations still fit thus keeps the slots admitting; one under which
- *	  they do not sends every admission to the slow path, whose first
- *	  rebalance bumps the generation and re-cuts the rooms it can lock;
- *	  slots it could not lock stop admitting (their generation is old)
- *	  until a later rebalance takes them.
+ *	  cutting them for what is left) on the first cut, when limited-ness
+ *	  changed, when the raw limit is not slot_lim, or when the allocations
+ *	  no longer fit the limit less the recorded usage, summed under the
+ *	  budget row's lock; otherwise it keeps the generation.  Recorded usage
+ *	  that changes alone, up or down, thus bumps it only once the
+ *	  allocations no longer fit.  Any limit change sends admissions to the
+ *	  slow path (the fast path sees slot_lim differ), whose first rebalance
+ *	  bumps the generation and re-cuts the rooms it can lock; slots it
+ *	  could not lock stop admitting (their generation is old) until a
+ *	  later rebalance takes them.
  *
  *	  Locks (the order gate.c keeps, extended):
  *	  - the fast path locks one slot FOR UPDATE SKIP LOCKED and reads the
@@ -219,14 +231,16 @@ em_random_slot(int slots)
 
 /*
  * Whether the slots may admit: unlimited, when they were cut unlimited
- * (slot_lim NULL); limited, when they were cut for some limit and the
- * budget row's used and held, every allocation (the room, held and used
- * of every slot row, whatever its generation or slot number) and the usage
- * recorded without a hold (the nparts numbers in parts) all fit the limit
- * now.  A sum that passes the largest bigint does not fit.
+ * (slot_lim NULL); limited, when the current generation was cut for this
+ * very limit (slot_lim, the raw limit of the last rebalance, equals the
+ * limit read now) and the budget row's used and held, every allocation
+ * (the room, held and used of every slot row, whatever its generation or
+ * slot number) and the usage recorded without a hold (the nparts numbers
+ * in parts) all fit the limit now.  A sum that passes the largest bigint
+ * does not fit.
  */
 static bool
-slots_fit_limit(bool unlimited, int64 lim, bool slot_lim_null,
+slots_fit_limit(bool unlimited, int64 lim, bool slot_lim_null, int64 slot_lim,
 				const int64 *parts, int nparts)
 {
 	int64		whole = 0;
@@ -234,7 +248,7 @@ slots_fit_limit(bool unlimited, int64 lim, bool slot_lim_null,
 
 	if (unlimited)
 		return slot_lim_null;
-	if (slot_lim_null)
+	if (slot_lim_null || slot_lim != lim)
 		return false;
 	for (i = 0; i < nparts; i++)
 		if (pg_add_s64_overflow(whole, parts[i], &whole))
@@ -257,6 +271,7 @@ em_escrow_fast(EmHold *h, TimestampTz cycle_start, int slots,
 	Datum		args[11];
 	bool		isnull;
 	bool		slot_lim_null;
+	int64		slot_lim;
 	int64		gen;
 	int64		parts[6];
 	Datum		lim;
@@ -269,7 +284,9 @@ em_escrow_fast(EmHold *h, TimestampTz cycle_start, int slots,
 		return EM_ADMIT_NO_SLOT;
 	lim = em_get(0, FN_LIM, &numbers->unlimited);
 	numbers->lim = numbers->unlimited ? 0 : DatumGetInt64(lim);
-	(void) em_get(0, FN_SLOT_LIM, &slot_lim_null);
+	slot_lim = DatumGetInt64(em_get(0, FN_SLOT_LIM, &slot_lim_null));
+	if (slot_lim_null)
+		slot_lim = 0;
 	parts[0] = em_get_int64(0, FN_USED, 0);
 	parts[1] = em_get_int64(0, FN_HELD, 0);
 	parts[2] = em_get_int64(0, FN_SLOTS_ROOM, 0);
@@ -277,7 +294,7 @@ em_escrow_fast(EmHold *h, TimestampTz cycle_start, int slots,
 	parts[4] = em_get_int64(0, FN_SLOTS_USED, 0);
 	parts[5] = em_get_int64(0, FN_RECORDED, 0);
 	if (!slots_fit_limit(numbers->unlimited, numbers->lim, slot_lim_null,
-						 parts, lengthof(parts)))
+						 slot_lim, parts, lengthof(parts)))
 		return EM_ADMIT_NO_SLOT;
 	numbers->used = em_get_int64(0, FN_USED, 0) + em_get_int64(0, FN_RECORDED, 0) +
 		em_get_int64(0, FN_SLOTS_USED, 0);
@@ -444,7 +461,8 @@ write_budget(text *account, EmBudget *b, int64 gen)
 	args[1] = Int64GetDatum(b->budget_id);
 	args[2] = Int64GetDatum(b->used);
 	args[3] = Int64GetDatum(b->held);
-	args[4] = Int64GetDatum(b->lim);
+	/* the raw limit, not less recorded usage: what the generation is cut for */
+	args[4] = Int64GetDatum(b->raw_lim);
 	nulls[4] = b->unlimited ? 'n' : ' ';
 	args[5] = Int64GetDatum(gen);
 	em_exec(&write_escrow_budget, args, nulls, 0);
@@ -624,17 +642,21 @@ em_escrow_rebalance(EmHold *h, EmBudget *b, int64 *remaining)
 	int			try;
 
 	/*
-	 * The first rebalance, a change between limited and unlimited, or a
-	 * limit (less the recorded usage) that the budget row's used and held
-	 * and every slot's allocation, as last committed, no longer fit: a new
-	 * generation, so that slots cut for the old limit stop admitting once
-	 * this commits, and the gathering below.  While they still fit, the
-	 * generation stays: the fast path's own fit check keeps the slots
-	 * within the new limit (see the file's header).
+	 * The first rebalance, a change between limited and unlimited, a raw
+	 * limit other than the one the current generation was cut for
+	 * (budget.slot_lim), or allocations that, with the budget row's used
+	 * and held as last committed, no longer fit the limit less the
+	 * recorded usage (cap): a new generation, so that slots cut for the
+	 * old limit stop admitting once this commits, and the gathering below.
+	 * Otherwise the generation stays: the fast path admits only while the
+	 * limit it reads is slot_lim and its own fit check holds (see the
+	 * file's header).  Recorded usage changing alone, up or down, never
+	 * bumps it unless the allocations stop fitting.
 	 */
 	sum_slots(h->account, b->budget_id, empty_array(), &all);
 	if (gen == 0 || b->slot_lim_null != b->unlimited ||
-		(!b->unlimited && !allocations_fit(b, &all, cap)))
+		(!b->unlimited &&
+		 (b->slot_lim != b->raw_lim || !allocations_fit(b, &all, cap))))
 		gen++;
 	create_missing_slots(h->account, b);
 

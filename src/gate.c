@@ -864,6 +864,7 @@ lock_cycle(Reserve *r)
 					 errhint("Retry the transaction.")));
 	}
 	r->b.lim = l.lim;
+	r->b.raw_lim = l.lim;
 	r->b.unlimited = l.unlimited;
 	r->b.recorded = l.recorded;
 	r->locked_key = l.job;
