@@ -51,6 +51,7 @@ typedef struct EmBudget
 	bool		slot_lim_null;
 	int64		slot_lim;
 	int64		slot_gen;
+	int64		slot_cut;		/* rebalances that cut room (escrow.c) */
 	/* read after the lock */
 	bool		unlimited;
 	int64		lim;			/* the limit, less recorded usage for escrow */

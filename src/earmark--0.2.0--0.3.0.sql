@@ -82,6 +82,10 @@ DELETE FROM earmark.budget_slot WHERE account IS NULL;
 ALTER TABLE earmark.budget_slot ALTER COLUMN account SET NOT NULL;
 ALTER TABLE earmark.budget_slot DROP CONSTRAINT budget_slot_pkey;
 ALTER TABLE earmark.budget_slot ADD PRIMARY KEY (account, budget_id, slot);
+-- the rebalance's cut counter and each slot's stamp (escrow.c: the fast
+-- path takes no room cut after its read)
+ALTER TABLE earmark.budget ADD COLUMN slot_cut bigint NOT NULL DEFAULT 0;
+ALTER TABLE earmark.budget_slot ADD COLUMN cut bigint NOT NULL DEFAULT 0;
 
 -- job
 ALTER TABLE earmark.job ALTER COLUMN job_id DROP IDENTITY;

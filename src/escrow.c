@@ -37,31 +37,29 @@
  *	  slot number), the account's limit and the recorded usage, and uses
  *	  the slots only while slot_lim is the limit it read and they fit:
  *	    budget.used + budget.held + allocations + recorded <= limit
- *	  (unlimited, only slots cut unlimited admit).  Why that keeps the
- *	  limit: every writer that changes an allocation or budget.used/held
- *	  upward is a slow path under the budget row's lock
+ *	  (unlimited, only slots cut unlimited admit), and its take uses only
+ *	  a slot of the generation it read whose stamp (budget_slot.cut) is at
+ *	  most the budget's slot_cut it read.  Every rebalance stamps the slots
+ *	  it cuts with a slot_cut one above the last, under the budget row's
+ *	  lock, so a slot the take may use was last cut by a rebalance that
+ *	  committed before the fast path's read: the read summed that slot's
+ *	  allocation as it is at the take.  (A settlement moves room, held and
+ *	  used inside one allocation; nothing else but a cut raises one.)
+ *	  Why that keeps the limit: every writer that raises an allocation or
+ *	  budget.used/held is a slow path under the budget row's lock
  *	  (admit_from_unallocated, the gathering cut), and it leaves
  *	  budget.used + budget.held + allocations at most its raw limit less
- *	  the recorded usage as its own snapshot after the lock reads them.  A
- *	  rebalance keeps the generation only when its raw limit is slot_lim;
- *	  any other limit bumps it and writes the new slot_lim.  So every
- *	  rebalance of the generation a passing fast path read ran under the
- *	  raw limit that fast path read (slot_lim changes only with the
- *	  generation), whether it committed before the read or between the
- *	  read and the take: a take whose slot is still of that generation
- *	  takes room some such rebalance cut under that limit.  A slot
- *	  admission moves room to held inside one allocation, a settlement or
- *	  expiry only lowers the sum, and room is never below zero, so used +
- *	  held over the row and the slots is at most that sum, and used + held
- *	  + recorded stays within the limit the fast path read, up to usage
- *	  recorded concurrently, which counts from the next admission (as with
- *	  the equality rule this replaces).  A limit changed between the read
- *	  and the take has either not been rebalanced under yet (the slots
- *	  still hold only room cut under the old limit) or its rebalance
- *	  bumped the generation, and the take's re-check of the generation
- *	  finds no slot.  So usage recorded within the unallocated room leaves
- *	  the slots admitting, and only usage beyond it sends admissions to
- *	  the slow path.
+ *	  the recorded usage its own snapshot after the lock reads.  A fast
+ *	  path's take stays inside one slot's allocation, which its read
+ *	  counted with every other allocation, the budget row and the recorded
+ *	  usage it saw, within the limit it saw.  Without the stamp it would
+ *	  not: a rebalance that read the recorded usage before some usage
+ *	  committed could cut room into a slot after the fast path's read saw
+ *	  that usage, and the take would spend room its fit check never summed
+ *	  (isolation spec review_stale_recorded).  Usage recorded concurrently
+ *	  with an admission, as before, counts from the next one.  So usage
+ *	  recorded within the unallocated room leaves the slots admitting, and
+ *	  only usage beyond it sends admissions to the slow path.
  *	  The rebalance starts a new generation (gathering every free slot and
  *	  cutting them for what is left) on the first cut, when limited-ness
  *	  changed, when the raw limit is not slot_lim, or when the allocations
@@ -150,7 +148,7 @@ PG_FUNCTION_INFO_V1(earmark_set_escrow);
  * the numbers reserve's "remaining" is computed from.
  */
 static EmStatement fast_numbers = {
-	"SELECT b.budget_id, b.slots, b.slot_gen, b.slot_lim, b.used, b.held, l.lim, "
+	"SELECT b.budget_id, b.slots, b.slot_gen, b.slot_lim, b.used, b.held, l.lim, b.slot_cut, "
 	"       (SELECT coalesce(pg_catalog.sum(u.units), 0)::bigint FROM earmark.usage_shard u "
 	"         WHERE u.account = $1 AND u.budget_id = "
 	"               (SELECT x.budget_id FROM earmark.budget x "
@@ -175,25 +173,26 @@ static EmStatement fast_numbers = {
 enum
 {
 	FN_BUDGET_ID = 1, FN_SLOTS, FN_SLOT_GEN, FN_SLOT_LIM, FN_USED, FN_HELD, FN_LIM,
-	FN_RECORDED, FN_SLOTS_USED, FN_SLOTS_HELD, FN_SLOTS_ROOM
+	FN_SLOT_CUT, FN_RECORDED, FN_SLOTS_USED, FN_SLOTS_HELD, FN_SLOTS_ROOM
 };
 
 /*
  * The free slot: the first slot from a random start ($3) upward, then
  * from 0, that is of the budget's generation ($5), below its slot count
- * ($4), has the room, and no other transaction holds.  Each probe walks
+ * ($4), has the room, was last cut no later than the read saw ($12, the
+ * budget's slot_cut), and no other transaction holds.  Each probe walks
  * the primary key (account, budget_id, slot) in order and stops at the
  * first such slot, so an admission reads a slot or two, not all of them.
  * COALESCE runs the second probe only when the first found nothing.  Each
- * probe's FOR UPDATE re-checks room and generation on the slot's newest
- * version (READ COMMITTED), so a slot drained or cut again meanwhile is
- * passed over.  Then the job (nothing when the key is already taken), and
+ * probe's FOR UPDATE re-checks room, generation and stamp on the slot's
+ * newest version (READ COMMITTED), so a slot drained or cut again
+ * meanwhile is passed over.  Then the job (nothing when the key is already taken), and
  * the slot's room to held only for a job that was written.
  */
 #define FREE_SLOT_PROBE(from_to) \
 	"(SELECT t.slot FROM earmark.budget_slot t" \
 	" WHERE t.account = $1 AND t.budget_id = $2 AND " from_to \
-	"   AND t.slot < $4 AND t.gen = $5 AND t.room >= $6" \
+	"   AND t.slot < $4 AND t.gen = $5 AND t.room >= $6 AND t.cut <= $12" \
 	" ORDER BY t.slot LIMIT 1 FOR UPDATE SKIP LOCKED)"
 
 static EmStatement fast_take = {
@@ -207,8 +206,8 @@ static EmStatement fast_take = {
 	"  UPDATE earmark.budget_slot t SET room = t.room - $6, held = t.held + $6"
 	"   WHERE t.account = $1 AND t.budget_id = $2 AND t.slot = (SELECT j.slot FROM j)) "
 	"SELECT (SELECT s.slot FROM s), (SELECT j.job_id FROM j)",
-	11, {TEXTOID, INT8OID, INT4OID, INT4OID, INT8OID, INT8OID, TEXTOID, TEXTOID,
-	INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+	12, {TEXTOID, INT8OID, INT4OID, INT4OID, INT8OID, INT8OID, TEXTOID, TEXTOID,
+	INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID}
 };
 enum
 {
@@ -268,7 +267,7 @@ EmAdmit
 em_escrow_fast(EmHold *h, TimestampTz cycle_start, int slots,
 			   EscrowNumbers *numbers)
 {
-	Datum		args[11];
+	Datum		args[12];
 	bool		isnull;
 	bool		slot_lim_null;
 	int64		slot_lim;
@@ -312,6 +311,7 @@ em_escrow_fast(EmHold *h, TimestampTz cycle_start, int slots,
 	args[8] = IntervalPGetDatum(h->lease);
 	args[9] = TimestampTzGetDatum(h->lease_until);
 	args[10] = TimestampTzGetDatum(h->now);
+	args[11] = Int64GetDatum(em_get_int64(0, FN_SLOT_CUT, 0));
 	em_exec(&fast_take, args, NULL, 1);
 	(void) em_get(0, FT_SLOT, &isnull);
 	if (isnull)
@@ -366,15 +366,16 @@ enum
 static EmStatement cut_slots = {
 	"UPDATE earmark.budget_slot "
 	"SET room = CASE WHEN slot >= $4 THEN 0 "
-	"                WHEN slot = $3[1] THEN $5 + $6 ELSE $5 END, gen = $7 "
+	"                WHEN slot = $3[1] THEN $5 + $6 ELSE $5 END, gen = $7, cut = $8 "
 	"WHERE account = $1 AND budget_id = $2 AND slot = ANY($3)",
-	7, {TEXTOID, INT8OID, INT4ARRAYOID, INT4OID, INT8OID, INT8OID, INT8OID}
+	8, {TEXTOID, INT8OID, INT4ARRAYOID, INT4OID, INT8OID, INT8OID, INT8OID, INT8OID}
 };
 
 static EmStatement write_escrow_budget = {
-	"UPDATE earmark.budget SET used = $3, held = $4, slot_lim = $5, slot_gen = $6 "
+	"UPDATE earmark.budget SET used = $3, held = $4, slot_lim = $5, slot_gen = $6, "
+	"       slot_cut = $7 "
 	"WHERE account = $1 AND budget_id = $2",
-	6, {TEXTOID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID}
+	7, {TEXTOID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID}
 };
 
 /* the slots the last statement locked, as an int[] datum, and how many */
@@ -429,7 +430,7 @@ static void
 cut(text *account, EmBudget *b, Datum locked, int nlocked, int64 nmine,
 	int64 pool, int64 per_slot_max, int64 gen)
 {
-	Datum		args[7];
+	Datum		args[8];
 	int			live = Max(Min((int) nmine, b->slots), 1);
 	int64		share = b->slots > 0 ? pool / live : 0;
 	int64		rem = b->slots > 0 ? pool % live : 0;
@@ -448,14 +449,15 @@ cut(text *account, EmBudget *b, Datum locked, int nlocked, int64 nmine,
 	args[4] = Int64GetDatum(share);
 	args[5] = Int64GetDatum(rem);
 	args[6] = Int64GetDatum(gen);
+	args[7] = Int64GetDatum(b->slot_cut);
 	em_exec(&cut_slots, args, NULL, 0);
 }
 
 static void
 write_budget(text *account, EmBudget *b, int64 gen)
 {
-	Datum		args[6];
-	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		args[7];
+	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
 
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(b->budget_id);
@@ -465,6 +467,7 @@ write_budget(text *account, EmBudget *b, int64 gen)
 	args[4] = Int64GetDatum(b->raw_lim);
 	nulls[4] = b->unlimited ? 'n' : ' ';
 	args[5] = Int64GetDatum(gen);
+	args[6] = Int64GetDatum(b->slot_cut);
 	em_exec(&write_escrow_budget, args, nulls, 0);
 }
 
@@ -654,6 +657,8 @@ em_escrow_rebalance(EmHold *h, EmBudget *b, int64 *remaining)
 	 * bumps it unless the allocations stop fitting.
 	 */
 	sum_slots(h->account, b->budget_id, empty_array(), &all);
+	/* the stamp of every slot this call cuts (see the file's header) */
+	b->slot_cut++;
 	if (gen == 0 || b->slot_lim_null != b->unlimited ||
 		(!b->unlimited &&
 		 (b->slot_lim != b->raw_lim || !allocations_fit(b, &all, cap))))
