@@ -9,9 +9,8 @@
 #   2. a settle that waits for the job row (an open charge on it)
 #   3. a settle that waits for the job row while another settle of it is
 #      open: it answers the status that settle left, charges nothing
-#   4. a job of an old generation (the limit lowered under the slot's
-#      allocation, 499, and a slow path cut the slot again): no slot of
-#      its generation, so the budget row
+#   4. a job of an old generation (the limit changed and a slow path cut
+#      the slot again): no slot of its generation, so the budget row
 #   5. earmark_settle_many with the same slot job twice
 #   6. earmark_check() clean, the slots' allocation unchanged
 #
@@ -83,10 +82,10 @@ is "$(ct_val 0 "SELECT charged || ' ' || status FROM earmark.job WHERE account =
 # 4.
 J4=$(ct_val 0 "SELECT job_id FROM earmark_reserve('$A', 10, 'k4')")
 g4=$(ct_val 0 "SELECT gen FROM earmark.job WHERE account = '$A' AND job_id = $J4")
-ct_sql 0 -q -c "SELECT * FROM earmark_set_limit('$A', 400)" >/dev/null
-big=$(ct_val 0 "SELECT admitted FROM earmark_reserve('$A', 300, 'big')")
+ct_sql 0 -q -c "SELECT * FROM earmark_set_limit('$A', 2000)" >/dev/null
+big=$(ct_val 0 "SELECT admitted FROM earmark_reserve('$A', 900, 'big')")
 g=$(ct_val 0 "SELECT string_agg(DISTINCT gen::text, ',') FROM earmark.budget_slot WHERE account = '$A'")
-is "$big|$g" "t|$((g4 + 1))" "4. a limit under the allocation and a slow path: the slot is cut again in generation $((g4 + 1)) (k4's is $g4)"
+is "$big|$g" "t|$((g4 + 1))" "4. a new limit and a slow path: the slot is cut again in generation $((g4 + 1)) (k4's is $g4)"
 is "$(ct_val 0 "SELECT charged || ' ' || released || ' ' || status FROM earmark_settle('$A', $J4, 2)")" "2 8 completed" \
    "  ... k4's settle: no slot of its generation, into the budget row (2, 8)"
 is "$(ct_val 0 "SELECT used FROM earmark.budget WHERE account = '$A'")" 2 "  ... the budget row's used is 2"
