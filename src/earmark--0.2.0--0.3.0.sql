@@ -83,9 +83,17 @@ ALTER TABLE earmark.budget_slot ALTER COLUMN account SET NOT NULL;
 ALTER TABLE earmark.budget_slot DROP CONSTRAINT budget_slot_pkey;
 ALTER TABLE earmark.budget_slot ADD PRIMARY KEY (account, budget_id, slot);
 -- the rebalance's cut counter and each slot's stamp (escrow.c: the fast
--- path takes no room cut after its read)
-ALTER TABLE earmark.budget ADD COLUMN slot_cut bigint NOT NULL DEFAULT 0;
-ALTER TABLE earmark.budget_slot ADD COLUMN cut bigint NOT NULL DEFAULT 0;
+-- path takes no room cut after its read).  Added without a default and
+-- filled, then given one: a column added with its default keeps that value
+-- as the table's "missing value", which a fresh install does not have.
+ALTER TABLE earmark.budget ADD COLUMN slot_cut bigint;
+UPDATE earmark.budget SET slot_cut = 0;
+ALTER TABLE earmark.budget ALTER COLUMN slot_cut SET DEFAULT 0;
+ALTER TABLE earmark.budget ALTER COLUMN slot_cut SET NOT NULL;
+ALTER TABLE earmark.budget_slot ADD COLUMN cut bigint;
+UPDATE earmark.budget_slot SET cut = 0;
+ALTER TABLE earmark.budget_slot ALTER COLUMN cut SET DEFAULT 0;
+ALTER TABLE earmark.budget_slot ALTER COLUMN cut SET NOT NULL;
 
 -- job
 ALTER TABLE earmark.job ALTER COLUMN job_id DROP IDENTITY;
