@@ -380,6 +380,49 @@ em_direct_get(EmDirect *d, Datum *keys, Snapshot snap, Datum *values, bool *null
 	return scan_rows(d, keys, snap, NULL, NULL, values, nulls) > 0;
 }
 
+/*
+ * The row's newest committed version, as a snapshot taken now sees it by
+ * d's index, when no transaction that is still running (another's, or
+ * this one's own lock) locks or updates it and none that committed after
+ * the snapshot did: its columns into values and nulls.  False otherwise,
+ * or when no version is visible.  A read, not a lock: it leaves the row
+ * free for the next writer, and it may set hint bits, as any read does.
+ * Locks: AccessShareLock on the table and the index, and the buffer's
+ * content lock shared while HeapTupleSatisfiesUpdate reads the version's
+ * xmax (as heap_lock_tuple reads it, without taking the row lock).
+ */
+bool
+em_direct_unclaimed(EmDirect *d, Datum *keys, Datum *values, bool *nulls)
+{
+	Snapshot	snap = em_direct_latest_snapshot();
+	Relation	rel = open_table(d, AccessShareLock);
+	Relation	idx = index_open(d->indexid, AccessShareLock);
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	IndexScanDesc scan = begin_scan(d, rel, idx, snap, keys);
+	bool		unclaimed = false;
+
+	if (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
+		HeapTuple	tuple;
+
+		Assert(TTS_IS_BUFFERTUPLE(slot));
+		tuple = ExecFetchSlotHeapTuple(slot, false, NULL);
+		LockBuffer(bslot->buffer, BUFFER_LOCK_SHARE);
+		unclaimed = HeapTupleSatisfiesUpdate(tuple, GetCurrentCommandId(false),
+											 bslot->buffer) == TM_Ok;
+		LockBuffer(bslot->buffer, BUFFER_LOCK_UNLOCK);
+		if (unclaimed)
+			copy_columns(d, rel, slot, values, nulls);
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(idx, NoLock);
+	table_close(rel, NoLock);
+	em_direct_release(snap);
+	return unclaimed;
+}
+
 /* the locked version still has the keys the scan matched (EvalPlanQual's re-check) */
 static bool
 keys_hold(EmDirect *d, TupleTableSlot *slot, AttrNumber *keyatts, Datum *keys)

@@ -94,6 +94,8 @@ ALTER TABLE earmark.budget_slot ADD COLUMN cut bigint;
 UPDATE earmark.budget_slot SET cut = 0;
 ALTER TABLE earmark.budget_slot ALTER COLUMN cut SET DEFAULT 0;
 ALTER TABLE earmark.budget_slot ALTER COLUMN cut SET NOT NULL;
+-- the recorded usage the last rebalance read (NULL: not known yet)
+ALTER TABLE earmark.budget ADD COLUMN slot_rec bigint;
 
 -- job
 ALTER TABLE earmark.job ALTER COLUMN job_id DROP IDENTITY;

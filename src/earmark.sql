@@ -116,11 +116,14 @@ CREATE TABLE earmark.budget (
     -- earmark.budget_slot rows.  used and held above then count only what
     -- passed outside the slots; slot_lim and slot_gen are the limit and
     -- generation of the last rebalance; slot_cut counts the rebalances that
-    -- cut room into slots (each stamps the slots it cuts, budget_slot.cut).
+    -- cut room into slots (each stamps the slots it cuts, budget_slot.cut);
+    -- slot_rec is the recorded usage the last rebalance read (NULL after a
+    -- correction or a rebuild of the counters: not known).
     slots       int NOT NULL DEFAULT 0,
     slot_lim    bigint,
     slot_gen    bigint NOT NULL DEFAULT 0,
     slot_cut    bigint NOT NULL DEFAULT 0,
+    slot_rec    bigint,
     UNIQUE (account, feature, cycle_start),
     PRIMARY KEY (account, budget_id)
 ) WITH (fillfactor = 50);

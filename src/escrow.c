@@ -123,6 +123,7 @@
 #include "account.h"
 #include "budget.h"
 #include "cluster.h"
+#include "direct.h"
 #include "escrow.h"
 #include "settings.h"
 #include "spi.h"
@@ -149,6 +150,7 @@ PG_FUNCTION_INFO_V1(earmark_set_escrow);
  */
 static EmStatement fast_numbers = {
 	"SELECT b.budget_id, b.slots, b.slot_gen, b.slot_lim, b.used, b.held, l.lim, b.slot_cut, "
+	"       b.slot_rec, "
 	"       (SELECT coalesce(pg_catalog.sum(u.units), 0)::bigint FROM earmark.usage_shard u "
 	"         WHERE u.account = $1 AND u.budget_id = "
 	"               (SELECT x.budget_id FROM earmark.budget x "
@@ -173,7 +175,7 @@ static EmStatement fast_numbers = {
 enum
 {
 	FN_BUDGET_ID = 1, FN_SLOTS, FN_SLOT_GEN, FN_SLOT_LIM, FN_USED, FN_HELD, FN_LIM,
-	FN_SLOT_CUT, FN_RECORDED, FN_SLOTS_USED, FN_SLOTS_HELD, FN_SLOTS_ROOM
+	FN_SLOT_CUT, FN_SLOT_REC, FN_RECORDED, FN_SLOTS_USED, FN_SLOTS_HELD, FN_SLOTS_ROOM
 };
 
 /*
@@ -256,6 +258,46 @@ slots_fit_limit(bool unlimited, int64 lim, bool slot_lim_null, int64 slot_lim,
 }
 
 /*
+ * The budget row's newest version, read without a lock (direct.c), when no
+ * running transaction locks or updates it.
+ */
+static EmDirect budget_unclaimed = {
+	.table = "budget", .nkeys = 2, .keys = {"account", "budget_id"},
+	.ncols = 1, .cols = {"slot_cut"}
+};
+
+/*
+ * Whether no rebalance may have admitted on a recorded usage older than
+ * the recorded the fast path read (the last row of fast_numbers' result):
+ * either that is the usage the last committed rebalance read (slot_rec;
+ * usage only goes down under the budget row's lock, which forgets
+ * slot_rec, so a running rebalance read at least as much), or, on a single
+ * node, the budget row's newest version is the one the read saw (the same
+ * slot_cut: no rebalance committed since) and no transaction holds it (no
+ * rebalance is running).  On Citus, where the row is in a shard, only the
+ * first.  See the file's header.
+ */
+static bool
+no_rebalance_missed_usage(text *account, int64 recorded)
+{
+	bool		isnull;
+	int64		slot_rec = DatumGetInt64(em_get(0, FN_SLOT_REC, &isnull));
+	int64		slot_cut = em_get_int64(0, FN_SLOT_CUT, 0);
+	Datum		keys[2];
+	Datum		v[1];
+	bool		n[1];
+
+	if (!isnull && slot_rec == recorded)
+		return true;
+	if (em_distributed())
+		return false;
+	keys[0] = PointerGetDatum(account);
+	keys[1] = Int64GetDatum(em_get_int64(0, FN_BUDGET_ID, 0));
+	return em_direct_unclaimed(&budget_unclaimed, keys, v, n) &&
+		DatumGetInt64(v[0]) == slot_cut;
+}
+
+/*
  * Try to admit through a free slot of the cycle's budget.  EM_ADMIT_NO_SLOT
  * when no slot with enough room could be had (the caller takes the slow
  * path), EM_ADMIT_OK with h->job_id, or EM_ADMIT_KEY_TAKEN when a
@@ -293,7 +335,8 @@ em_escrow_fast(EmHold *h, TimestampTz cycle_start, int slots,
 	parts[4] = em_get_int64(0, FN_SLOTS_USED, 0);
 	parts[5] = em_get_int64(0, FN_RECORDED, 0);
 	if (!slots_fit_limit(numbers->unlimited, numbers->lim, slot_lim_null,
-						 slot_lim, parts, lengthof(parts)))
+						 slot_lim, parts, lengthof(parts)) ||
+		!no_rebalance_missed_usage(h->account, parts[5]))
 		return EM_ADMIT_NO_SLOT;
 	numbers->used = em_get_int64(0, FN_USED, 0) + em_get_int64(0, FN_RECORDED, 0) +
 		em_get_int64(0, FN_SLOTS_USED, 0);
@@ -373,9 +416,9 @@ static EmStatement cut_slots = {
 
 static EmStatement write_escrow_budget = {
 	"UPDATE earmark.budget SET used = $3, held = $4, slot_lim = $5, slot_gen = $6, "
-	"       slot_cut = $7 "
+	"       slot_cut = $7, slot_rec = $8 "
 	"WHERE account = $1 AND budget_id = $2",
-	7, {TEXTOID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID}
+	8, {TEXTOID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID}
 };
 
 /* the slots the last statement locked, as an int[] datum, and how many */
@@ -456,8 +499,8 @@ cut(text *account, EmBudget *b, Datum locked, int nlocked, int64 nmine,
 static void
 write_budget(text *account, EmBudget *b, int64 gen)
 {
-	Datum		args[7];
-	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		args[8];
+	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(b->budget_id);
@@ -468,6 +511,8 @@ write_budget(text *account, EmBudget *b, int64 gen)
 	nulls[4] = b->unlimited ? 'n' : ' ';
 	args[5] = Int64GetDatum(gen);
 	args[6] = Int64GetDatum(b->slot_cut);
+	/* the recorded usage read after the budget row's lock (gate.c) */
+	args[7] = Int64GetDatum(b->recorded);
 	em_exec(&write_escrow_budget, args, nulls, 0);
 }
 
