@@ -56,8 +56,24 @@
  *	  not: a rebalance that read the recorded usage before some usage
  *	  committed could cut room into a slot after the fast path's read saw
  *	  that usage, and the take would spend room its fit check never summed
- *	  (isolation spec review_stale_recorded).  Usage recorded concurrently
- *	  with an admission, as before, counts from the next one.  So usage
+ *	  (isolation spec review_stale_recorded).  Nor would it without a third
+ *	  rule: recorded usage is written without the budget row's lock, so a
+ *	  rebalance running now may have read less of it than the fast path
+ *	  did and be admitting, uncommitted, from the unallocated room the fast
+ *	  path's read counts as free (review_stale_budget_row).  So the fast
+ *	  path also needs one of two things.  Either the recorded usage it
+ *	  read is what the last committed rebalance read (budget.slot_rec):
+ *	  usage goes down only under the budget row's lock, where a correction
+ *	  or a rebuild of the counters sets slot_rec NULL, so a rebalance
+ *	  running since read at least as much.  Or, on a single node, the
+ *	  budget row's newest version, looked at after the fast path's read,
+ *	  has the slot_cut that read saw (no rebalance committed in between)
+ *	  and no running transaction locks or updates it (em_direct_unclaimed):
+ *	  a rebalance locks the row before it reads the recorded usage, so one
+ *	  that read less than the fast path held the lock at the fast path's
+ *	  read, and still holds it or has committed a new slot_cut.  On Citus
+ *	  the row is in a shard and only the first applies.  Usage recorded
+ *	  concurrently with an admission, as before, counts from the next one.  So usage
  *	  recorded within the unallocated room leaves the slots admitting, and
  *	  only usage beyond it sends admissions to the slow path.
  *	  The rebalance starts a new generation (gathering every free slot and
