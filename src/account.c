@@ -130,34 +130,6 @@ static EmStatement upsert_limit = {
 };
 
 /*
- * The account's escrow budgets of the feature (NULL: every feature) whose
- * cycle has not ended, locked in budget_id order.  A writer of a limit
- * takes them before it writes and keeps them to its commit, so that no
- * escrow rebalance that read the old limit is still running when the new
- * one can be read: a fast path (escrow.c) that reads the limit back at a
- * value the last committed rebalance also read (1000 -> 2000 -> 1000)
- * would otherwise miss what a rebalance under 2000, still running, is
- * admitting from the budget row (isolation spec review_limit_back).
- */
-static EmStatement lock_escrow_budgets = {
-	"SELECT budget_id FROM earmark.budget "
-	"WHERE account = $1 AND feature = coalesce($2, feature) AND slot_gen > 0 "
-	"  AND cycle_end > pg_catalog.now() ORDER BY budget_id FOR UPDATE",
-	2, {TEXTOID, TEXTOID}
-};
-
-void
-em_account_lock_escrow_budgets(text *account, text *feature)
-{
-	Datum		args[2];
-	char		nulls[2] = {' ', feature ? ' ' : 'n'};
-
-	args[0] = PointerGetDatum(account);
-	args[1] = PointerGetDatum(feature);
-	em_exec(&lock_escrow_budgets, args, nulls, 0);
-}
-
-/*
  * earmark_set_limit(account, lim, feature): a manual limit, NULL meaning
  * unlimited.  Running holds are not touched.
  */
@@ -191,7 +163,6 @@ earmark_set_limit(PG_FUNCTION_ARGS)
 	}
 	else
 		values[2] = Int64GetDatum(PG_GETARG_INT64(1));
-	em_account_lock_escrow_budgets(account, feature);
 	em_exec(&upsert_limit, values, nulls, 0);
 	SPI_finish();
 

@@ -18,7 +18,6 @@ extern void em_cycle_bounds(TimestampTz anchor, bool has_anchor, TimestampTz at,
 
 /* the account's advisory lock, exclusive (inside SPI) */
 extern void em_account_lock(text *account);
-extern void em_account_lock_escrow_budgets(text *account, text *feature);
 
 /* the account's advisory lock, shared, and its anchor; false if no account */
 extern bool em_account_anchor_shared(text *account, bool *has_anchor,

@@ -772,12 +772,6 @@ BEGIN
         RETURN 'ignored';
     END IF;
     BEGIN
-        -- the account's escrow budgets first, as earmark_set_limit takes
-        -- them: no escrow rebalance that read the old limits still runs
-        -- when the new ones can be read
-        PERFORM 1 FROM earmark.budget b
-          WHERE b.account = e.account AND b.slot_gen > 0 AND b.cycle_end > now()
-          ORDER BY b.budget_id FOR UPDATE;
         INSERT INTO earmark.account_limit AS l (account, feature, lim, source, updated_at)
         SELECT e.account, p.feature, p.lim, 'manual', now()
           FROM earmark.plan_limit p WHERE p.plan = new_plan ORDER BY p.feature COLLATE "C"

@@ -32,7 +32,6 @@
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
-#include "account.h"
 #include "earmark.h"
 #include "limit_cache.h"
 #include "provider.h"
@@ -152,8 +151,6 @@ em_store_account_limits(const char *account, List *limits)
 	int			n = 0;
 
 	args[0] = CStringGetTextDatum(account);
-	/* before any limit is written: see em_account_lock_escrow_budgets */
-	em_account_lock_escrow_budgets(DatumGetTextPP(args[0]), NULL);
 	features = palloc(sizeof(Datum) * Max(list_length(limits), 1));
 	list_sort(limits, limit_cmp);
 	foreach(lc, limits)
