@@ -65,7 +65,12 @@
  *	  read is what the last committed rebalance read (budget.slot_rec):
  *	  usage goes down only under the budget row's lock, where a correction
  *	  or a rebuild of the counters sets slot_rec NULL, so a rebalance
- *	  running since read at least as much.  Or, on a single node, the
+ *	  running since read at least as much; and the limit row it read is
+ *	  the very version the last committed rebalance saw (budget.slot_limx,
+ *	  the row's xmin, read after that rebalance's lock): the limit, too, is
+ *	  written without the budget row's lock, and a limit raised and set
+ *	  back (1000, 2000, 1000) while a rebalance under 2000 is admitting
+ *	  would otherwise pass (review_limit_back).  Or, on a single node, the
  *	  budget row's newest version, looked at after the fast path's read,
  *	  has the slot_cut that read saw (no rebalance committed in between)
  *	  and no running transaction locks or updates it (em_direct_unclaimed):
@@ -166,7 +171,7 @@ PG_FUNCTION_INFO_V1(earmark_set_escrow);
  */
 static EmStatement fast_numbers = {
 	"SELECT b.budget_id, b.slots, b.slot_gen, b.slot_lim, b.used, b.held, l.lim, b.slot_cut, "
-	"       b.slot_rec, "
+	"       b.slot_rec, b.slot_limx, l.xmin::text::bigint, "
 	"       (SELECT coalesce(pg_catalog.sum(u.units), 0)::bigint FROM earmark.usage_shard u "
 	"         WHERE u.account = $1 AND u.budget_id = "
 	"               (SELECT x.budget_id FROM earmark.budget x "
@@ -191,7 +196,7 @@ static EmStatement fast_numbers = {
 enum
 {
 	FN_BUDGET_ID = 1, FN_SLOTS, FN_SLOT_GEN, FN_SLOT_LIM, FN_USED, FN_HELD, FN_LIM,
-	FN_SLOT_CUT, FN_SLOT_REC, FN_RECORDED, FN_SLOTS_USED, FN_SLOTS_HELD, FN_SLOTS_ROOM
+	FN_SLOT_CUT, FN_SLOT_REC, FN_SLOT_LIMX, FN_LIMX, FN_RECORDED, FN_SLOTS_USED, FN_SLOTS_HELD, FN_SLOTS_ROOM
 };
 
 /*
@@ -283,15 +288,17 @@ static EmDirect budget_unclaimed = {
 };
 
 /*
- * Whether no rebalance may have admitted on a recorded usage older than
- * the recorded the fast path read (the last row of fast_numbers' result):
- * either that is the usage the last committed rebalance read (slot_rec;
- * usage only goes down under the budget row's lock, which forgets
- * slot_rec, so a running rebalance read at least as much), or, on a single
- * node, the budget row's newest version is the one the read saw (the same
- * slot_cut: no rebalance committed since) and no transaction holds it (no
- * rebalance is running).  On Citus, where the row is in a shard, only the
- * first.  See the file's header.
+ * Whether no running rebalance may be admitting on a recorded usage older
+ * than the one the fast path read, or on another limit (fast_numbers'
+ * result): either both are what the last committed rebalance saw (the
+ * recorded usage it read, slot_rec: usage only goes down under the budget
+ * row's lock, which forgets slot_rec, so a running rebalance read at least
+ * as much; and the same version of the limit row, slot_limx: a running
+ * rebalance read that version or a newer one the fast path has not seen),
+ * or, on a single node, the budget row's newest version is the one the
+ * read saw (the same slot_cut: no rebalance committed since) and no
+ * transaction holds it (no rebalance is running).  On Citus, where the
+ * row is in a shard, only the first.  See the file's header.
  */
 static bool
 no_rebalance_missed_usage(text *account, int64 recorded)
@@ -299,11 +306,14 @@ no_rebalance_missed_usage(text *account, int64 recorded)
 	bool		isnull;
 	int64		slot_rec = DatumGetInt64(em_get(0, FN_SLOT_REC, &isnull));
 	int64		slot_cut = em_get_int64(0, FN_SLOT_CUT, 0);
+	bool		limx_null;
+	int64		slot_limx = DatumGetInt64(em_get(0, FN_SLOT_LIMX, &limx_null));
 	Datum		keys[2];
 	Datum		v[1];
 	bool		n[1];
 
-	if (!isnull && slot_rec == recorded)
+	if (!isnull && slot_rec == recorded && !limx_null &&
+		slot_limx == em_get_int64(0, FN_LIMX, -1))
 		return true;
 	if (em_distributed())
 		return false;
@@ -432,9 +442,15 @@ static EmStatement cut_slots = {
 
 static EmStatement write_escrow_budget = {
 	"UPDATE earmark.budget SET used = $3, held = $4, slot_lim = $5, slot_gen = $6, "
-	"       slot_cut = $7, slot_rec = $8 "
+	"       slot_cut = $7, slot_rec = $8, slot_limx = $9 "
 	"WHERE account = $1 AND budget_id = $2",
-	8, {TEXTOID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID}
+	9, {TEXTOID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID}
+};
+
+/* the version of the feature's limit row: the transaction that wrote it */
+static EmStatement limit_version = {
+	"SELECT xmin::text::bigint FROM earmark.account_limit WHERE account = $1 AND feature = $2",
+	2, {TEXTOID, TEXTOID}
 };
 
 /* the slots the last statement locked, as an int[] datum, and how many */
@@ -513,12 +529,25 @@ cut(text *account, EmBudget *b, Datum locked, int nlocked, int64 nmine,
 }
 
 static void
-write_budget(text *account, EmBudget *b, int64 gen)
+write_budget(EmHold *h, EmBudget *b, int64 gen)
 {
-	Datum		args[8];
-	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		args[9];
+	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	bool		isnull = true;
 
-	args[0] = PointerGetDatum(account);
+	/*
+	 * The limit row's version now, read after the lock and after the limit
+	 * this call used: a rebalance that runs after this one commits reads a
+	 * version at least as new (see the file's header).
+	 */
+	args[0] = PointerGetDatum(h->account);
+	args[1] = PointerGetDatum(h->feature);
+	em_exec(&limit_version, args, NULL, 1);
+	if (SPI_processed == 1)
+		args[8] = em_get(0, 1, &isnull);
+	nulls[8] = isnull ? 'n' : ' ';
+
+	args[0] = PointerGetDatum(h->account);
 	args[1] = Int64GetDatum(b->budget_id);
 	args[2] = Int64GetDatum(b->used);
 	args[3] = Int64GetDatum(b->held);
@@ -637,7 +666,7 @@ admit_from_unallocated(EmHold *h, EmBudget *b, int64 cap, int64 gen,
 		pool = Max(cap - b->used - b->held - s.others_alloc - s.mine_held_used, 0);
 		cut(h->account, b, locked, nlocked, s.nmine, pool, fair, gen);
 	}
-	write_budget(h->account, b, gen);
+	write_budget(h, b, gen);
 	return true;
 }
 
@@ -771,7 +800,7 @@ em_escrow_rebalance(EmHold *h, EmBudget *b, int64 *remaining)
 		 */
 		cut(h->account, b, locked, nlocked, s.nmine, pool,
 			pool / (2 * (int64) Max(Min((int) s.nmine, b->slots), 1)), gen);
-		write_budget(h->account, b, gen);
+		write_budget(h, b, gen);
 		return result;
 	}
 }
