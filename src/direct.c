@@ -19,6 +19,11 @@
  *	  (ExecLockRows: the newest version and a re-check of the keys under
  *	  READ COMMITTED, 40001 under REPEATABLE READ).
  *
+ *	  One look without a lock, em_direct_unclaimed: whether a row's newest
+ *	  version is free of any running transaction's lock or update
+ *	  (HeapTupleSatisfiesUpdate, as heap_lock_tuple asks before it waits),
+ *	  for escrow's fast path, which must not wait on the budget row.
+ *
  *	  One write, em_direct_update: an UPDATE of one row's columns by its
  *	  keys, as ExecUpdate makes it: the version the statement's snapshot
  *	  sees, a new version by table_tuple_update (HOT when no indexed
@@ -51,7 +56,9 @@
  *	  RowExclusiveLock on the table and the indexes it writes for
  *	  em_direct_update, and the row lock an UPDATE that changes no key
  *	  column takes, FOR NO KEY UPDATE, only when a concurrent update makes
- *	  it re-check; the new version's xmax otherwise).
+ *	  it re-check; the new version's xmax otherwise).  em_direct_unclaimed
+ *	  holds the row's buffer content lock shared while it reads the
+ *	  version's xmax, and takes no row lock.
  *
  *-------------------------------------------------------------------------
  */
