@@ -96,8 +96,9 @@ ALTER TABLE earmark.budget_slot ALTER COLUMN cut SET DEFAULT 0;
 ALTER TABLE earmark.budget_slot ALTER COLUMN cut SET NOT NULL;
 -- the recorded usage the last rebalance read (NULL: not known yet)
 ALTER TABLE earmark.budget ADD COLUMN slot_rec bigint;
--- the version (xmin) of the limit row the last rebalance saw
+-- the version (xmin, updated_at) of the limit row the last rebalance saw
 ALTER TABLE earmark.budget ADD COLUMN slot_limx bigint;
+ALTER TABLE earmark.budget ADD COLUMN slot_limt timestamptz;
 
 -- job
 ALTER TABLE earmark.job ALTER COLUMN job_id DROP IDENTITY;

@@ -118,15 +118,17 @@ CREATE TABLE earmark.budget (
     -- generation of the last rebalance; slot_cut counts the rebalances that
     -- cut room into slots (each stamps the slots it cuts, budget_slot.cut);
     -- slot_rec is the recorded usage the last rebalance read (NULL after a
-    -- correction or a rebuild of the counters: not known); slot_limx the
-    -- xmin of the account's limit row as the last rebalance wrote (the
-    -- version of the limit, whatever its value).
+    -- correction or a rebuild of the counters: not known); slot_limx and
+    -- slot_limt the xmin and updated_at of the account's limit row as the
+    -- last rebalance wrote (the version of the limit, whatever its value:
+    -- an xid alone repeats after a restore or a wraparound).
     slots       int NOT NULL DEFAULT 0,
     slot_lim    bigint,
     slot_gen    bigint NOT NULL DEFAULT 0,
     slot_cut    bigint NOT NULL DEFAULT 0,
     slot_rec    bigint,
     slot_limx   bigint,
+    slot_limt   timestamptz,
     UNIQUE (account, feature, cycle_start),
     PRIMARY KEY (account, budget_id)
 ) WITH (fillfactor = 50);

@@ -66,8 +66,10 @@
  *	  usage goes down only under the budget row's lock, where a correction
  *	  or a rebuild of the counters sets slot_rec NULL, so a rebalance
  *	  running since read at least as much; and the limit row it read is
- *	  the very version the last committed rebalance saw (budget.slot_limx,
- *	  the row's xmin, read after that rebalance's lock): the limit, too, is
+ *	  the very version the last committed rebalance saw (budget.slot_limx
+ *	  and slot_limt, the row's xmin and updated_at, read after that
+ *	  rebalance's lock; an xid alone repeats after a restore, a move
+ *	  between Citus nodes or a wraparound): the limit, too, is
  *	  written without the budget row's lock, and a limit raised and set
  *	  back (1000, 2000, 1000) while a rebalance under 2000 is admitting
  *	  would otherwise pass (review_limit_back).  Or, on a single node, the
@@ -171,7 +173,7 @@ PG_FUNCTION_INFO_V1(earmark_set_escrow);
  */
 static EmStatement fast_numbers = {
 	"SELECT b.budget_id, b.slots, b.slot_gen, b.slot_lim, b.used, b.held, l.lim, b.slot_cut, "
-	"       b.slot_rec, b.slot_limx, l.xmin::text::bigint, "
+	"       b.slot_rec, b.slot_limx, l.xmin::text::bigint, b.slot_limt, l.updated_at, "
 	"       (SELECT coalesce(pg_catalog.sum(u.units), 0)::bigint FROM earmark.usage_shard u "
 	"         WHERE u.account = $1 AND u.budget_id = "
 	"               (SELECT x.budget_id FROM earmark.budget x "
@@ -196,7 +198,7 @@ static EmStatement fast_numbers = {
 enum
 {
 	FN_BUDGET_ID = 1, FN_SLOTS, FN_SLOT_GEN, FN_SLOT_LIM, FN_USED, FN_HELD, FN_LIM,
-	FN_SLOT_CUT, FN_SLOT_REC, FN_SLOT_LIMX, FN_LIMX, FN_RECORDED, FN_SLOTS_USED, FN_SLOTS_HELD, FN_SLOTS_ROOM
+	FN_SLOT_CUT, FN_SLOT_REC, FN_SLOT_LIMX, FN_LIMX, FN_SLOT_LIMT, FN_LIMT, FN_RECORDED, FN_SLOTS_USED, FN_SLOTS_HELD, FN_SLOTS_ROOM
 };
 
 /*
@@ -288,6 +290,22 @@ static EmDirect budget_unclaimed = {
 };
 
 /*
+ * Whether the limit row fast_numbers read is the version the last
+ * rebalance saw: the same xmin and updated_at (slot_limx, slot_limt).
+ */
+static bool
+same_limit_version(void)
+{
+	bool		n1;
+	bool		n2;
+	int64		slot_limx = DatumGetInt64(em_get(0, FN_SLOT_LIMX, &n1));
+	TimestampTz slot_limt = DatumGetTimestampTz(em_get(0, FN_SLOT_LIMT, &n2));
+
+	return !n1 && !n2 && slot_limx == em_get_int64(0, FN_LIMX, -1) &&
+		slot_limt == DatumGetTimestampTz(em_get(0, FN_LIMT, &n1)) && !n1;
+}
+
+/*
  * Whether no running rebalance may be admitting on a recorded usage older
  * than the one the fast path read, or on another limit (fast_numbers'
  * result): either both are what the last committed rebalance saw (the
@@ -306,14 +324,11 @@ no_rebalance_missed_usage(text *account, int64 recorded)
 	bool		isnull;
 	int64		slot_rec = DatumGetInt64(em_get(0, FN_SLOT_REC, &isnull));
 	int64		slot_cut = em_get_int64(0, FN_SLOT_CUT, 0);
-	bool		limx_null;
-	int64		slot_limx = DatumGetInt64(em_get(0, FN_SLOT_LIMX, &limx_null));
 	Datum		keys[2];
 	Datum		v[1];
 	bool		n[1];
 
-	if (!isnull && slot_rec == recorded && !limx_null &&
-		slot_limx == em_get_int64(0, FN_LIMX, -1))
+	if (!isnull && slot_rec == recorded && same_limit_version())
 		return true;
 	if (em_distributed())
 		return false;
@@ -442,14 +457,20 @@ static EmStatement cut_slots = {
 
 static EmStatement write_escrow_budget = {
 	"UPDATE earmark.budget SET used = $3, held = $4, slot_lim = $5, slot_gen = $6, "
-	"       slot_cut = $7, slot_rec = $8, slot_limx = $9 "
+	"       slot_cut = $7, slot_rec = $8, slot_limx = $9, slot_limt = $10 "
 	"WHERE account = $1 AND budget_id = $2",
-	9, {TEXTOID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID}
+	10, {TEXTOID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID,
+	TIMESTAMPTZOID}
 };
 
-/* the version of the feature's limit row: the transaction that wrote it */
+/*
+ * The version of the feature's limit row: the transaction that wrote it
+ * and when (an xid alone repeats after a restore, a move between Citus
+ * nodes or a wraparound; with the time it does not).
+ */
 static EmStatement limit_version = {
-	"SELECT xmin::text::bigint FROM earmark.account_limit WHERE account = $1 AND feature = $2",
+	"SELECT xmin::text::bigint, updated_at FROM earmark.account_limit "
+	"WHERE account = $1 AND feature = $2",
 	2, {TEXTOID, TEXTOID}
 };
 
@@ -531,9 +552,8 @@ cut(text *account, EmBudget *b, Datum locked, int nlocked, int64 nmine,
 static void
 write_budget(EmHold *h, EmBudget *b, int64 gen)
 {
-	Datum		args[9];
-	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
-	bool		isnull = true;
+	Datum		args[10];
+	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', 'n', 'n'};
 
 	/*
 	 * The limit row's version now, read after the lock and after the limit
@@ -544,8 +564,13 @@ write_budget(EmHold *h, EmBudget *b, int64 gen)
 	args[1] = PointerGetDatum(h->feature);
 	em_exec(&limit_version, args, NULL, 1);
 	if (SPI_processed == 1)
+	{
+		bool		isnull;
+
 		args[8] = em_get(0, 1, &isnull);
-	nulls[8] = isnull ? 'n' : ' ';
+		args[9] = em_get(0, 2, &isnull);
+		nulls[8] = nulls[9] = ' ';
+	}
 
 	args[0] = PointerGetDatum(h->account);
 	args[1] = Int64GetDatum(b->budget_id);
