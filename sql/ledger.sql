@@ -372,9 +372,10 @@ SELECT earmark_report();
 
 -- 12. Escrow: usage recorded without a hold takes its part of the limit
 --     before the slots hand out room.  Four slots, limit 1,000: a reserve
---     of 100 cuts the slots, 900 are recorded, and the next reserves find
---     no room (they go to the slow path, which cuts the slots again from
---     what is left); the books never pass the limit.
+--     of 100 cuts the slots, 900 are recorded (more than the room left
+--     unallocated), and the next reserves find the slots no longer fit
+--     (they go to the slow path, which cuts the slots again from what is
+--     left); the books never pass the limit.
 SET earmark.rate_limit = 0;
 SELECT earmark_set_account('esc', pg_temp.mid_anchor());
 SELECT earmark_set_limit('esc', 1000);

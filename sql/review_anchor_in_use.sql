@@ -4,8 +4,8 @@
 --
 -- Account "hot" (limit 100, 2 slots): a hold of 1 outside the slots (the
 -- first reserve cuts the slots), a hold of 10 from a slot (generation 1);
--- the limit goes to 99 and a reserve of 1 re-cuts the slots (generation
--- 2).  All three holds are then cancelled at zero use; the one of
+-- the limit goes to 40, under the 49 allocated (the hold of 1 and the
+-- slots' 2 x 24), and a reserve of 1 re-cuts the slots (generation 2).  All three holds are then cancelled at zero use; the one of
 -- generation 1 finds no free slot of its generation and settles into the
 -- budget row, whose held goes to -10 while its slot's stays at +10.
 -- Nothing is used or held (earmark_budget says 0 and 0, the ledger is
@@ -20,7 +20,7 @@ SELECT earmark_set_limit('hot', 100);
 SELECT earmark_set_escrow('hot', 2);
 SELECT admitted FROM earmark_reserve('hot', 1, 'w');
 SELECT admitted FROM earmark_reserve('hot', 10, 'a');
-SELECT earmark_set_limit('hot', 99);
+SELECT earmark_set_limit('hot', 40);
 SELECT admitted FROM earmark_reserve('hot', 1, 'x');
 SELECT idempotency_key, slot IS NOT NULL AS from_a_slot, gen FROM earmark.job ORDER BY job_id;
 SELECT s.status FROM earmark.job j, earmark_settle('hot', j.job_id, 0, 'cancelled') s

@@ -62,13 +62,13 @@
  * ---------------------------------------------------------------------
  */
 static EmStatement lock_budget = {
-	"SELECT budget_id, used, held, slots, slot_lim, slot_gen FROM earmark.budget "
+	"SELECT budget_id, used, held, slots, slot_lim, slot_gen, slot_cut FROM earmark.budget "
 	"WHERE account = $1 AND feature = $2 AND cycle_start = $3 FOR UPDATE",
 	3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
 };
 enum
 {
-	LB_BUDGET_ID = 1, LB_USED, LB_HELD, LB_SLOTS, LB_SLOT_LIM, LB_SLOT_GEN
+	LB_BUDGET_ID = 1, LB_USED, LB_HELD, LB_SLOTS, LB_SLOT_LIM, LB_SLOT_GEN, LB_SLOT_CUT
 };
 
 /* the new row takes the account's escrow slots, or earmark.escrow_slots */
@@ -97,7 +97,8 @@ static EmStatement release_budget = {
  */
 static EmDirect budget_of_cycle = {
 	.table = "budget", .nkeys = 3, .keys = {"account", "feature", "cycle_start"},
-	.ncols = 6, .cols = {"budget_id", "used", "held", "slots", "slot_lim", "slot_gen"}
+	.ncols = 7, .cols = {"budget_id", "used", "held", "slots", "slot_lim", "slot_gen",
+	"slot_cut"}
 };
 
 /*
@@ -108,8 +109,8 @@ bool
 em_budget_lock(text *account, text *feature, TimestampTz start, EmBudget *b)
 {
 	Datum		args[3];
-	Datum		v[6];
-	bool		n[6];
+	Datum		v[7];
+	bool		n[7];
 
 	args[0] = PointerGetDatum(account);
 	args[1] = PointerGetDatum(feature);
@@ -126,6 +127,7 @@ em_budget_lock(text *account, text *feature, TimestampTz start, EmBudget *b)
 		b->slot_lim_null = n[4];
 		b->slot_lim = n[4] ? 0 : DatumGetInt64(v[4]);
 		b->slot_gen = DatumGetInt64(v[5]);
+		b->slot_cut = DatumGetInt64(v[6]);
 		return true;
 	}
 	em_exec(&lock_budget, args, NULL, 1);
@@ -139,6 +141,7 @@ em_budget_lock(text *account, text *feature, TimestampTz start, EmBudget *b)
 	b->slot_lim = em_get_int64(0, LB_SLOT_LIM, 0);
 	(void) em_get(0, LB_SLOT_LIM, &b->slot_lim_null);
 	b->slot_gen = em_get_int64(0, LB_SLOT_GEN, 0);
+	b->slot_cut = em_get_int64(0, LB_SLOT_CUT, 0);
 	return true;
 }
 

@@ -51,9 +51,11 @@ typedef struct EmBudget
 	bool		slot_lim_null;
 	int64		slot_lim;
 	int64		slot_gen;
+	int64		slot_cut;		/* rebalances that cut room (escrow.c) */
 	/* read after the lock */
 	bool		unlimited;
 	int64		lim;			/* the limit, less recorded usage for escrow */
+	int64		raw_lim;		/* the account's limit itself (escrow's slot_lim) */
 	int64		recorded;		/* usage recorded without a hold */
 } EmBudget;
 

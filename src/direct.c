@@ -19,6 +19,11 @@
  *	  (ExecLockRows: the newest version and a re-check of the keys under
  *	  READ COMMITTED, 40001 under REPEATABLE READ).
  *
+ *	  One look without a lock, em_direct_unclaimed: whether a row's newest
+ *	  version is free of any running transaction's lock or update
+ *	  (HeapTupleSatisfiesUpdate, as heap_lock_tuple asks before it waits),
+ *	  for escrow's fast path, which must not wait on the budget row.
+ *
  *	  One write, em_direct_update: an UPDATE of one row's columns by its
  *	  keys, as ExecUpdate makes it: the version the statement's snapshot
  *	  sees, a new version by table_tuple_update (HOT when no indexed
@@ -51,7 +56,9 @@
  *	  RowExclusiveLock on the table and the indexes it writes for
  *	  em_direct_update, and the row lock an UPDATE that changes no key
  *	  column takes, FOR NO KEY UPDATE, only when a concurrent update makes
- *	  it re-check; the new version's xmax otherwise).
+ *	  it re-check; the new version's xmax otherwise).  em_direct_unclaimed
+ *	  holds the row's buffer content lock shared while it reads the
+ *	  version's xmax, and takes no row lock.
  *
  *-------------------------------------------------------------------------
  */
@@ -378,6 +385,49 @@ bool
 em_direct_get(EmDirect *d, Datum *keys, Snapshot snap, Datum *values, bool *nulls)
 {
 	return scan_rows(d, keys, snap, NULL, NULL, values, nulls) > 0;
+}
+
+/*
+ * The row's newest committed version, as a snapshot taken now sees it by
+ * d's index, when no transaction that is still running (another's, or
+ * this one's own lock) locks or updates it and none that committed after
+ * the snapshot did: its columns into values and nulls.  False otherwise,
+ * or when no version is visible.  A read, not a lock: it leaves the row
+ * free for the next writer, and it may set hint bits, as any read does.
+ * Locks: AccessShareLock on the table and the index, and the buffer's
+ * content lock shared while HeapTupleSatisfiesUpdate reads the version's
+ * xmax (as heap_lock_tuple reads it, without taking the row lock).
+ */
+bool
+em_direct_unclaimed(EmDirect *d, Datum *keys, Datum *values, bool *nulls)
+{
+	Snapshot	snap = em_direct_latest_snapshot();
+	Relation	rel = open_table(d, AccessShareLock);
+	Relation	idx = index_open(d->indexid, AccessShareLock);
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	IndexScanDesc scan = begin_scan(d, rel, idx, snap, keys);
+	bool		unclaimed = false;
+
+	if (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
+		HeapTuple	tuple;
+
+		Assert(TTS_IS_BUFFERTUPLE(slot));
+		tuple = ExecFetchSlotHeapTuple(slot, false, NULL);
+		LockBuffer(bslot->buffer, BUFFER_LOCK_SHARE);
+		unclaimed = HeapTupleSatisfiesUpdate(tuple, GetCurrentCommandId(false),
+											 bslot->buffer) == TM_Ok;
+		LockBuffer(bslot->buffer, BUFFER_LOCK_UNLOCK);
+		if (unclaimed)
+			copy_columns(d, rel, slot, values, nulls);
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(idx, NoLock);
+	table_close(rel, NoLock);
+	em_direct_release(snap);
+	return unclaimed;
 }
 
 /* the locked version still has the keys the scan matched (EvalPlanQual's re-check) */

@@ -69,6 +69,8 @@ extern int	em_direct_scan(EmDirect *d, Datum *keys, Snapshot snap,
 extern bool em_direct_get(EmDirect *d, Datum *keys, Snapshot snap,
 						  Datum *values, bool *nulls);
 extern bool em_direct_lock(EmDirect *d, Datum *keys, Datum *values, bool *nulls);
+extern bool em_direct_unclaimed(EmDirect *d, Datum *keys, Datum *values,
+								bool *nulls);
 
 /*
  * A write of one row's columns cols[0 .. nwrite - 1] (an UPDATE without

@@ -82,6 +82,23 @@ DELETE FROM earmark.budget_slot WHERE account IS NULL;
 ALTER TABLE earmark.budget_slot ALTER COLUMN account SET NOT NULL;
 ALTER TABLE earmark.budget_slot DROP CONSTRAINT budget_slot_pkey;
 ALTER TABLE earmark.budget_slot ADD PRIMARY KEY (account, budget_id, slot);
+-- the rebalance's cut counter and each slot's stamp (escrow.c: the fast
+-- path takes no room cut after its read).  Added without a default and
+-- filled, then given one: a column added with its default keeps that value
+-- as the table's "missing value", which a fresh install does not have.
+ALTER TABLE earmark.budget ADD COLUMN slot_cut bigint;
+UPDATE earmark.budget SET slot_cut = 0;
+ALTER TABLE earmark.budget ALTER COLUMN slot_cut SET DEFAULT 0;
+ALTER TABLE earmark.budget ALTER COLUMN slot_cut SET NOT NULL;
+ALTER TABLE earmark.budget_slot ADD COLUMN cut bigint;
+UPDATE earmark.budget_slot SET cut = 0;
+ALTER TABLE earmark.budget_slot ALTER COLUMN cut SET DEFAULT 0;
+ALTER TABLE earmark.budget_slot ALTER COLUMN cut SET NOT NULL;
+-- the recorded usage the last rebalance read (NULL: not known yet)
+ALTER TABLE earmark.budget ADD COLUMN slot_rec bigint;
+-- the version (xmin, updated_at) of the limit row the last rebalance saw
+ALTER TABLE earmark.budget ADD COLUMN slot_limx bigint;
+ALTER TABLE earmark.budget ADD COLUMN slot_limt timestamptz;
 
 -- job
 ALTER TABLE earmark.job ALTER COLUMN job_id DROP IDENTITY;

@@ -115,10 +115,20 @@ CREATE TABLE earmark.budget (
     -- escrow: slots > 0 splits the budget's free room into that many
     -- earmark.budget_slot rows.  used and held above then count only what
     -- passed outside the slots; slot_lim and slot_gen are the limit and
-    -- generation of the last rebalance.
+    -- generation of the last rebalance; slot_cut counts the rebalances that
+    -- cut room into slots (each stamps the slots it cuts, budget_slot.cut);
+    -- slot_rec is the recorded usage the last rebalance read (NULL after a
+    -- correction or a rebuild of the counters: not known); slot_limx and
+    -- slot_limt the xmin and updated_at of the account's limit row as the
+    -- last rebalance wrote (the version of the limit, whatever its value:
+    -- an xid alone repeats after a restore or a wraparound).
     slots       int NOT NULL DEFAULT 0,
     slot_lim    bigint,
     slot_gen    bigint NOT NULL DEFAULT 0,
+    slot_cut    bigint NOT NULL DEFAULT 0,
+    slot_rec    bigint,
+    slot_limx   bigint,
+    slot_limt   timestamptz,
     UNIQUE (account, feature, cycle_start),
     PRIMARY KEY (account, budget_id)
 ) WITH (fillfactor = 50);
@@ -129,7 +139,9 @@ ALTER SEQUENCE earmark.budget_id_seq OWNED BY earmark.budget.budget_id;
 -- admission moves room to held, a settlement held to used and back to
 -- room, so only a rebalance (under the budget row's lock) changes it.  A
 -- slot whose gen is not the budget's slot_gen admits nothing.  (No foreign
--- key: see escrow.c.  The account column is last: 0.3.0 added it.)
+-- key: see escrow.c.  The account and cut columns are last: 0.3.0 added
+-- them.)  cut is the budget's slot_cut of the rebalance that last cut the
+-- slot's room: the fast path takes no room cut after its own read.
 CREATE TABLE earmark.budget_slot (
     budget_id   bigint NOT NULL,
     slot        int NOT NULL,
@@ -138,6 +150,7 @@ CREATE TABLE earmark.budget_slot (
     held        bigint NOT NULL DEFAULT 0,
     used        bigint NOT NULL DEFAULT 0,
     account     text NOT NULL,
+    cut         bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (account, budget_id, slot)
 ) WITH (fillfactor = 50);
 

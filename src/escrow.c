@@ -23,19 +23,77 @@
  *	  Slots get half of the free room; the other half stays unallocated on
  *	  the budget row.  An admission whose slot ran dry takes from it under
  *	  the budget row's lock and tops up only the free slots running low.
- *	  Only near the limit (or after a limit change) does a rebalance gather
+ *	  Only near the limit (or after a limit change, or when the
+ *	  allocations no longer fit the recorded usage) does a rebalance gather
  *	  the room of every free slot, so that a refusal means the whole budget
  *	  lacks room.
  *
- *	  A limit change: the fast path only uses a slot whose gen is the
- *	  budget's slot_gen while the account's limit, less the usage recorded
- *	  without a hold (earmark_record_usage's counter rows), still equals
- *	  slot_lim.  So recorded usage that committed before an admission's
- *	  snapshot also sends it to the slow path, which cuts the slots again
- *	  from what is left: the slots never hand out room that usage took.
- *	  The first admission after a change finds no usable slot, rebalances,
- *	  bumps the generation and re-cuts the rooms it can lock to the new
- *	  limit; the others stop admitting until a later rebalance takes them.
+ *	  A limit change, and usage recorded without a hold (the counter rows
+ *	  earmark_record_usage writes; it locks no slot): budget.slot_lim is
+ *	  the raw limit (the account's limit, not less recorded usage) the
+ *	  current generation was cut for, NULL when cut unlimited.  The fast
+ *	  path reads, in its one statement's snapshot, the budget row, the sums
+ *	  of every slot row (room, held and used, whatever its generation or
+ *	  slot number), the account's limit and the recorded usage, and uses
+ *	  the slots only while slot_lim is the limit it read and they fit:
+ *	    budget.used + budget.held + allocations + recorded <= limit
+ *	  (unlimited, only slots cut unlimited admit), and its take uses only
+ *	  a slot of the generation it read whose stamp (budget_slot.cut) is at
+ *	  most the budget's slot_cut it read.  Every rebalance stamps the slots
+ *	  it cuts with a slot_cut one above the last, under the budget row's
+ *	  lock, so a slot the take may use was last cut by a rebalance that
+ *	  committed before the fast path's read: the read summed that slot's
+ *	  allocation as it is at the take.  (A settlement moves room, held and
+ *	  used inside one allocation; nothing else but a cut raises one.)
+ *	  Why that keeps the limit: every writer that raises an allocation or
+ *	  budget.used/held is a slow path under the budget row's lock
+ *	  (admit_from_unallocated, the gathering cut), and it leaves
+ *	  budget.used + budget.held + allocations at most its raw limit less
+ *	  the recorded usage its own snapshot after the lock reads.  A fast
+ *	  path's take stays inside one slot's allocation, which its read
+ *	  counted with every other allocation, the budget row and the recorded
+ *	  usage it saw, within the limit it saw.  Without the stamp it would
+ *	  not: a rebalance that read the recorded usage before some usage
+ *	  committed could cut room into a slot after the fast path's read saw
+ *	  that usage, and the take would spend room its fit check never summed
+ *	  (isolation spec review_stale_recorded).  Nor would it without a third
+ *	  rule: recorded usage is written without the budget row's lock, so a
+ *	  rebalance running now may have read less of it than the fast path
+ *	  did and be admitting, uncommitted, from the unallocated room the fast
+ *	  path's read counts as free (review_stale_budget_row).  So the fast
+ *	  path also needs one of two things.  Either the recorded usage it
+ *	  read is what the last committed rebalance read (budget.slot_rec):
+ *	  usage goes down only under the budget row's lock, where a correction
+ *	  or a rebuild of the counters sets slot_rec NULL, so a rebalance
+ *	  running since read at least as much; and the limit row it read is
+ *	  the very version the last committed rebalance saw (budget.slot_limx
+ *	  and slot_limt, the row's xmin and updated_at, read after that
+ *	  rebalance's lock; an xid alone repeats after a restore, a move
+ *	  between Citus nodes or a wraparound): the limit, too, is
+ *	  written without the budget row's lock, and a limit raised and set
+ *	  back (1000, 2000, 1000) while a rebalance under 2000 is admitting
+ *	  would otherwise pass (review_limit_back).  Or, on a single node, the
+ *	  budget row's newest version, looked at after the fast path's read,
+ *	  has the slot_cut that read saw (no rebalance committed in between)
+ *	  and no running transaction locks or updates it (em_direct_unclaimed):
+ *	  a rebalance locks the row before it reads the recorded usage, so one
+ *	  that read less than the fast path held the lock at the fast path's
+ *	  read, and still holds it or has committed a new slot_cut.  On Citus
+ *	  the row is in a shard and only the first applies.  Usage recorded
+ *	  concurrently with an admission, as before, counts from the next one.  So usage
+ *	  recorded within the unallocated room leaves the slots admitting, and
+ *	  only usage beyond it sends admissions to the slow path.
+ *	  The rebalance starts a new generation (gathering every free slot and
+ *	  cutting them for what is left) on the first cut, when limited-ness
+ *	  changed, when the raw limit is not slot_lim, or when the allocations
+ *	  no longer fit the limit less the recorded usage, summed under the
+ *	  budget row's lock; otherwise it keeps the generation.  Recorded usage
+ *	  that changes alone, up or down, thus bumps it only once the
+ *	  allocations no longer fit.  Any limit change sends admissions to the
+ *	  slow path (the fast path sees slot_lim differ), whose first rebalance
+ *	  bumps the generation and re-cuts the rooms it can lock; slots it
+ *	  could not lock stop admitting (their generation is old) until a
+ *	  later rebalance takes them.
  *
  *	  Locks (the order gate.c keeps, extended):
  *	  - the fast path locks one slot FOR UPDATE SKIP LOCKED and reads the
@@ -88,6 +146,7 @@
 #include "account.h"
 #include "budget.h"
 #include "cluster.h"
+#include "direct.h"
 #include "escrow.h"
 #include "settings.h"
 #include "spi.h"
@@ -108,12 +167,13 @@ PG_FUNCTION_INFO_V1(earmark_set_escrow);
 
 /*
  * The budget's slot state, its limit and recorded usage, and the sums of
- * its slots, without a lock: whether the slots may admit (they were cut
- * for the limit less the recorded usage now in force), and the numbers
- * reserve's "remaining" is computed from.
+ * its slots, without a lock, in one snapshot: whether the slots may admit
+ * (everything allocated and recorded fits the limit now in force), and
+ * the numbers reserve's "remaining" is computed from.
  */
 static EmStatement fast_numbers = {
-	"SELECT b.budget_id, b.slots, b.slot_gen, b.slot_lim, b.used, b.held, l.lim, "
+	"SELECT b.budget_id, b.slots, b.slot_gen, b.slot_lim, b.used, b.held, l.lim, b.slot_cut, "
+	"       b.slot_rec, b.slot_limx, l.xmin::text::bigint, b.slot_limt, l.updated_at, "
 	"       (SELECT coalesce(pg_catalog.sum(u.units), 0)::bigint FROM earmark.usage_shard u "
 	"         WHERE u.account = $1 AND u.budget_id = "
 	"               (SELECT x.budget_id FROM earmark.budget x "
@@ -125,6 +185,10 @@ static EmStatement fast_numbers = {
 	"       (SELECT coalesce(pg_catalog.sum(t.held), 0)::bigint FROM earmark.budget_slot t "
 	"         WHERE t.account = $1 AND t.budget_id = "
 	"               (SELECT x.budget_id FROM earmark.budget x "
+	"                 WHERE x.account = $1 AND x.feature = $2 AND x.cycle_start = $3)), "
+	"       (SELECT coalesce(pg_catalog.sum(t.room), 0)::bigint FROM earmark.budget_slot t "
+	"         WHERE t.account = $1 AND t.budget_id = "
+	"               (SELECT x.budget_id FROM earmark.budget x "
 	"                 WHERE x.account = $1 AND x.feature = $2 AND x.cycle_start = $3)) "
 	"FROM earmark.budget b "
 	"JOIN earmark.account_limit l ON l.account = b.account AND l.feature = b.feature "
@@ -134,25 +198,26 @@ static EmStatement fast_numbers = {
 enum
 {
 	FN_BUDGET_ID = 1, FN_SLOTS, FN_SLOT_GEN, FN_SLOT_LIM, FN_USED, FN_HELD, FN_LIM,
-	FN_RECORDED, FN_SLOTS_USED, FN_SLOTS_HELD
+	FN_SLOT_CUT, FN_SLOT_REC, FN_SLOT_LIMX, FN_LIMX, FN_SLOT_LIMT, FN_LIMT, FN_RECORDED, FN_SLOTS_USED, FN_SLOTS_HELD, FN_SLOTS_ROOM
 };
 
 /*
  * The free slot: the first slot from a random start ($3) upward, then
  * from 0, that is of the budget's generation ($5), below its slot count
- * ($4), has the room, and no other transaction holds.  Each probe walks
+ * ($4), has the room, was last cut no later than the read saw ($12, the
+ * budget's slot_cut), and no other transaction holds.  Each probe walks
  * the primary key (account, budget_id, slot) in order and stops at the
  * first such slot, so an admission reads a slot or two, not all of them.
  * COALESCE runs the second probe only when the first found nothing.  Each
- * probe's FOR UPDATE re-checks room and generation on the slot's newest
- * version (READ COMMITTED), so a slot drained or cut again meanwhile is
- * passed over.  Then the job (nothing when the key is already taken), and
+ * probe's FOR UPDATE re-checks room, generation and stamp on the slot's
+ * newest version (READ COMMITTED), so a slot drained or cut again
+ * meanwhile is passed over.  Then the job (nothing when the key is already taken), and
  * the slot's room to held only for a job that was written.
  */
 #define FREE_SLOT_PROBE(from_to) \
 	"(SELECT t.slot FROM earmark.budget_slot t" \
 	" WHERE t.account = $1 AND t.budget_id = $2 AND " from_to \
-	"   AND t.slot < $4 AND t.gen = $5 AND t.room >= $6" \
+	"   AND t.slot < $4 AND t.gen = $5 AND t.room >= $6 AND t.cut <= $12" \
 	" ORDER BY t.slot LIMIT 1 FOR UPDATE SKIP LOCKED)"
 
 static EmStatement fast_take = {
@@ -166,8 +231,8 @@ static EmStatement fast_take = {
 	"  UPDATE earmark.budget_slot t SET room = t.room - $6, held = t.held + $6"
 	"   WHERE t.account = $1 AND t.budget_id = $2 AND t.slot = (SELECT j.slot FROM j)) "
 	"SELECT (SELECT s.slot FROM s), (SELECT j.job_id FROM j)",
-	11, {TEXTOID, INT8OID, INT4OID, INT4OID, INT8OID, INT8OID, TEXTOID, TEXTOID,
-	INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+	12, {TEXTOID, INT8OID, INT4OID, INT4OID, INT8OID, INT8OID, TEXTOID, TEXTOID,
+	INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID}
 };
 enum
 {
@@ -189,16 +254,88 @@ em_random_slot(int slots)
 }
 
 /*
- * Whether the slots were cut for the limit in force: the limit less the
- * usage recorded without a hold, or unlimited (slot_lim NULL).
+ * Whether the slots may admit: unlimited, when they were cut unlimited
+ * (slot_lim NULL); limited, when the current generation was cut for this
+ * very limit (slot_lim, the raw limit of the last rebalance, equals the
+ * limit read now) and the budget row's used and held, every allocation
+ * (the room, held and used of every slot row, whatever its generation or
+ * slot number) and the usage recorded without a hold (the nparts numbers
+ * in parts) all fit the limit now.  A sum that passes the largest bigint
+ * does not fit.
  */
 static bool
-slots_cut_for_limit(bool unlimited, int64 lim, int64 recorded,
-					bool slot_lim_null, int64 slot_lim)
+slots_fit_limit(bool unlimited, int64 lim, bool slot_lim_null, int64 slot_lim,
+				const int64 *parts, int nparts)
 {
+	int64		whole = 0;
+	int			i;
+
 	if (unlimited)
 		return slot_lim_null;
-	return !slot_lim_null && Max(lim - recorded, 0) == slot_lim;
+	if (slot_lim_null || slot_lim != lim)
+		return false;
+	for (i = 0; i < nparts; i++)
+		if (pg_add_s64_overflow(whole, parts[i], &whole))
+			return false;
+	return whole <= lim;
+}
+
+/*
+ * The budget row's newest version, read without a lock (direct.c), when no
+ * running transaction locks or updates it.
+ */
+static EmDirect budget_unclaimed = {
+	.table = "budget", .nkeys = 2, .keys = {"account", "budget_id"},
+	.ncols = 1, .cols = {"slot_cut"}
+};
+
+/*
+ * Whether the limit row fast_numbers read is the version the last
+ * rebalance saw: the same xmin and updated_at (slot_limx, slot_limt).
+ */
+static bool
+same_limit_version(void)
+{
+	bool		n1;
+	bool		n2;
+	int64		slot_limx = DatumGetInt64(em_get(0, FN_SLOT_LIMX, &n1));
+	TimestampTz slot_limt = DatumGetTimestampTz(em_get(0, FN_SLOT_LIMT, &n2));
+
+	return !n1 && !n2 && slot_limx == em_get_int64(0, FN_LIMX, -1) &&
+		slot_limt == DatumGetTimestampTz(em_get(0, FN_LIMT, &n1)) && !n1;
+}
+
+/*
+ * Whether no running rebalance may be admitting on a recorded usage older
+ * than the one the fast path read, or on another limit (fast_numbers'
+ * result): either both are what the last committed rebalance saw (the
+ * recorded usage it read, slot_rec: usage only goes down under the budget
+ * row's lock, which forgets slot_rec, so a running rebalance read at least
+ * as much; and the same version of the limit row, slot_limx: a running
+ * rebalance read that version or a newer one the fast path has not seen),
+ * or, on a single node, the budget row's newest version is the one the
+ * read saw (the same slot_cut: no rebalance committed since) and no
+ * transaction holds it (no rebalance is running).  On Citus, where the
+ * row is in a shard, only the first.  See the file's header.
+ */
+static bool
+no_rebalance_missed_usage(text *account, int64 recorded)
+{
+	bool		isnull;
+	int64		slot_rec = DatumGetInt64(em_get(0, FN_SLOT_REC, &isnull));
+	int64		slot_cut = em_get_int64(0, FN_SLOT_CUT, 0);
+	Datum		keys[2];
+	Datum		v[1];
+	bool		n[1];
+
+	if (!isnull && slot_rec == recorded && same_limit_version())
+		return true;
+	if (em_distributed())
+		return false;
+	keys[0] = PointerGetDatum(account);
+	keys[1] = Int64GetDatum(em_get_int64(0, FN_BUDGET_ID, 0));
+	return em_direct_unclaimed(&budget_unclaimed, keys, v, n) &&
+		DatumGetInt64(v[0]) == slot_cut;
 }
 
 /*
@@ -213,10 +350,12 @@ EmAdmit
 em_escrow_fast(EmHold *h, TimestampTz cycle_start, int slots,
 			   EscrowNumbers *numbers)
 {
-	Datum		args[11];
+	Datum		args[12];
 	bool		isnull;
 	bool		slot_lim_null;
+	int64		slot_lim;
 	int64		gen;
+	int64		parts[6];
 	Datum		lim;
 
 	args[0] = PointerGetDatum(h->account);
@@ -227,10 +366,18 @@ em_escrow_fast(EmHold *h, TimestampTz cycle_start, int slots,
 		return EM_ADMIT_NO_SLOT;
 	lim = em_get(0, FN_LIM, &numbers->unlimited);
 	numbers->lim = numbers->unlimited ? 0 : DatumGetInt64(lim);
-	(void) em_get(0, FN_SLOT_LIM, &slot_lim_null);
-	if (!slots_cut_for_limit(numbers->unlimited, numbers->lim,
-							 em_get_int64(0, FN_RECORDED, 0), slot_lim_null,
-							 em_get_int64(0, FN_SLOT_LIM, 0)))
+	slot_lim = DatumGetInt64(em_get(0, FN_SLOT_LIM, &slot_lim_null));
+	if (slot_lim_null)
+		slot_lim = 0;
+	parts[0] = em_get_int64(0, FN_USED, 0);
+	parts[1] = em_get_int64(0, FN_HELD, 0);
+	parts[2] = em_get_int64(0, FN_SLOTS_ROOM, 0);
+	parts[3] = em_get_int64(0, FN_SLOTS_HELD, 0);
+	parts[4] = em_get_int64(0, FN_SLOTS_USED, 0);
+	parts[5] = em_get_int64(0, FN_RECORDED, 0);
+	if (!slots_fit_limit(numbers->unlimited, numbers->lim, slot_lim_null,
+						 slot_lim, parts, lengthof(parts)) ||
+		!no_rebalance_missed_usage(h->account, parts[5]))
 		return EM_ADMIT_NO_SLOT;
 	numbers->used = em_get_int64(0, FN_USED, 0) + em_get_int64(0, FN_RECORDED, 0) +
 		em_get_int64(0, FN_SLOTS_USED, 0);
@@ -248,6 +395,7 @@ em_escrow_fast(EmHold *h, TimestampTz cycle_start, int slots,
 	args[8] = IntervalPGetDatum(h->lease);
 	args[9] = TimestampTzGetDatum(h->lease_until);
 	args[10] = TimestampTzGetDatum(h->now);
+	args[11] = Int64GetDatum(em_get_int64(0, FN_SLOT_CUT, 0));
 	em_exec(&fast_take, args, NULL, 1);
 	(void) em_get(0, FT_SLOT, &isnull);
 	if (isnull)
@@ -302,15 +450,28 @@ enum
 static EmStatement cut_slots = {
 	"UPDATE earmark.budget_slot "
 	"SET room = CASE WHEN slot >= $4 THEN 0 "
-	"                WHEN slot = $3[1] THEN $5 + $6 ELSE $5 END, gen = $7 "
+	"                WHEN slot = $3[1] THEN $5 + $6 ELSE $5 END, gen = $7, cut = $8 "
 	"WHERE account = $1 AND budget_id = $2 AND slot = ANY($3)",
-	7, {TEXTOID, INT8OID, INT4ARRAYOID, INT4OID, INT8OID, INT8OID, INT8OID}
+	8, {TEXTOID, INT8OID, INT4ARRAYOID, INT4OID, INT8OID, INT8OID, INT8OID, INT8OID}
 };
 
 static EmStatement write_escrow_budget = {
-	"UPDATE earmark.budget SET used = $3, held = $4, slot_lim = $5, slot_gen = $6 "
+	"UPDATE earmark.budget SET used = $3, held = $4, slot_lim = $5, slot_gen = $6, "
+	"       slot_cut = $7, slot_rec = $8, slot_limx = $9, slot_limt = $10 "
 	"WHERE account = $1 AND budget_id = $2",
-	6, {TEXTOID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID}
+	10, {TEXTOID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID,
+	TIMESTAMPTZOID}
+};
+
+/*
+ * The version of the feature's limit row: the transaction that wrote it
+ * and when (an xid alone repeats after a restore, a move between Citus
+ * nodes or a wraparound; with the time it does not).
+ */
+static EmStatement limit_version = {
+	"SELECT xmin::text::bigint, updated_at FROM earmark.account_limit "
+	"WHERE account = $1 AND feature = $2",
+	2, {TEXTOID, TEXTOID}
 };
 
 /* the slots the last statement locked, as an int[] datum, and how many */
@@ -365,7 +526,7 @@ static void
 cut(text *account, EmBudget *b, Datum locked, int nlocked, int64 nmine,
 	int64 pool, int64 per_slot_max, int64 gen)
 {
-	Datum		args[7];
+	Datum		args[8];
 	int			live = Max(Min((int) nmine, b->slots), 1);
 	int64		share = b->slots > 0 ? pool / live : 0;
 	int64		rem = b->slots > 0 ? pool % live : 0;
@@ -384,22 +545,44 @@ cut(text *account, EmBudget *b, Datum locked, int nlocked, int64 nmine,
 	args[4] = Int64GetDatum(share);
 	args[5] = Int64GetDatum(rem);
 	args[6] = Int64GetDatum(gen);
+	args[7] = Int64GetDatum(b->slot_cut);
 	em_exec(&cut_slots, args, NULL, 0);
 }
 
 static void
-write_budget(text *account, EmBudget *b, int64 gen)
+write_budget(EmHold *h, EmBudget *b, int64 gen)
 {
-	Datum		args[6];
-	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		args[10];
+	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', 'n', 'n'};
 
-	args[0] = PointerGetDatum(account);
+	/*
+	 * The limit row's version now, read after the lock and after the limit
+	 * this call used: a rebalance that runs after this one commits reads a
+	 * version at least as new (see the file's header).
+	 */
+	args[0] = PointerGetDatum(h->account);
+	args[1] = PointerGetDatum(h->feature);
+	em_exec(&limit_version, args, NULL, 1);
+	if (SPI_processed == 1)
+	{
+		bool		isnull;
+
+		args[8] = em_get(0, 1, &isnull);
+		args[9] = em_get(0, 2, &isnull);
+		nulls[8] = nulls[9] = ' ';
+	}
+
+	args[0] = PointerGetDatum(h->account);
 	args[1] = Int64GetDatum(b->budget_id);
 	args[2] = Int64GetDatum(b->used);
 	args[3] = Int64GetDatum(b->held);
-	args[4] = Int64GetDatum(b->lim);
+	/* the raw limit, not less recorded usage: what the generation is cut for */
+	args[4] = Int64GetDatum(b->raw_lim);
 	nulls[4] = b->unlimited ? 'n' : ' ';
 	args[5] = Int64GetDatum(gen);
+	args[6] = Int64GetDatum(b->slot_cut);
+	/* the recorded usage read after the budget row's lock (gate.c) */
+	args[7] = Int64GetDatum(b->recorded);
 	em_exec(&write_escrow_budget, args, nulls, 0);
 }
 
@@ -477,20 +660,20 @@ create_missing_slots(text *account, EmBudget *b)
  * Usually a slot ran dry while the budget still has room that no slot
  * holds: admit from that, and refill only the free slots that are low.
  * Locking every slot here would make all concurrent admissions miss
- * their fast path for as long as this transaction lasts.  Returns false
+ * their fast path for as long as this transaction lasts.  all: every
+ * slot summed, none locked (sum_slots with an empty array).  Returns false
  * when the job does not fit in the unallocated room (the caller gathers).
  */
 static bool
 admit_from_unallocated(EmHold *h, EmBudget *b, int64 cap, int64 gen,
-					   EmAdmit *result, int64 *remaining)
+					   const SlotSums *all, EmAdmit *result, int64 *remaining)
 {
-	SlotSums	s;
+	SlotSums	s = *all;
 	int64		unallocated;
 	int64		fair;
 	int			nlocked;
 	Datum		locked;
 
-	sum_slots(h->account, b->budget_id, empty_array(), &s);
 	unallocated = cap - b->used - b->held - s.others_alloc;
 	if (h->amount > unallocated)
 		return false;
@@ -508,8 +691,23 @@ admit_from_unallocated(EmHold *h, EmBudget *b, int64 cap, int64 gen,
 		pool = Max(cap - b->used - b->held - s.others_alloc - s.mine_held_used, 0);
 		cut(h->account, b, locked, nlocked, s.nmine, pool, fair, gen);
 	}
-	write_budget(h->account, b, gen);
+	write_budget(h, b, gen);
 	return true;
+}
+
+/*
+ * Whether the budget row's used and held and every slot's allocation (all:
+ * every slot summed as not ours) fit cap; a sum that passes the largest
+ * bigint does not.
+ */
+static bool
+allocations_fit(const EmBudget *b, const SlotSums *all, int64 cap)
+{
+	int64		whole;
+
+	return !pg_add_s64_overflow(b->used, b->held, &whole) &&
+		!pg_add_s64_overflow(whole, all->others_alloc, &whole) &&
+		whole <= cap;
 }
 
 /*
@@ -558,19 +756,32 @@ em_escrow_rebalance(EmHold *h, EmBudget *b, int64 *remaining)
 	int64		cap = b->unlimited ? UNLIMITED_CAP : b->lim;
 	int64		gen = b->slot_gen;
 	EmAdmit		result = EM_ADMIT_REFUSED;
+	SlotSums	all;
 	int			try;
 
 	/*
-	 * A new limit (or the first rebalance): a new generation, so that slots
-	 * cut for the old limit stop admitting once this commits.
+	 * The first rebalance, a change between limited and unlimited, a raw
+	 * limit other than the one the current generation was cut for
+	 * (budget.slot_lim), or allocations that, with the budget row's used
+	 * and held as last committed, no longer fit the limit less the
+	 * recorded usage (cap): a new generation, so that slots cut for the
+	 * old limit stop admitting once this commits, and the gathering below.
+	 * Otherwise the generation stays: the fast path admits only while the
+	 * limit it reads is slot_lim and its own fit check holds (see the
+	 * file's header).  Recorded usage changing alone, up or down, never
+	 * bumps it unless the allocations stop fitting.
 	 */
+	sum_slots(h->account, b->budget_id, empty_array(), &all);
+	/* the stamp of every slot this call cuts (see the file's header) */
+	b->slot_cut++;
 	if (gen == 0 || b->slot_lim_null != b->unlimited ||
-		(!b->unlimited && b->slot_lim != b->lim))
+		(!b->unlimited &&
+		 (b->slot_lim != b->raw_lim || !allocations_fit(b, &all, cap))))
 		gen++;
 	create_missing_slots(h->account, b);
 
 	if (gen == b->slot_gen &&
-		admit_from_unallocated(h, b, cap, gen, &result, remaining))
+		admit_from_unallocated(h, b, cap, gen, &all, &result, remaining))
 		return result;
 
 	for (try = 0;; try++)
@@ -614,7 +825,7 @@ em_escrow_rebalance(EmHold *h, EmBudget *b, int64 *remaining)
 		 */
 		cut(h->account, b, locked, nlocked, s.nmine, pool,
 			pool / (2 * (int64) Max(Min((int) s.nmine, b->slots), 1)), gen);
-		write_budget(h->account, b, gen);
+		write_budget(h, b, gen);
 		return result;
 	}
 }

@@ -864,6 +864,7 @@ lock_cycle(Reserve *r)
 					 errhint("Retry the transaction.")));
 	}
 	r->b.lim = l.lim;
+	r->b.raw_lim = l.lim;
 	r->b.unlimited = l.unlimited;
 	r->b.recorded = l.recorded;
 	r->locked_key = l.job;
@@ -1532,8 +1533,8 @@ heartbeat_body(PG_FUNCTION_ARGS)
  * allocation (room + held + used) changes, which is what the limit's
  * books rest on (escrow.c); a row's own held may go below zero, only the
  * sums count.  The generation matters: slots are cut again in a new
- * generation when the limit, or the usage recorded against it, changes,
- * and the new cut counts the old holds as taken; a hold of the old
+ * generation when the allocations no longer fit the limit less the usage
+ * recorded against it, and the new cut counts the old holds as taken; a hold of the old
  * generation released into a slot of the new one would add room the new
  * cut never gave, while the budget may be over its new limit (in the
  * budget row, the release only lowers held, and a rebalance hands it out

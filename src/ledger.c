@@ -14,7 +14,8 @@
  *	  - the account's advisory lock, shared (as reserve takes it), so that
  *	    earmark_set_account cannot move the anchor while usage is written
  *	    into a cycle computed from it;
- *	  - a correction (negative units) updates the budget row (to itself):
+ *	  - a correction (negative units) updates the budget row (escrow's
+ *	    slot_rec, to NULL):
  *	    corrections of one cycle queue, so two of them cannot both pass the
  *	    check that the total stays at or above zero, and one whose snapshot
  *	    is older than another's commit fails with 40001;
@@ -74,7 +75,7 @@ static EmStatement find_budget = {
 
 
 static EmStatement lock_budget_for_correction = {
-	"UPDATE earmark.budget SET used = used WHERE account = $1 AND budget_id = $2",
+	"UPDATE earmark.budget SET slot_rec = NULL WHERE account = $1 AND budget_id = $2",
 	2, {TEXTOID, INT8OID}
 };
 
@@ -235,9 +236,11 @@ usage_budget(text *account, text *feature, TimestampTz start, TimestampTz end)
 
 /*
  * A correction (negative units) may not take the cycle's total below zero.
- * It updates the budget row (to itself) first: corrections of one cycle
- * queue there, and one whose snapshot missed another's commit fails with
- * 40001 instead of checking an old total.
+ * It updates the budget row first: corrections of one cycle queue there,
+ * and one whose snapshot missed another's commit fails with 40001 instead
+ * of checking an old total.  The update forgets the recorded usage the
+ * last escrow rebalance read (slot_rec): recorded usage that goes down
+ * and up again would otherwise look unchanged to the fast path (escrow.c).
  */
 static void
 check_correction(text *account, int64 budget_id, int64 units, TimestampTz start)

@@ -190,7 +190,8 @@ static EmStatement rebuild_counters = {
 	"            WHERE account = $1 AND budget_id = $2),"
 	"     i AS (INSERT INTO earmark.usage_shard (account, budget_id, shard, units) "
 	"           SELECT $1, $2, 0, k.units FROM k WHERE k.units <> 0) "
-	"UPDATE earmark.budget SET used = (SELECT units FROM j) - (SELECT used FROM s) "
+	"UPDATE earmark.budget SET used = (SELECT units FROM j) - (SELECT used FROM s), "
+	"       slot_rec = NULL "
 	"WHERE account = $1 AND budget_id = $2",
 	2, {TEXTOID, INT8OID}
 };

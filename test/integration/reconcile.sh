@@ -136,7 +136,8 @@ q -c "SELECT earmark_set_account('rec_l', NULL, 'cus_rl', 'agr_rl')" -c "SELECT 
   -c "SELECT earmark_record_usage('rec_l', 5, 'l1')" -c "SELECT earmark_record_usage('rec_l', 3, 'l2', 'images')" >/dev/null
 control '{"set_meter": {"agreement": "agr_rl", "feature": "default", "value": 5}}'
 bid=$(q -c "SELECT budget_id FROM earmark.budget WHERE account = 'rec_l' AND feature = 'default'")
-q -c "UPDATE earmark.budget SET used = used + 40 WHERE budget_id = $bid" >/dev/null
+# (slot_rec: as if an escrow rebalance had read 5 of recorded usage)
+q -c "UPDATE earmark.budget SET used = used + 40, slot_rec = 5 WHERE budget_id = $bid" >/dev/null
 control '{"hang": {"count": 1, "seconds": 600, "path": "/api/v1/billing/meter_usage", "method": "POST"}}'  # (until released)
 PGOPTIONS="$PGOPTIONS -c earmark.http_timeout=60000" q -F ' ' \
     -c "SELECT feature, verdict, counters_rebuilt, coalesce(read_back::text, 'none') FROM earmark_reconcile('rec_l') ORDER BY feature" \
@@ -154,6 +155,8 @@ is "$(cat "$WORK/rec_l.out")" "default match t none
 images repaired f 3" "then the run rebuilt the default cycle's counters and repaired the images cycle"
 sed 's/^/# /' "$WORK/rec_l.err"
 is "$(q -c "SELECT used FROM earmark_budget('rec_l')")" 5 "the rebuilt counters equal the ledger"
+is "$(q -c "SELECT coalesce(slot_rec::text, 'unknown') FROM earmark.budget WHERE budget_id = $bid")" unknown \
+   "the rebuild forgets the recorded usage an escrow rebalance read (budget.slot_rec)"
 
 # --- a meter that does not take the repair: the evidence says so -------------
 reload_conf "ALTER SYSTEM SET earmark.provider = 'local'"

@@ -100,6 +100,13 @@ bench_scenarios() {
             BENCH_SCEN+=("em_escrow$n")
             BENCH_NAME[em_escrow$n]="earmark, 1 hot account, escrow $n slots"
             BENCH_ARGS[em_escrow$n]="earmark_hot.sql -D account=hot_escrow$n"
+            # each job also records usage (earmark_hot_rec.sql): what the
+            # escrow fast path's fit check is for.  BENCH_REC_SCEN=1
+            if [ "${BENCH_REC_SCEN:-0}" = 1 ]; then
+                BENCH_SCEN+=("em_escrow${n}_rec")
+                BENCH_NAME[em_escrow${n}_rec]="earmark, 1 hot account, escrow $n slots, each job records usage"
+                BENCH_ARGS[em_escrow${n}_rec]="earmark_hot_rec.sql -D account=hot_escrow$n"
+            fi
         done
     fi
     BENCH_SCEN+=(em_many ref_many)
