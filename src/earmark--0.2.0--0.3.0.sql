@@ -74,6 +74,9 @@ ALTER TABLE earmark.budget ALTER COLUMN budget_id SET DEFAULT earmark.next_id('e
 ALTER SEQUENCE earmark.budget_id_seq OWNED BY earmark.budget.budget_id;
 ALTER TABLE earmark.budget DROP CONSTRAINT budget_pkey;
 ALTER TABLE earmark.budget ADD PRIMARY KEY (account, budget_id);
+-- earmark_reconcile's pages walk the cycles in budget_id order, which the
+-- primary key no longer gives (earmark.sql)
+CREATE INDEX budget_order ON earmark.budget (budget_id);
 
 -- budget_slot
 ALTER TABLE earmark.budget_slot ADD COLUMN account text;

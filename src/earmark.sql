@@ -133,6 +133,12 @@ CREATE TABLE earmark.budget (
     PRIMARY KEY (account, budget_id)
 ) WITH (fillfactor = 50);
 ALTER SEQUENCE earmark.budget_id_seq OWNED BY earmark.budget.budget_id;
+-- earmark_reconcile walks every account's cycles in budget_id order, a
+-- page at a time, each page starting after the last one's budget_id: the
+-- primary key leads with the account, so without this index each page
+-- sorted every cycle after it.  budget_id never changes: the budget row's
+-- updates stay HOT, and only a new cycle's row writes an entry here.
+CREATE INDEX budget_order ON earmark.budget (budget_id);
 
 -- An escrow slot: part of a hot budget's room that admissions take without
 -- locking the budget row.  room + held + used is the slot's allocation; an

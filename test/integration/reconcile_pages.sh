@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# earmark_reconcile() over every account reads each page of cycles with a
+# walk that starts where the last page stopped and ends at the page's last
+# cycle: 600 accounts with usage, 12 pages of 50, each page's statement
+# logged with its plan as it ran (auto_explain, nested statements,
+# ANALYZE): every page walks budget_order in budget_id order under its
+# Limit, reads at most a page of budget rows, and sorts nothing.  Before,
+# the primary key (account, budget_id) gave no budget_id order, so each
+# page sorted every cycle after the last page (a run over N cycles read
+# about N * N / 100 budget rows), and the generic plan's
+# "$1 IS NULL OR account = $1" made the planner join each budget row to a
+# scan of every account: a run over 10,000 accounts took minutes.  Nor
+# does a page hash the whole send log to test each budget row for a send
+# (it grows with every report, and with the run's own repairs).  The rows
+# come back in budget_id order, every cycle once.
+source "$(dirname "$0")/tap.sh"
+DB=reconcile_pages
+N=600
+q -d postgres -c "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE $DB" >/dev/null
+# account names that sort against their budget ids: a walk in account
+# order would return the rows out of budget_id order
+q -d $DB -c "CREATE EXTENSION earmark" \
+  -c "SELECT count(earmark_set_limit('rp' || lpad(($N - i)::text, 4, '0'), NULL)) FROM generate_series(0, $N - 1) i" \
+  -c "SELECT count(earmark_record_usage('rp' || lpad(($N - i)::text, 4, '0'), 1 + i % 7, 'k' || i)) FROM generate_series(0, $N - 1) i" \
+  -c "ANALYZE" >/dev/null
+ok $? "$N accounts, each with one recorded usage (a cycle with a ledger row)"
+
+out=$({
+    echo "LOAD 'auto_explain';"
+    echo "SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;"
+    echo "SET auto_explain.log_analyze = on; SET auto_explain.log_timing = off;"
+    echo "SET auto_explain.log_level = notice; SET client_min_messages = notice;"
+    echo "SELECT budget_id, verdict FROM earmark_reconcile();"
+} | "$EM_PGBIN/psql" -X -q -A -t -v ON_ERROR_STOP=1 -d $DB 2>&1)
+ok $? "earmark_reconcile() over every account, its statements' plans logged"
+
+# the logged plans of the page statement, each as one line
+pages=$(awk '/^(psql:.*)?NOTICE:/ { if (keep) print plan; keep = 0; plan = "" }
+             index($0, "Query Text: SELECT b.budget_id, b.account, b.feature") == 1 { keep = 1; next }
+             keep { sub(/^ */, ""); plan = plan " | " $0 }
+             END { if (keep) print plan }' <<<"$out")
+is "$(grep -c . <<<"$pages")" 13 "12 pages of 50 and the empty one after them, each page's statement logged"
+is "$(grep -c 'Limit .*Index Scan using budget_order on budget b' <<<"$pages")" 13 \
+    "every page walks budget_order under its Limit"
+is "$(grep -c -e '-> *Sort' -e '| Sort' <<<"$pages")" 0 "no page sorts"
+read_rows=$(grep -o 'Index Scan using budget_order on budget b *([^)]*) (actual rows=[0-9]*' <<<"$pages" |
+    sed 's/.*rows=//' | sort -n | tail -1)
+ok "$(( ${read_rows:-999999} <= 50 ? 0 : 1 ))" \
+    "no page reads more budget rows than a page (at most ${read_rows:-none read}), not every cycle after it"
+is "$(grep -c 'Seq Scan on account' <<<"$pages")" 0 "no page scans the accounts"
+is "$(grep -c 'hashed SubPlan' <<<"$pages")" 0 \
+    "no page hashes the whole send log or ledger (a repair adds sends: each page would read more)"
+
+rows=$(grep -E '^[0-9]+\|' <<<"$out")
+is "$(grep -c . <<<"$rows")" "$N" "one row for each of the $N cycles"
+is "$(cut -d'|' -f1 <<<"$rows")" "$(cut -d'|' -f1 <<<"$rows" | sort -n -u)" "the rows in budget_id order, each cycle once"
+is "$(cut -d'|' -f2 <<<"$rows" | sort -u | paste -sd,)" "repaired" \
+    "every cycle read and repaired (none was reported to the local meter)"
+
+q -d postgres -c "DROP DATABASE $DB" >/dev/null
+done_testing
