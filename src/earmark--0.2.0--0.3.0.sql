@@ -126,7 +126,9 @@ ALTER SEQUENCE earmark.entry_id_seq OWNED BY earmark.ledger.entry_id;
 ALTER TABLE earmark.ledger DROP CONSTRAINT ledger_pkey;
 ALTER TABLE earmark.ledger ADD PRIMARY KEY (account, entry_id);
 ALTER TABLE earmark.ledger DROP CONSTRAINT ledger_job_id_key;
-ALTER TABLE earmark.ledger ADD UNIQUE (account, job_id);
+-- partial: 0.3.0 writes no row with a job_id (earmark.sql)
+CREATE UNIQUE INDEX ledger_account_job_id_key ON earmark.ledger (account, job_id)
+    WHERE job_id IS NOT NULL;
 DROP INDEX earmark.ledger_budget;
 CREATE INDEX ledger_budget ON earmark.ledger (account, budget_id);
 
