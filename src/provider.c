@@ -932,7 +932,7 @@ em_meter_read(EmMeterOp *ops, int n)
 			Datum		args[4];
 
 			local_args(&ops[i], args);
-			em_exec(&local_read, args, NULL, 1);
+			em_exec_custom(&local_read, args, NULL, 1);
 			/* a cycle never written reads as zero */
 			ops[i].read_total = SPI_processed == 1 ? em_get_int64(0, 1, 0) : 0;
 			ops[i].ok = true;

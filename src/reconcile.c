@@ -490,7 +490,7 @@ read_numbers(Run *run, Check *c)
 	Datum		d;
 
 	cycle_args(c, args);
-	em_exec(&cycle_numbers, args, NULL, 1);
+	em_exec_custom(&cycle_numbers, args, NULL, 1);
 	if (SPI_processed != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -650,7 +650,7 @@ keep_evidence(Run *run, Check *c)
 
 	memset(nulls, ' ', sizeof(nulls));
 	cycle_args(c, args);
-	em_exec(&last_evidence, args, NULL, 1);
+	em_exec_custom(&last_evidence, args, NULL, 1);
 	if (SPI_processed == 1 && !c->repair_tried && !c->rebuilt)
 	{
 		bool		same = em_get_int64(0, LE_LEDGER, -1) == c->ledger &&

@@ -373,6 +373,22 @@ em_exec_generic(EmStatement *stmt, Datum *values, const char *nulls, long count)
 }
 
 /*
+ * em_exec planned again at every call, for the current size of the tables
+ * it reads: for a look-up in a table the caller's own run fills (the
+ * reconciler's last evidence and last send of each cycle), whose generic
+ * plan, made while an ANALYZE had seen the table empty, would scan it
+ * whole at every call for the rest of the run.
+ */
+int
+em_exec_custom(EmStatement *stmt, Datum *values, const char *nulls, long count)
+{
+	if (stmt->plan == NULL)
+		stmt->plan = em_prepare_kept(stmt->sql, stmt->nargs, stmt->argtypes,
+									 CURSOR_OPT_CUSTOM_PLAN);
+	return em_exec(stmt, values, nulls, count);
+}
+
+/*
  * Run a cached read-only statement in a new snapshot that sees every commit
  * so far, whatever the transaction's isolation level.  Under REPEATABLE
  * READ the gate compares what its transaction snapshot showed with this,

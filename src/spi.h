@@ -36,6 +36,8 @@ extern int	em_exec_latest(EmStatement *stmt, Datum *values, const char *nulls,
 						   long count);
 extern int	em_exec_generic(EmStatement *stmt, Datum *values, const char *nulls,
 							long count);
+extern int	em_exec_custom(EmStatement *stmt, Datum *values, const char *nulls,
+						   long count);
 
 /* a plan prepared with these cursor options and kept (SPI_keepplan) */
 extern SPIPlanPtr em_prepare_kept(const char *sql, int nargs, Oid *argtypes,
