@@ -356,6 +356,17 @@ em_exec(EmStatement *stmt, Datum *values, const char *nulls, long count)
 	return rc;
 }
 
+/* em_exec of a statement whose plan is prepared with cursor_options */
+static int
+exec_planned_as(EmStatement *stmt, int cursor_options, Datum *values,
+				const char *nulls, long count)
+{
+	if (stmt->plan == NULL)
+		stmt->plan = em_prepare_kept(stmt->sql, stmt->nargs, stmt->argtypes,
+									 cursor_options);
+	return em_exec(stmt, values, nulls, count);
+}
+
 /*
  * em_exec with a generic plan, for a statement whose custom plans always
  * look cheaper than the generic one and so would be planned at every call
@@ -366,10 +377,7 @@ em_exec(EmStatement *stmt, Datum *values, const char *nulls, long count)
 int
 em_exec_generic(EmStatement *stmt, Datum *values, const char *nulls, long count)
 {
-	if (stmt->plan == NULL)
-		stmt->plan = em_prepare_kept(stmt->sql, stmt->nargs, stmt->argtypes,
-									 CURSOR_OPT_GENERIC_PLAN);
-	return em_exec(stmt, values, nulls, count);
+	return exec_planned_as(stmt, CURSOR_OPT_GENERIC_PLAN, values, nulls, count);
 }
 
 /*
@@ -382,10 +390,7 @@ em_exec_generic(EmStatement *stmt, Datum *values, const char *nulls, long count)
 int
 em_exec_custom(EmStatement *stmt, Datum *values, const char *nulls, long count)
 {
-	if (stmt->plan == NULL)
-		stmt->plan = em_prepare_kept(stmt->sql, stmt->nargs, stmt->argtypes,
-									 CURSOR_OPT_CUSTOM_PLAN);
-	return em_exec(stmt, values, nulls, count);
+	return exec_planned_as(stmt, CURSOR_OPT_CUSTOM_PLAN, values, nulls, count);
 }
 
 /*

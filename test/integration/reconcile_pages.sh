@@ -28,19 +28,13 @@ q -d $DB -c "CREATE EXTENSION earmark" \
 ok $? "$N accounts, each with one recorded usage (a cycle with a ledger row)"
 
 out=$({
-    echo "LOAD 'auto_explain';"
-    echo "SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;"
-    echo "SET auto_explain.log_analyze = on; SET auto_explain.log_timing = off;"
-    echo "SET auto_explain.log_level = notice; SET client_min_messages = notice;"
+    explain_as_run
     echo "SELECT budget_id, verdict FROM earmark_reconcile();"
 } | "$EM_PGBIN/psql" -X -q -A -t -v ON_ERROR_STOP=1 -d $DB 2>&1)
 ok $? "earmark_reconcile() over every account, its statements' plans logged"
 
 # the logged plans of the page statement, each as one line
-pages=$(awk '/^(psql:.*)?NOTICE:/ { if (keep) print plan; keep = 0; plan = "" }
-             index($0, "Query Text: SELECT b.budget_id, b.account, b.feature") == 1 { keep = 1; next }
-             keep { sub(/^ */, ""); plan = plan " | " $0 }
-             END { if (keep) print plan }' <<<"$out")
+pages=$(plans_as_lines 'SELECT b[.]budget_id, b[.]account, b[.]feature' <<<"$out")
 is "$(grep -c . <<<"$pages")" 13 "12 pages of 50 and the empty one after them, each page's statement logged"
 is "$(grep -c 'Limit .*Index Scan using budget_order on budget b' <<<"$pages")" 13 \
     "every page walks budget_order under its Limit"

@@ -69,6 +69,26 @@ sqlstate() {
     fi
 }
 
+# explain_as_run: the psql lines after which every statement of the
+# session, those earmark runs through SPI included, is followed by a
+# notice with its plan as it ran (auto_explain, ANALYZE without timing)
+explain_as_run() {
+    echo "LOAD 'auto_explain';"
+    echo "SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;"
+    echo "SET auto_explain.log_analyze = on; SET auto_explain.log_timing = off;"
+    echo "SET auto_explain.log_level = notice; SET client_min_messages = notice;"
+}
+
+# plans_as_lines REGEX: of explain_as_run's notices on stdin, the plans of
+# the statements whose "Query Text: " line matches REGEX, one a line, the
+# plan's lines joined by " | "
+plans_as_lines() {
+    awk -v re="$1" '/^(psql:.*)?NOTICE:/ { if (keep) print plan; keep = 0; plan = "" }
+                    $0 ~ "^Query Text: " re { keep = 1; next }
+                    keep { sub(/^ */, ""); plan = plan " | " $0 }
+                    END { if (keep) print plan }'
+}
+
 done_testing() {
     echo "1..$_tap_n"
     [ "$_tap_failed" -eq 0 ]

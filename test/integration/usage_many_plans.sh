@@ -22,10 +22,7 @@ q -d $DB -c "CREATE EXTENSION earmark" \
 ok $? "200 accounts with one keyed row each, analyzed; then 3,000 more keyed rows on um7"
 
 out=$({
-    echo "LOAD 'auto_explain';"
-    echo "SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;"
-    echo "SET auto_explain.log_analyze = on; SET auto_explain.log_timing = off;"
-    echo "SET auto_explain.log_level = notice; SET client_min_messages = notice;"
+    explain_as_run
     for b in 1 2 3 4 5 6 7; do
         echo "SELECT count(*) FILTER (WHERE recorded) FROM earmark_record_usage_many('um7', array_fill(1::bigint, ARRAY[5]),
                   ARRAY['old-1$b', 'new-$b-1', 'new-$b-2', 'old-2$b', 'new-$b-3']);"
@@ -37,10 +34,7 @@ ok $? "eight batches on um7 (5 keys, then 100), their statements' plans logged"
 
 # the logged plans of the key look-up (the one statement that selects
 # entry_key alone: as it was, or as it is), each as one line
-looks=$(awk '/^(psql:.*)?NOTICE:/ { if (keep) print plan; keep = 0; plan = "" }
-             /^Query Text: SELECT (e\.)?entry_key FROM/ { keep = 1; next }
-             keep { sub(/^ */, ""); plan = plan " | " $0 }
-             END { if (keep) print plan }' <<<"$out")
+looks=$(plans_as_lines 'SELECT (e[.])?entry_key FROM' <<<"$out")
 is "$(grep -c . <<<"$looks")" 8 "each batch's key look-up logged"
 is "$(grep -c 'Index Cond: ((account = [^)]*) AND (entry_key = k.entry_key))' <<<"$looks")" 8 \
     "each look-up probes the key's index with the account and the key (custom plans, then the generic one)"
