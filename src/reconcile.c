@@ -113,44 +113,82 @@ enum
  * The walk is budget_order's (earmark.sql), in order from $2, and stops
  * at the page's last cycle: the primary key leads with the account, and
  * without that index every page sorted all the cycles after $2 (a run
- * over N cycles read N * N / 100 of them).  No "$n IS NULL OR account =
- * $n" for the account (the other statement's case): in the generic plan
- * that clause is estimated to keep 1 row in 200, which made the planner
- * sort, and join each budget row to a scan of every account.  Each
- * EXISTS is a probe by index for each budget row the walk reads: OFFSET 0
- * keeps the planner from turning it into a hash of the whole table, built
- * again for every page, which for the send log (a row per report, and the
- * run's own repairs) grows without bound.
+ * over N cycles read N * N / 100 of them).
+ *
+ * Nothing in it lets the planner expect fewer rows after $2 than a page,
+ * which is when it sorts instead (it then reads every row after $2, at
+ * every page):
+ * - no "$n IS NULL OR account = $n" (the other statement's case): in the
+ *   generic plan it is estimated to keep 1 row in 200;
+ * - the feature is tested inside the CASE, not as a clause of its own:
+ *   "feature = $1" would be estimated from the feature's statistics,
+ *   taken as independent of budget_id, and a feature whose cycles are
+ *   all at the end of the ids (one launched since the others), or one
+ *   missing from the statistics (new since the last ANALYZE, or none
+ *   taken yet), is estimated at a few rows: every page sorted all of
+ *   that feature's cycles after $2, and scanned the whole (account,
+ *   feature, cycle_start) index for it.  A CASE is an opaque filter to
+ *   the planner, and its EXISTS run only for the feature's rows;
+ * - the account is a probe by index for each row returned (LATERAL,
+ *   OFFSET 0), never a join the planner can turn into a hash of every
+ *   account, built again for every page;
+ * - each EXISTS is a probe by index for each budget row the walk reads:
+ *   OFFSET 0 keeps the planner from turning it into a hash of the whole
+ *   table, built again for every page, which for the send log (a row per
+ *   report, and the run's own repairs) grows without bound.
  */
 static EmStatement page_of_cycles = {
 	"SELECT b.budget_id, b.account, b.feature, b.cycle_start, b.cycle_end, "
 	"       a.provider_customer, a.provider_agreement "
-	"FROM earmark.budget b JOIN earmark.account a ON a.account = b.account "
-	"WHERE ($1::text IS NULL OR b.feature = $1) AND b.budget_id > $2 "
-	"  AND (EXISTS (SELECT 1 FROM earmark.ledger l "
-	"                WHERE l.account = b.account AND l.budget_id = b.budget_id OFFSET 0) "
-	"       OR EXISTS (SELECT 1 FROM earmark.meter_send x "
-	"                   WHERE x.account = b.account AND x.budget_id = b.budget_id OFFSET 0)) "
+	"FROM earmark.budget b "
+	"JOIN LATERAL (SELECT a.provider_customer, a.provider_agreement FROM earmark.account a "
+	"              WHERE a.account = b.account OFFSET 0) a ON true "
+	"WHERE b.budget_id > $2 "
+	"  AND CASE WHEN $1::text IS NULL OR b.feature = $1 "
+	"      THEN EXISTS (SELECT 1 FROM earmark.ledger l "
+	"                    WHERE l.account = b.account AND l.budget_id = b.budget_id OFFSET 0) "
+	"        OR EXISTS (SELECT 1 FROM earmark.meter_send x "
+	"                    WHERE x.account = b.account AND x.budget_id = b.budget_id OFFSET 0) "
+	"      ELSE false END "
 	"ORDER BY b.budget_id LIMIT $3",
 	3, {TEXTOID, INT8OID, INT4OID}
 };
 
 /*
- * The same for one account, with no correlated subquery: inside a call
- * Citus runs on the account's node, in the caller's transaction, it plans
- * none (each relation is filtered by the account, joined on it).
+ * The last of one account's next RECONCILE_PAGE cycles after $2 (with
+ * usage or not), by the primary key: where the account's next page ends.
+ * No row: fewer are left, and the page ends with the account's last one.
+ */
+static EmStatement account_page_end = {
+	"SELECT budget_id FROM earmark.budget WHERE account = $1 AND budget_id > $2 "
+	"ORDER BY budget_id OFFSET $3 LIMIT 1",
+	3, {TEXTOID, INT8OID, INT8OID}
+};
+
+/*
+ * The same for one account: its cycles after $3 up to $5, where the page
+ * ends (account_page_end), in budget_id order by the primary key.  Each
+ * relation is filtered by the account (inside a call Citus runs on the
+ * account's node, in the caller's transaction, each is routed to the
+ * account's shard).  Each EXISTS is a probe by index for each budget row
+ * (OFFSET 0, as in page_of_cycles): an "IN (every ledger row and send of
+ * the account)" read every ledger row of the account at each page (a
+ * run over an account with C cycles and L ledger rows read L * C / 50),
+ * and, bounded to the page, a generic plan rescanned the page's ledger
+ * rows for each of its cycles.
  */
 static EmStatement page_of_account_cycles = {
 	"SELECT b.budget_id, b.account, b.feature, b.cycle_start, b.cycle_end, "
 	"       a.provider_customer, a.provider_agreement "
 	"FROM earmark.budget b JOIN earmark.account a ON a.account = b.account "
 	"WHERE b.account = $1 AND a.account = $1 AND ($2::text IS NULL OR b.feature = $2) "
-	"  AND b.budget_id > $3 "
-	"  AND b.budget_id IN (SELECT l.budget_id FROM earmark.ledger l WHERE l.account = $1 "
-	"                      UNION ALL "
-	"                      SELECT x.budget_id FROM earmark.meter_send x WHERE x.account = $1) "
+	"  AND b.budget_id > $3 AND b.budget_id <= $5 "
+	"  AND (EXISTS (SELECT 1 FROM earmark.ledger l "
+	"                WHERE l.account = $1 AND l.budget_id = b.budget_id OFFSET 0) "
+	"       OR EXISTS (SELECT 1 FROM earmark.meter_send x "
+	"                   WHERE x.account = $1 AND x.budget_id = b.budget_id OFFSET 0)) "
 	"ORDER BY b.budget_id LIMIT $4",
-	4, {TEXTOID, TEXTOID, INT8OID, INT4OID}
+	5, {TEXTOID, TEXTOID, INT8OID, INT4OID, INT8OID}
 };
 
 /*
@@ -783,35 +821,61 @@ grow(Run *run, int n)
 }
 
 /*
- * The next page of cycles after budget_id "after", added to the run with
+ * The next page of cycles after budget_id *after, added to the run with
  * the provider's totals (the reads of a page run at once; no lock is
- * held).  Returns the page's number of cycles.
+ * held); *after moves to where the page ends.  Returns the page's number
+ * of cycles, 0 when none is left.
  */
 static int
-next_page(Run *run, text *account, text *feature, int64 after)
+next_page(Run *run, text *account, text *feature, int64 *after)
 {
-	Datum		args[4];
-	char		nulls[4] = {' ', ' ', ' ', ' '};
+	Datum		args[5];
+	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
 	bool		isnull;
 	int			n;
 	int			i;
 	Check	   *page;
 	EmMeterOp  *reads;
 	TimestampTz now = GetCurrentTimestamp();
+	bool		last = true;	/* no cycle after this page's */
+	int64		end = PG_INT64_MAX;
 
-	/* page_of_account_cycles: account, feature, after, size; else no account */
+	/* page_of_account_cycles: account, feature, after, size, end; else no account */
 	args[0] = PointerGetDatum(account);
 	args[1] = feature ? PointerGetDatum(feature) : (Datum) 0;
 	nulls[1] = feature ? ' ' : 'n';
-	args[2] = Int64GetDatum(after);
 	args[3] = Int32GetDatum(RECONCILE_PAGE);
-	if (account)
+	for (;;)
+	{
+		args[2] = Int64GetDatum(*after);
+		if (account == NULL)
+		{
+			em_exec(&page_of_cycles, args + 1, nulls + 1, 0);
+			break;
+		}
+		/* where the account's next RECONCILE_PAGE cycles end */
+		{
+			Datum		end_args[3];
+
+			end_args[0] = PointerGetDatum(account);
+			end_args[1] = Int64GetDatum(*after);
+			end_args[2] = Int64GetDatum(RECONCILE_PAGE - 1);
+			em_exec(&account_page_end, end_args, NULL, 1);
+			last = SPI_processed == 0;
+			end = last ? PG_INT64_MAX : em_get_int64(0, 1, 0);
+		}
+		args[4] = Int64GetDatum(end);
 		em_exec(&page_of_account_cycles, args, nulls, 0);
-	else
-		em_exec(&page_of_cycles, args + 1, nulls + 1, 0);
+		if (SPI_processed > 0 || last)
+			break;
+		/* a page of cycles none of which has usage or sends: the next one */
+		*after = end;
+	}
 	n = (int) SPI_processed;
 	if (n == 0)
 		return 0;
+	/* every cycle up to the page's end was looked at */
+	*after = last ? em_get_int64(n - 1, PC_BUDGET_ID, 0) : end;
 	grow(run, n);
 	page = run->checks + run->n;
 	for (i = 0; i < n; i++)
@@ -903,11 +967,10 @@ earmark_reconcile(PG_FUNCTION_ARGS)
 		int			n;
 
 		old = MemoryContextSwitchTo(step_cxt);
-		n = next_page(&run, account, feature, after);
+		n = next_page(&run, account, feature, &after);
 		MemoryContextSwitchTo(old);
 		if (n == 0)
 			break;
-		after = run.checks[run.n - 1].op.budget_id;
 		/* then the record (see the header: never an older total) */
 		for (i = first; i < run.n; i++)
 		{

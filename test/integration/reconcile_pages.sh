@@ -70,5 +70,71 @@ is "$(cut -d'|' -f1 <<<"$rows")" "$(cut -d'|' -f1 <<<"$rows" | sort -n -u)" "the
 is "$(cut -d'|' -f2 <<<"$rows" | sort -u | paste -sd,)" "repaired" \
     "every cycle read and repaired (none was reported to the local meter)"
 
+# --- a feature filter.  A feature launched since the others: each
+# account's cycle of it comes after every other cycle (the highest budget
+# ids), the others (10 a account, usage on one in ten) before them, and
+# fresh statistics.  The planner takes "feature = 'new'" (a few percent of
+# the table) and "budget_id > last page" as independent and expects fewer
+# rows than a page: it sorted every page, read every cycle of the feature
+# after the last page (and scanned the whole (account, feature,
+# cycle_start) index for the feature) and hashed every account, each
+# page: a run over N cycles of the feature read N * N / 100 of them.
+q -d $DB -c "INSERT INTO earmark.budget (account, feature, cycle_start, cycle_end)
+               SELECT a.account, 'f' || f, b.cycle_start, b.cycle_end
+                 FROM earmark.account a JOIN earmark.budget b ON b.account = a.account, generate_series(1, 10) f
+                ORDER BY hashint4(f * 7919 + length(a.account)), a.account" \
+  -c "INSERT INTO earmark.ledger_entry (account, budget_id, units, entry_key, occurred_at)
+        SELECT account, budget_id, 1, 'old' || budget_id, cycle_start FROM earmark.budget
+         WHERE feature <> 'default' AND budget_id % 10 = 0" \
+  -c "SELECT count(earmark_record_usage('rp' || lpad(($N - i)::text, 4, '0'), 1 + i % 5, 'n' || i, 'new')) FROM generate_series(0, $N - 1) i" \
+  -c "ANALYZE" >/dev/null
+ok $? "10 more features' cycles for each account, then a new feature's, each with a usage"
+
+out=$({
+    explain_as_run
+    echo "SELECT budget_id, verdict FROM earmark_reconcile(NULL, 'new');"
+} | "$EM_PGBIN/psql" -X -q -A -t -v ON_ERROR_STOP=1 -d $DB 2>&1)
+ok $? "earmark_reconcile(NULL, 'new'), its statements' plans logged"
+pages=$(plans_as_lines 'SELECT b[.]budget_id, b[.]account, b[.]feature' <<<"$out")
+ok "$(( $(grep -c . <<<"$pages") >= 13 ? 0 : 1 ))" "feature 'new': at least 12 pages of 50 and the empty one, each logged"
+is "$(grep -c -e '-> *Sort' -e '| Sort' <<<"$pages")" 0 "feature 'new': no page sorts"
+is "$(grep -c 'Seq Scan on account' <<<"$pages")" 0 "feature 'new': no page scans the accounts"
+is "$(grep -c 'hashed SubPlan' <<<"$pages")" 0 "feature 'new': no page hashes the send log or the ledger"
+is "$(grep -c 'Limit .*Index Scan using budget_order on budget b' <<<"$pages")" "$(grep -c . <<<"$pages")" \
+    "feature 'new': every page walks budget_order under its Limit"
+rows=$(grep -E '^[0-9]+\|' <<<"$out")
+is "$(grep -c . <<<"$rows")" "$N" "feature 'new': one row for each of the $N cycles"
+is "$(cut -d'|' -f1 <<<"$rows")" "$(cut -d'|' -f1 <<<"$rows" | sort -n -u)" "feature 'new': the rows in budget_id order, each cycle once"
+
+# --- one account's cycles.  page_of_account_cycles took the
+# account's cycles "IN (every ledger row and send of the account)": each
+# page read every ledger row of the account, a run over an account with C
+# cycles and L ledger rows read L * C / 50 of them.  An account with 200
+# cycles (20 features, 10 months) of 20 ledger rows each: the pages
+# together read no more ledger rows than the account has.
+q -d $DB -c "SELECT earmark_set_limit('rpbig', NULL)" \
+  -c "INSERT INTO earmark.budget (account, feature, cycle_start, cycle_end)
+        SELECT 'rpbig', 'g' || f, date_trunc('month', now()) - make_interval(months => m),
+               date_trunc('month', now()) - make_interval(months => m - 1)
+          FROM generate_series(9, 0, -1) m, generate_series(1, 20) f ORDER BY m DESC, f" \
+  -c "INSERT INTO earmark.ledger_entry (account, budget_id, units, entry_key, occurred_at)
+        SELECT 'rpbig', budget_id, 1, 'big' || budget_id || '-' || g, cycle_start
+          FROM earmark.budget, generate_series(1, 20) g WHERE account = 'rpbig'" \
+  -c "ANALYZE" >/dev/null
+ok $? "an account with 200 cycles of 20 ledger rows each"
+out=$({
+    explain_as_run
+    echo "SELECT budget_id, verdict FROM earmark_reconcile('rpbig');"
+} | "$EM_PGBIN/psql" -X -q -A -t -v ON_ERROR_STOP=1 -d $DB 2>&1)
+ok $? "earmark_reconcile('rpbig'), its statements' plans logged"
+pages=$(plans_as_lines 'SELECT b[.]budget_id, b[.]account, b[.]feature' <<<"$out")
+ledger_read=$(grep -oE 'on ledger_entry e [^|]*\(actual rows=[0-9]+ loops=[0-9]+\)' <<<"$pages" |
+    sed -E 's/.*rows=([0-9]+) loops=([0-9]+).*/\1 \2/' | awk '{ s += $1 * $2 } END { print s + 0 }')
+ok "$(( ledger_read <= 4000 ? 0 : 1 ))" \
+    "one account: the pages read no more ledger rows than the account has (read $ledger_read, has 4000)"
+rows=$(grep -E '^[0-9]+\|' <<<"$out")
+is "$(grep -c . <<<"$rows")" 200 "one account: one row for each of its 200 cycles"
+is "$(cut -d'|' -f1 <<<"$rows")" "$(cut -d'|' -f1 <<<"$rows" | sort -n -u)" "one account: the rows in budget_id order, each cycle once"
+
 q -d postgres -c "DROP DATABASE $DB" >/dev/null
 done_testing
