@@ -206,12 +206,15 @@ typedef struct UsageBatch
  * a probe per key: written as "entry_key = ANY ($2)", the generic plan
  * could (and, with statistics from when accounts had few rows, did) read
  * every keyed row of the account and test each against the whole array,
- * a cost that grew with the account's history at every call.
+ * a cost that grew with the account's history at every call.  DISTINCT:
+ * a key repeated in the batch is probed, and comes back, once
+ * (mark_seen_keys marks all its events for each row it gets).
  */
 static EmStatement keys_known = {
-	"SELECT e.entry_key FROM pg_catalog.unnest($2::text[]) AS k(entry_key), "
+	"SELECT e.entry_key "
+	"FROM (SELECT DISTINCT k.entry_key FROM pg_catalog.unnest($2::text[]) AS k(entry_key)) AS d, "
 	"  LATERAL (SELECT l.entry_key FROM earmark.ledger_entry l "
-	"            WHERE l.account = $1 AND l.entry_key = k.entry_key LIMIT 1) AS e",
+	"            WHERE l.account = $1 AND l.entry_key = d.entry_key LIMIT 1) AS e",
 	2, {TEXTOID, TEXTARRAYOID}
 };
 
@@ -284,6 +287,15 @@ mark_seen_keys(UsageBatch *ub)
 			else
 				hi = mid;
 		}
+
+		/*
+		 * A key that came back before: the first event of a key in sorted
+		 * order is marked only here, and then all its events are.  (The
+		 * statement returns each key once; were it to return a row per
+		 * repeat, n repeats of a known key would cost n * n comparisons.)
+		 */
+		if (lo < ub->n && ub->ev[order[lo]].seen)
+			continue;
 		for (; lo < ub->n && text_cmp(ub->ev[order[lo]].key, k) == 0; lo++)
 			ub->ev[order[lo]].seen = true;
 	}

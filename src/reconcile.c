@@ -771,7 +771,19 @@ cycle_unit(CycleStep step, Run *run, Check *c)
 	MemoryContextSwitchTo(cxt);
 	PG_TRY();
 	{
+		/*
+		 * The cycle's statements in an SPI connection of its own: SPI keeps
+		 * every result table until its connection ends (a subtransaction's
+		 * commit frees none), so in the run's connection a run over N
+		 * cycles held N cycles' results.  What a step keeps is copied into
+		 * run->cxt.  On an error the subtransaction's abort ends the
+		 * connection.
+		 */
+		SPI_connect();
+		MemoryContextSwitchTo(cxt);
 		step(run, c);
+		SPI_finish();
+		MemoryContextSwitchTo(cxt);
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(cxt);
 		CurrentResourceOwner = owner;
@@ -967,7 +979,11 @@ earmark_reconcile(PG_FUNCTION_ARGS)
 		int			n;
 
 		old = MemoryContextSwitchTo(step_cxt);
+		/* the page's statements in a connection of their own (cycle_unit) */
+		SPI_connect();
+		MemoryContextSwitchTo(step_cxt);
 		n = next_page(&run, account, feature, &after);
+		SPI_finish();
 		MemoryContextSwitchTo(old);
 		if (n == 0)
 			break;

@@ -333,8 +333,18 @@ for n in 1 2; do
     is "$(ct_val 0 "SELECT string_agg(recorded::text, ' ' ORDER BY ord)
                       FROM earmark_record_usage_many('$B', ARRAY[5, 5, 7], ARRAY['bu1', 'bu1', 'bu2'])")" \
        "true false true" "  ... earmark_record_usage_many records a key once"
-    is "$(ct_val 0 "SELECT used || ' ' || held FROM earmark_budget('$B')")" "3012 0" \
-       "  ... and the account's budget holds it all: used 3012, held 0"
+    # the batch's key look-up (a LATERAL probe a distinct key) in one session
+    # past the plan cache's five custom plans, with known and repeated keys
+    args=()
+    for b in 1 2 3 4 5 6 7; do
+        args+=(-c "SELECT string_agg(recorded::text, ',' ORDER BY ord) FROM earmark_record_usage_many('$B',
+                       ARRAY[5, 7, 1, 1]::bigint[], ARRAY['bu1', 'bu2', 'bm$b', 'bm$b'])")
+    done
+    is "$(ct_sql 0 -A -t -q "${args[@]}" 2>&1 | paste -sd' ')" \
+       "false,false,true,false false,false,true,false false,false,true,false false,false,true,false false,false,true,false false,false,true,false false,false,true,false" \
+       "  ... seven batches in one session (custom plans, then generic): known keys are repeats, a new key is recorded once"
+    is "$(ct_val 0 "SELECT used || ' ' || held FROM earmark_budget('$B')")" "3019 0" \
+       "  ... and the account's budget holds it all: used 3019, held 0"
 done
 is "$(ct_try 0 "SELECT * FROM earmark_charge($J1, 1)" | cut -c1-5)|$(ct_try 0 "SELECT * FROM earmark_heartbeat($J1)" | cut -c1-5)|$(ct_try 0 "SELECT * FROM earmark_settle($J1)" | cut -c1-5)" \
    "42883|42883|42883" "the 0.2.0 forms of charge, heartbeat and settle fail with 42883"
