@@ -528,7 +528,7 @@ read_numbers(Run *run, Check *c)
 	Datum		d;
 
 	cycle_args(c, args);
-	em_exec_custom(&cycle_numbers, args, NULL, 1);
+	em_exec_generic(&cycle_numbers, args, NULL, 1);
 	if (SPI_processed != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -688,7 +688,7 @@ keep_evidence(Run *run, Check *c)
 
 	memset(nulls, ' ', sizeof(nulls));
 	cycle_args(c, args);
-	em_exec_custom(&last_evidence, args, NULL, 1);
+	em_exec_generic(&last_evidence, args, NULL, 1);
 	if (SPI_processed == 1 && !c->repair_tried && !c->rebuilt)
 	{
 		bool		same = em_get_int64(0, LE_LEDGER, -1) == c->ledger &&
@@ -928,6 +928,21 @@ next_page(Run *run, text *account, text *feature, int64 *after)
 }
 
 /*
+ * A cycle's numbers (with its last send) and its last evidence are read
+ * from tables the run itself fills (its repairs' sends, its evidence).  A
+ * plan made at the run's first cycle and kept would scan them whole at
+ * every cycle when an ANALYZE saw them empty: they are planned again for
+ * each page of cycles, for the tables' size then (once a page, not at
+ * every call: planning costs more than the look-up).
+ */
+static void
+replan_cycle_lookups(void)
+{
+	em_forget_plan(&cycle_numbers);
+	em_forget_plan(&last_evidence);
+}
+
+/*
  * earmark_reconcile(account, feature) RETURNS SETOF earmark.evidence: one
  * row per cycle checked, the stored evidence (new or unchanged), in
  * budget_id order.  A cycle whose step failed (a WARNING says why) has no
@@ -987,6 +1002,7 @@ earmark_reconcile(PG_FUNCTION_ARGS)
 		MemoryContextSwitchTo(old);
 		if (n == 0)
 			break;
+		replan_cycle_lookups();
 		/* then the record (see the header: never an older total) */
 		for (i = first; i < run.n; i++)
 		{
@@ -1011,6 +1027,8 @@ earmark_reconcile(PG_FUNCTION_ARGS)
 		give_send_lock_back(&run);
 	for (i = 0; i < run.n; i++)
 	{
+		if (i % RECONCILE_PAGE == 0)
+			replan_cycle_lookups();
 		/* a cycle whose mark failed returns no row, as any failed step */
 		if (!run.checks[i].checked || run.checks[i].unmarked)
 			continue;

@@ -394,6 +394,20 @@ em_exec_custom(EmStatement *stmt, Datum *values, const char *nulls, long count)
 }
 
 /*
+ * Forget the statement's plan: its next run plans it again, for the tables'
+ * current size and statistics.  For a caller whose own writes grow a table
+ * it keeps reading (the reconciler, once a page of cycles).
+ */
+void
+em_forget_plan(EmStatement *stmt)
+{
+	if (stmt->plan == NULL)
+		return;
+	SPI_freeplan(stmt->plan);
+	stmt->plan = NULL;
+}
+
+/*
  * Run a cached read-only statement in a new snapshot that sees every commit
  * so far, whatever the transaction's isolation level.  Under REPEATABLE
  * READ the gate compares what its transaction snapshot showed with this,

@@ -38,6 +38,7 @@ extern int	em_exec_generic(EmStatement *stmt, Datum *values, const char *nulls,
 							long count);
 extern int	em_exec_custom(EmStatement *stmt, Datum *values, const char *nulls,
 						   long count);
+extern void em_forget_plan(EmStatement *stmt);
 
 /* a plan prepared with these cursor options and kept (SPI_keepplan) */
 extern SPIPlanPtr em_prepare_kept(const char *sql, int nargs, Oid *argtypes,
