@@ -519,6 +519,21 @@ read_meter_again(Run *run, Check *c)
 		MemoryContextStrdup(run->cxt, r.error ? r.error : "no answer");
 }
 
+/*
+ * A look-up of one cycle, planned again for each page (replan_cycle_lookups
+ * below): a generic plan, made once a page; on a distributed install a plan
+ * for the call's values, since Citus makes no distributed plan of this
+ * statement without them.
+ */
+static void
+exec_cycle_lookup(EmStatement *stmt, Datum *args)
+{
+	if (em_distributed())
+		em_exec_custom(stmt, args, NULL, 1);
+	else
+		em_exec_generic(stmt, args, NULL, 1);
+}
+
 /* the cycle's numbers from the ledger, the counters and the send log */
 static void
 read_numbers(Run *run, Check *c)
@@ -528,7 +543,7 @@ read_numbers(Run *run, Check *c)
 	Datum		d;
 
 	cycle_args(c, args);
-	em_exec_generic(&cycle_numbers, args, NULL, 1);
+	exec_cycle_lookup(&cycle_numbers, args);
 	if (SPI_processed != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -688,7 +703,7 @@ keep_evidence(Run *run, Check *c)
 
 	memset(nulls, ' ', sizeof(nulls));
 	cycle_args(c, args);
-	em_exec_generic(&last_evidence, args, NULL, 1);
+	exec_cycle_lookup(&last_evidence, args);
 	if (SPI_processed == 1 && !c->repair_tried && !c->rebuilt)
 	{
 		bool		same = em_get_int64(0, LE_LEDGER, -1) == c->ledger &&
