@@ -907,6 +907,16 @@ em_meter_write(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg)
 	}
 }
 
+/*
+ * The local provider's read is planned again at the next read after this
+ * (em_exec_lookup): the reconciler's own repairs fill earmark.local_meter.
+ */
+void
+em_meter_read_replan(void)
+{
+	em_forget_plan(&local_read);
+}
+
 void
 em_meter_read(EmMeterOp *ops, int n)
 {
@@ -932,7 +942,7 @@ em_meter_read(EmMeterOp *ops, int n)
 			Datum		args[4];
 
 			local_args(&ops[i], args);
-			em_exec_custom(&local_read, args, NULL, 1);
+			em_exec_lookup(&local_read, args, NULL, 1);
 			/* a cycle never written reads as zero */
 			ops[i].read_total = SPI_processed == 1 ? em_get_int64(0, 1, 0) : 0;
 			ops[i].ok = true;

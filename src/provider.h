@@ -59,6 +59,12 @@ extern void em_meter_write(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_ar
 /* Read each op's total back; ok false means unreadable. */
 extern void em_meter_read(EmMeterOp *ops, int n);
 
+/*
+ * Plan the local provider's read again at its next call, for the size of
+ * earmark.local_meter then (once a page of a run that writes it).
+ */
+extern void em_meter_read_replan(void);
+
 /* one limit as the provider states it */
 typedef struct EmLimit
 {

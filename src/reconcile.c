@@ -519,21 +519,6 @@ read_meter_again(Run *run, Check *c)
 		MemoryContextStrdup(run->cxt, r.error ? r.error : "no answer");
 }
 
-/*
- * A look-up of one cycle, planned again for each page (replan_cycle_lookups
- * below): a generic plan, made once a page; on a distributed install a plan
- * for the call's values, since Citus makes no distributed plan of this
- * statement without them.
- */
-static void
-exec_cycle_lookup(EmStatement *stmt, Datum *args)
-{
-	if (em_distributed())
-		em_exec_custom(stmt, args, NULL, 1);
-	else
-		em_exec_generic(stmt, args, NULL, 1);
-}
-
 /* the cycle's numbers from the ledger, the counters and the send log */
 static void
 read_numbers(Run *run, Check *c)
@@ -543,7 +528,7 @@ read_numbers(Run *run, Check *c)
 	Datum		d;
 
 	cycle_args(c, args);
-	exec_cycle_lookup(&cycle_numbers, args);
+	em_exec_lookup(&cycle_numbers, args, NULL, 1);
 	if (SPI_processed != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -703,7 +688,7 @@ keep_evidence(Run *run, Check *c)
 
 	memset(nulls, ' ', sizeof(nulls));
 	cycle_args(c, args);
-	exec_cycle_lookup(&last_evidence, args);
+	em_exec_lookup(&last_evidence, args, NULL, 1);
 	if (SPI_processed == 1 && !c->repair_tried && !c->rebuilt)
 	{
 		bool		same = em_get_int64(0, LE_LEDGER, -1) == c->ledger &&
@@ -943,8 +928,9 @@ next_page(Run *run, text *account, text *feature, int64 *after)
 }
 
 /*
- * A cycle's numbers (with its last send) and its last evidence are read
- * from tables the run itself fills (its repairs' sends, its evidence).  A
+ * A cycle's numbers (with its last send), its last evidence and the local
+ * provider's total are read from tables the run itself fills (its repairs'
+ * sends and local meter writes, its evidence).  A
  * plan made at the run's first cycle and kept would scan them whole at
  * every cycle when an ANALYZE saw them empty: they are planned again for
  * each page of cycles, for the tables' size then (once a page, not at
@@ -955,6 +941,7 @@ replan_cycle_lookups(void)
 {
 	em_forget_plan(&cycle_numbers);
 	em_forget_plan(&last_evidence);
+	em_meter_read_replan();
 }
 
 /*

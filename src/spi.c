@@ -381,16 +381,33 @@ em_exec_generic(EmStatement *stmt, Datum *values, const char *nulls, long count)
 }
 
 /*
- * em_exec planned again at every call, for the current size of the tables
- * it reads: for a look-up in a table the caller's own run fills (the
- * reconciler's last evidence and last send of each cycle), whose generic
- * plan, made while an ANALYZE had seen the table empty, would scan it
- * whole at every call for the rest of the run.
+ * em_exec planned again at every call, for the call's values: for a
+ * statement that has no usable generic plan (Citus makes no distributed
+ * plan of a generic plan whose distribution column is a parameter of a
+ * sub-select), or whose best plan depends on the values.
  */
 int
 em_exec_custom(EmStatement *stmt, Datum *values, const char *nulls, long count)
 {
 	return exec_planned_as(stmt, CURSOR_OPT_CUSTOM_PLAN, values, nulls, count);
+}
+
+/*
+ * A look-up in a table the caller's own run fills (the reconciler's last
+ * evidence, last send and local meter total of each cycle), whose caller
+ * forgets the plan now and then (em_forget_plan, once a page of cycles):
+ * a generic plan, made for the tables' size since the last forget, so that
+ * one made while an ANALYZE had seen the table empty does not scan it whole
+ * at every call for the rest of the run, and planning does not cost more
+ * than the look-up.  On a distributed install a plan for the call's values
+ * (em_exec_custom).
+ */
+int
+em_exec_lookup(EmStatement *stmt, Datum *values, const char *nulls, long count)
+{
+	if (em_distributed())
+		return em_exec_custom(stmt, values, nulls, count);
+	return em_exec_generic(stmt, values, nulls, count);
 }
 
 /*

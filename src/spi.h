@@ -38,6 +38,8 @@ extern int	em_exec_generic(EmStatement *stmt, Datum *values, const char *nulls,
 							long count);
 extern int	em_exec_custom(EmStatement *stmt, Datum *values, const char *nulls,
 						   long count);
+extern int	em_exec_lookup(EmStatement *stmt, Datum *values, const char *nulls,
+						   long count);
 extern void em_forget_plan(EmStatement *stmt);
 
 /* a plan prepared with these cursor options and kept (SPI_keepplan) */

@@ -13,8 +13,8 @@
 # does a page hash the whole send log to test each budget row for a send
 # (it grows with every report, and with the run's own repairs).  Nor does
 # the look-up of each cycle's last send and last evidence scan what the
-# run itself wrote (tables an ANALYZE saw empty: they are planned at each
-# call).  The rows come back in budget_id order, every cycle once.
+# run itself wrote (tables an ANALYZE saw empty: they are planned again
+# for each page, not at each call).  The rows come back in budget_id order, every cycle once.
 source "$(dirname "$0")/tap.sh"
 DB=reconcile_pages
 N=600
@@ -51,8 +51,8 @@ is "$(grep -c 'hashed SubPlan' <<<"$pages")" 0 \
 # cycle's numbers (with its last send), its last evidence, the local
 # meter's total.  Those tables are filled by this run (the ANALYZE above
 # saw them empty): a plan made at the first cycle and kept scans all the
-# run wrote before each cycle.  Planned at each call, a look-up probes the
-# index once the table is more than a few pages.
+# run wrote before each cycle.  Planned again for each page, a look-up
+# probes the index once the table is more than a few pages.
 thrown=$(awk '/^(psql:.*)?NOTICE:/ { if (kind != "") print kind, n; kind = ""; n = 0 }
               /^Query Text: SELECT \(SELECT coalesce/ { kind = "numbers" }
               /^Query Text: SELECT ledger_total/ { kind = "evidence" }
@@ -62,6 +62,14 @@ thrown=$(awk '/^(psql:.*)?NOTICE:/ { if (kind != "") print kind, n; kind = ""; n
 for kind in numbers evidence meter; do
     last=$(grep "^$kind " <<<"$thrown" | tail -100 | awk '{n += $2} END {print n + 0}')
     is "$last" 0 "the last 100 look-ups of the cycles' $kind read no row they threw away"
+done
+# ...and planned once a page, not at each call (planning costs more than
+# the look-up): each runs a generic plan, its conditions on "$1", not on
+# the call's values
+for look in 'SELECT \(SELECT coalesce' 'SELECT ledger_total' 'SELECT total FROM earmark[.]local_meter'; do
+    plans=$(plans_as_lines "$look" <<<"$out")
+    ok "$(( $(grep -c . <<<"$plans") >= N ? 0 : 1 ))" "the look-ups '$look' are logged, at least one a cycle"
+    is "$(grep -c -v '[$]1' <<<"$plans")" 0 "... and each runs a generic plan (on \$1, not on the call's values)"
 done
 
 rows=$(grep -E '^[0-9]+\|' <<<"$out")
