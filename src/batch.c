@@ -20,16 +20,21 @@
  *	  the budget row from its first admission on.
  *
  *	  record_usage takes the account's advisory lock (shared) once, looks
- *	  every key up in one statement, and writes the new events' ledger rows,
+ *	  each cycle's budget row up once, and writes the events' ledger rows,
  *	  counters and marks in one statement per run of events (entries.c's
  *	  key row, for many rows: the cycle's mark lock in share mode, then one
- *	  counter row per cycle).  What has to see the events before it goes
+ *	  counter row per cycle).  A key the ledger has already is found by that
+ *	  write (its row is not written) and then checked as a repeat, as the
+ *	  single call's first step would have: the batch reads the key index
+ *	  once per event, not twice.  What has to see the events before it goes
  *	  through the single call's steps after the events before it are
  *	  written: a correction (its check against the cycle's total), and a key
- *	  repeated within the batch (its repeat check).
+ *	  repeated within the batch (its repeat check).  The key is looked up
+ *	  first wherever the single call's later steps would change something
+ *	  for a repeat: a correction's check, and a new cycle's budget row.
  *
- *	  Tables: earmark.ledger_entry (the batch's keys looked up here; its rows,
- *	  with their counters and marks, written through entries.c); the rest
+ *	  Tables: earmark.ledger_entry (its rows, with their counters and marks,
+ *	  written through entries.c); the rest
  *	  through the single calls' steps (gate.c, ledger.c).
  *
  *-------------------------------------------------------------------------
@@ -200,24 +205,6 @@ typedef struct UsageBatch
 	BatchContext *ctx;
 } UsageBatch;
 
-/*
- * The keys of the batch that the ledger already has: one probe of the key's
- * index (account, entry_key) for each key.  The subquery's LIMIT keeps it
- * a probe per key: written as "entry_key = ANY ($2)", the generic plan
- * could (and, with statistics from when accounts had few rows, did) read
- * every keyed row of the account and test each against the whole array,
- * a cost that grew with the account's history at every call.  DISTINCT:
- * a key repeated in the batch is probed, and comes back, once
- * (mark_seen_keys marks all its events for each row it gets).
- */
-static EmStatement keys_known = {
-	"SELECT e.entry_key "
-	"FROM (SELECT DISTINCT k.entry_key FROM pg_catalog.unnest($2::text[]) AS k(entry_key)) AS d, "
-	"  LATERAL (SELECT l.entry_key FROM earmark.ledger_entry l "
-	"            WHERE l.account = $1 AND l.entry_key = d.entry_key LIMIT 1) AS e",
-	2, {TEXTOID, TEXTARRAYOID}
-};
-
 static int
 text_cmp(text *a, text *b)
 {
@@ -241,24 +228,20 @@ cmp_event_keys(const void *a, const void *b)
 }
 
 /*
- * Which keys were seen before: in the ledger already (one statement for
- * the batch), or earlier in the batch (sorted by key).  Those go through
- * the single call's repeat check; the others are new.
+ * The events whose key came earlier in the batch (sorted by key): those go
+ * through the single call's repeat check once the events before them are
+ * written.  A key the ledger has already is found by the write itself
+ * (flush_pending), or looked up first where the single call's next step
+ * must not run for a repeat (new_usage).
  */
 static void
-mark_seen_keys(UsageBatch *ub)
+mark_repeated_keys(UsageBatch *ub)
 {
 	int		   *order = palloc(sizeof(int) * ub->n);
-	Datum	   *keys = palloc(sizeof(Datum) * ub->n);
-	Datum		args[2];
-	uint64		r;
 	int			i;
 
 	for (i = 0; i < ub->n; i++)
-	{
 		order[i] = i;
-		keys[i] = PointerGetDatum(ub->ev[i].key);
-	}
 	sort_events = ub->ev;
 	qsort(order, ub->n, sizeof(int), cmp_event_keys);
 	for (i = 1; i < ub->n; i++)
@@ -266,60 +249,7 @@ mark_seen_keys(UsageBatch *ub)
 		if (text_cmp(ub->ev[order[i - 1]].key, ub->ev[order[i]].key) == 0)
 			ub->ev[order[i]].seen = true;
 	}
-
-	args[0] = PointerGetDatum(ub->account);
-	args[1] = PointerGetDatum(construct_array(keys, ub->n, TEXTOID, -1, false, TYPALIGN_INT));
-	em_exec(&keys_known, args, NULL, 0);
-	for (r = 0; r < SPI_processed; r++)
-	{
-		bool		isnull;
-		text	   *k = DatumGetTextPP(em_get((int) r, 1, &isnull));
-		int			lo = 0;
-		int			hi = ub->n;
-
-		/* the first event of the key in sorted order; all of them are seen */
-		while (lo < hi)
-		{
-			int			mid = (lo + hi) / 2;
-
-			if (text_cmp(ub->ev[order[mid]].key, k) < 0)
-				lo = mid + 1;
-			else
-				hi = mid;
-		}
-
-		/*
-		 * A key that came back before: the first event of a key in sorted
-		 * order is marked only here, and then all its events are.  (The
-		 * statement returns each key once; were it to return a row per
-		 * repeat, n repeats of a known key would cost n * n comparisons.)
-		 */
-		if (lo < ub->n && ub->ev[order[lo]].seen)
-			continue;
-		for (; lo < ub->n && text_cmp(ub->ev[order[lo]].key, k) == 0; lo++)
-			ub->ev[order[lo]].seen = true;
-	}
-}
-
-/* the budget row of an event's cycle, looked up once per call */
-static int64
-event_budget(UsageBatch *ub, UsageEvent *e, bool has_anchor, TimestampTz anchor)
-{
-	TimestampTz start;
-	TimestampTz end;
-	int			i;
-
-	em_cycle_bounds(anchor, has_anchor, e->occurred_at, &start, &end);
-	e->cycle_start = start;
-	for (i = 0; i < ub->nbudgets; i++)
-	{
-		if (ub->budgets[i].start == start && text_cmp(ub->budgets[i].feature, e->feature) == 0)
-			return ub->budgets[i].budget_id;
-	}
-	ub->budgets[ub->nbudgets].feature = e->feature;
-	ub->budgets[ub->nbudgets].start = start;
-	ub->budgets[ub->nbudgets].budget_id = em_usage_budget(ub->account, e->feature, start, end);
-	return ub->budgets[ub->nbudgets++].budget_id;
+	pfree(order);
 }
 
 /*
@@ -376,7 +306,10 @@ flush_pending(UsageBatch *ub)
 			ub->ev[ub->pending[i]].recorded = true;
 	}
 
-	/* keys a concurrent transaction wrote first: the same usage, or EM001 */
+	/*
+	 * keys the ledger had (the call's repeats) or a concurrent transaction
+	 * wrote first: the same usage, or EM001
+	 */
 	for (i = 0; i < n; i++)
 	{
 		UsageEvent *e = &ub->ev[ub->pending[i]];
@@ -390,6 +323,73 @@ flush_pending(UsageBatch *ub)
 	ub->npending = 0;
 }
 
+/*
+ * The budget row of a cycle the call has used, or that exists already (one
+ * look-up per cycle and call); NULL when the cycle has no budget row yet.
+ */
+static UsageBudget *
+known_cycle(UsageBatch *ub, text *feature, TimestampTz start)
+{
+	UsageBudget *b;
+	int			i;
+
+	for (i = 0; i < ub->nbudgets; i++)
+	{
+		b = &ub->budgets[i];
+		if (b->start == start && text_cmp(b->feature, feature) == 0)
+			return b;
+	}
+	b = &ub->budgets[ub->nbudgets];
+	if (!em_usage_existing_budget(ub->account, feature, start, &b->budget_id))
+		return NULL;
+	b->feature = feature;
+	b->start = start;
+	ub->nbudgets++;
+	return b;
+}
+
+/*
+ * The event's cycle, and whether the event is usage to write (false: a
+ * repeat of a key the ledger has).  Most events go to the write at once:
+ * a key the ledger has already is found there (ON CONFLICT DO NOTHING) and
+ * checked as a repeat after it, which is what the single call's first
+ * step would have found.  Where the single call's next steps would change
+ * something for a repeat, the key is looked up first, as there: before a
+ * new cycle's budget row is created, and before a correction's check
+ * (which sees the events before it written).
+ */
+static bool
+new_usage(UsageBatch *ub, int i, bool has_anchor, TimestampTz anchor)
+{
+	UsageEvent *e = &ub->ev[i];
+	UsageBudget *b;
+	TimestampTz end;
+
+	em_cycle_bounds(anchor, has_anchor, e->occurred_at, &e->cycle_start, &end);
+	b = known_cycle(ub, e->feature, e->cycle_start);
+	if (b != NULL && e->units > 0)
+	{
+		e->budget_id = b->budget_id;
+		return true;
+	}
+	if (e->units < 0)
+		flush_pending(ub);
+	ub->ctx->ord = i + 1;
+	if (em_usage_repeat(ub->account, e->key, e->units, e->feature))
+		return false;
+	if (b == NULL)
+	{
+		b = &ub->budgets[ub->nbudgets++];
+		b->feature = e->feature;
+		b->start = e->cycle_start;
+		b->budget_id = em_usage_budget(ub->account, e->feature, e->cycle_start, end);
+	}
+	e->budget_id = b->budget_id;
+	if (e->units < 0)
+		em_usage_check_correction(ub->account, e->budget_id, e->units, e->cycle_start);
+	return true;
+}
+
 /* run the events in array order */
 static void
 record_events(UsageBatch *ub)
@@ -399,7 +399,7 @@ record_events(UsageBatch *ub)
 	int			i;
 
 	em_usage_lock_anchor(ub->account, &has_anchor, &anchor);
-	mark_seen_keys(ub);
+	mark_repeated_keys(ub);
 	for (i = 0; i < ub->n; i++)
 	{
 		UsageEvent *e = &ub->ev[i];
@@ -414,15 +414,8 @@ record_events(UsageBatch *ub)
 			continue;
 		}
 		ub->ctx->ord = i + 1;
-		e->budget_id = event_budget(ub, e, has_anchor, anchor);
-		if (e->units < 0)
-		{
-			/* a correction is checked against the events before it */
-			flush_pending(ub);
-			ub->ctx->ord = i + 1;
-			em_usage_check_correction(ub->account, e->budget_id, e->units, e->cycle_start);
-		}
-		ub->pending[ub->npending++] = i;
+		if (new_usage(ub, i, has_anchor, anchor))
+			ub->pending[ub->npending++] = i;
 		if (ub->npending >= FLUSH_EVENTS)
 			flush_pending(ub);
 		if (i % FLUSH_EVENTS == FLUSH_EVENTS - 1)

@@ -84,6 +84,7 @@
 #include "executor/executor.h"
 #include "executor/tuptable.h"
 #include "nodes/pg_list.h"
+#include "nodes/primnodes.h"
 #include "storage/bufmgr.h"
 #include "storage/proc.h"
 #include "utils/datum.h"
@@ -113,10 +114,39 @@ forget_reads(Datum arg, Oid relid)
 }
 
 /*
- * A non-partial valid B-tree index whose leading columns are the keys, each
- * compared as the statement's "column = $n" compares them: in the column's
- * own collation and by the default B-tree operator family of its type.  An
- * index an operator added on the same columns in another collation (a
+ * Whether the index has every row that "keys = values" can match: it is
+ * not partial, or its predicate is "key IS NOT NULL" for one of the keys
+ * (as earmark.ledger_entry's key index: equality never matches a NULL).
+ */
+static bool
+index_has_key_rows(Relation idx, AttrNumber *keyatts, int nkeys)
+{
+	List	   *pred;
+	NullTest   *nt;
+	int			i;
+
+	if (heap_attisnull(idx->rd_indextuple, Anum_pg_index_indpred, NULL))
+		return true;
+	pred = RelationGetIndexPredicate(idx);
+	if (list_length(pred) != 1 || !IsA(linitial(pred), NullTest))
+		return false;
+	nt = (NullTest *) linitial(pred);
+	if (nt->nulltesttype != IS_NOT_NULL || nt->argisrow || !IsA(nt->arg, Var))
+		return false;
+	for (i = 0; i < nkeys; i++)
+	{
+		if (((Var *) nt->arg)->varattno == keyatts[i])
+			return true;
+	}
+	return false;
+}
+
+/*
+ * A valid B-tree index whose leading columns are the keys, each compared
+ * as the statement's "column = $n" compares them: in the column's own
+ * collation and by the default B-tree operator family of its type, and
+ * that has every row the keys can match (index_has_key_rows).  An index an
+ * operator added on the same columns in another collation (a
  * case-insensitive one, say) would match other rows.
  */
 static bool
@@ -126,8 +156,7 @@ index_fits(Relation rel, Relation idx, AttrNumber *keyatts, int nkeys)
 	int			i;
 
 	if (idx->rd_rel->relam != BTREE_AM_OID || !form->indisvalid ||
-		form->indnkeyatts < nkeys || idx->rd_indpred != NIL ||
-		!heap_attisnull(idx->rd_indextuple, Anum_pg_index_indpred, NULL))
+		form->indnkeyatts < nkeys || !index_has_key_rows(idx, keyatts, nkeys))
 		return false;
 	for (i = 0; i < nkeys; i++)
 	{

@@ -4,8 +4,8 @@
  *	  The usage ledger's writers and its counters: earmark_record_usage,
  *	  the cycle's meter mark, and a cycle's total read without a scan.
  *
- *	  Tables: earmark.ledger_entry (a key's row read here, written through
- *	  entries.c), earmark.usage_shard (64 counter rows per cycle),
+ *	  Tables: earmark.ledger_entry (a key's row read here, by index from C
+ *	  on a single node (direct.c), written through entries.c), earmark.usage_shard (64 counter rows per cycle),
  *	  earmark.meter_mark, and earmark.budget rows, which are created here
  *	  on a cycle's first usage but not locked (a positive record touches no
  *	  budget row: that is what keeps many writers on one account apart).
@@ -43,6 +43,7 @@
 #include "account.h"
 #include "budget.h"
 #include "cluster.h"
+#include "direct.h"
 #include "earmark.h"
 #include "entries.h"
 #include "ledger.h"
@@ -143,22 +144,70 @@ check_anchor_current(text *account, bool has_anchor, TimestampTz anchor)
 			 errhint("Retry the transaction.")));
 }
 
+/*
+ * The same look-up by index from C (direct.c), on a single node: the key's
+ * row by the key's index (account, entry_key), then its cycle's feature,
+ * in one snapshot taken as the SPI statement takes it.  Every call looks
+ * its key up, and finds none for new usage: the statement's plan, made
+ * with statistics from when accounts had few rows (after a bulk load, say),
+ * could take the primary key (account, ...) and read every row of the
+ * account at each call.  (key_row on Citus, whose tables here are shells.)
+ */
+static EmDirect row_of_key = {
+	.table = "ledger_entry", .nkeys = 2, .keys = {"account", "entry_key"},
+	.ncols = 2, .cols = {"units", "budget_id"}
+};
+static EmDirect feature_of_budget = {
+	.table = "budget", .nkeys = 2, .keys = {"account", "budget_id"},
+	.ncols = 1, .cols = {"feature"}
+};
+
+/* the key's units and feature; false when the ledger has no such key */
+static bool
+key_usage(text *account, text *key, int64 *units, char **feature)
+{
+	Datum		keys[2];
+	Datum		v[2];
+	bool		n[2];
+	bool		isnull;
+	bool		found;
+	Snapshot	snap;
+
+	keys[0] = PointerGetDatum(account);
+	keys[1] = PointerGetDatum(key);
+	if (em_distributed())
+	{
+		em_exec(&key_row, keys, NULL, 1);
+		if (SPI_processed == 0)
+			return false;
+		*units = em_get_int64(0, KR_UNITS, 0);
+		*feature = TextDatumGetCString(em_get(0, KR_FEATURE, &isnull));
+		return true;
+	}
+	snap = em_direct_statement_snapshot();
+	found = em_direct_get(&row_of_key, keys, snap, v, n);
+	if (found)
+	{
+		*units = DatumGetInt64(v[0]);
+		keys[1] = v[1];
+		/* the statement's join: a row without its budget row is no row */
+		found = em_direct_get(&feature_of_budget, keys, snap, v, n);
+		if (found)
+			*feature = TextDatumGetCString(v[0]);
+	}
+	em_direct_release(snap);
+	return found;
+}
+
 /* the same key again: nothing new, or a conflict when it differs */
 static bool
 repeat_of_key(text *account, text *key, int64 units, text *feature)
 {
-	Datum		args[2];
-	bool		isnull;
 	int64		old_units;
 	char	   *old_feature;
 
-	args[0] = PointerGetDatum(account);
-	args[1] = PointerGetDatum(key);
-	em_exec(&key_row, args, NULL, 1);
-	if (SPI_processed == 0)
+	if (!key_usage(account, key, &old_units, &old_feature))
 		return false;
-	old_units = em_get_int64(0, KR_UNITS, 0);
-	old_feature = TextDatumGetCString(em_get(0, KR_FEATURE, &isnull));
 	if (old_units != units || strcmp(old_feature, text_to_cstring(feature)) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_EARMARK_IDEMPOTENCY_CONFLICT),
@@ -213,9 +262,9 @@ lock_anchor(text *account, bool *has_anchor, TimestampTz *anchor)
 		check_anchor_current(account, *has_anchor, *anchor);
 }
 
-/* the budget row of the cycle that contains occurred_at, created on first use */
-static int64
-usage_budget(text *account, text *feature, TimestampTz start, TimestampTz end)
+/* the budget row of the cycle that starts at start, if it has one */
+static bool
+existing_budget(text *account, text *feature, TimestampTz start, int64 *budget_id)
 {
 	Datum		args[3];
 
@@ -224,14 +273,24 @@ usage_budget(text *account, text *feature, TimestampTz start, TimestampTz end)
 	args[2] = TimestampTzGetDatum(start);
 	em_exec(&find_budget, args, NULL, 1);
 	if (SPI_processed == 0)
-	{
-		em_budget_create(account, feature, start, end);
-		em_exec(&find_budget, args, NULL, 1);
-		if (SPI_processed == 0)
-			elog(ERROR, "earmark: budget row of account \"%s\" vanished",
-				 text_to_cstring(account));
-	}
-	return em_get_int64(0, 1, 0);
+		return false;
+	*budget_id = em_get_int64(0, 1, 0);
+	return true;
+}
+
+/* the budget row of the cycle that contains occurred_at, created on first use */
+static int64
+usage_budget(text *account, text *feature, TimestampTz start, TimestampTz end)
+{
+	int64		budget_id;
+
+	if (existing_budget(account, feature, start, &budget_id))
+		return budget_id;
+	em_budget_create(account, feature, start, end);
+	if (!existing_budget(account, feature, start, &budget_id))
+		elog(ERROR, "earmark: budget row of account \"%s\" vanished",
+			 text_to_cstring(account));
+	return budget_id;
 }
 
 /*
@@ -374,6 +433,13 @@ int64
 em_usage_budget(text *account, text *feature, TimestampTz start, TimestampTz end)
 {
 	return usage_budget(account, feature, start, end);
+}
+
+bool
+em_usage_existing_budget(text *account, text *feature, TimestampTz start,
+						 int64 *budget_id)
+{
+	return existing_budget(account, feature, start, budget_id);
 }
 
 void

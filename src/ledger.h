@@ -33,14 +33,17 @@ extern int64 em_cycle_total(text *account, int64 budget_id, bool *found);
  * earmark_record_usage's steps, for its batch form (batch.c): the checks
  * of units and occurred_at; the account's anchor under its advisory lock
  * (EM007 when the account does not exist); a repeat of a key (true, or
- * EM001); the cycle's budget row, created on first use; a correction's
- * check against the cycle's total (its budget row locked).
+ * EM001); the cycle's budget row, created on first use, or found only
+ * (false when the cycle has none yet); a correction's check against the
+ * cycle's total (its budget row locked).
  */
 extern void em_usage_check(int64 units, TimestampTz occurred_at, TimestampTz now);
 extern void em_usage_lock_anchor(text *account, bool *has_anchor, TimestampTz *anchor);
 extern bool em_usage_repeat(text *account, text *key, int64 units, text *feature);
 extern int64 em_usage_budget(text *account, text *feature, TimestampTz start,
 							 TimestampTz end);
+extern bool em_usage_existing_budget(text *account, text *feature, TimestampTz start,
+									 int64 *budget_id);
 extern void em_usage_check_correction(text *account, int64 budget_id, int64 units,
 									  TimestampTz start);
 

@@ -12,7 +12,7 @@
 --      job, bad input and an unknown job with nothing changed.
 -- Concurrent batches are in test/isolation/specs/batch_race.spec.
 BEGIN;
-SELECT plan(99);
+SELECT plan(110);
 
 SET LOCAL earmark.rate_limit = 0;
 
@@ -141,6 +141,48 @@ SELECT results_eq(
     $$SELECT ord, recorded FROM earmark_record_usage_many('bc', ARRAY[-30, 5], ARRAY['c8', 'c9'])$$,
     $$VALUES (1, false), (2, true)$$,
     'a repeated correction is a repeat, not checked again');
+
+-- a key the ledger has is found by the batch's write; where the single
+-- call's later steps would write for a repeat, the batch looks it up first
+CREATE FUNCTION pg_temp.batch_error(q text) RETURNS text LANGUAGE plpgsql AS $f$
+DECLARE
+    st text;
+    ctx text;
+BEGIN
+    EXECUTE q;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, ctx = PG_EXCEPTION_CONTEXT;
+    RETURN st || ' at ' || coalesce(substring(ctx from 'element [0-9]+'), 'no element');
+END
+$f$;
+SELECT earmark_set_limit('bn', 1000);
+SELECT is(earmark_record_usage('bn', 3, 'o1', 'default', now() - interval '40 days'), true,
+          'bn: o1 recorded in the cycle of 40 days ago');
+SELECT is((SELECT count(*) FROM earmark.budget WHERE account = 'bn'), 1::bigint, 'bn: one cycle''s budget row');
+SELECT results_eq(
+    $$SELECT ord, recorded FROM earmark_record_usage_many('bn', ARRAY[3, 3], ARRAY['o1', 'o1'])$$,
+    $$VALUES (1, false), (2, false)$$,
+    'o1 again, now (a cycle without a budget row): a repeat, twice');
+SELECT is((SELECT count(*) FROM earmark.budget WHERE account = 'bn'), 1::bigint,
+          '... and the repeats created no budget row for this cycle (nor does a single call''s repeat)');
+SELECT is(pg_temp.batch_error($$SELECT * FROM earmark_record_usage_many('bn', ARRAY[3], ARRAY['o1'],
+                                                                         ARRAY['video'])$$),
+          'EM001 at element 1', 'o1 for another feature, whose cycle has no budget row: EM001');
+SELECT is(pg_temp.batch_error($$SELECT * FROM earmark_record_usage_many('bn', ARRAY[2, 4, -50], ARRAY['o2', 'o1', 'o3'])$$),
+          'EM001 at element 2',
+          'o1 with other units after new usage of this cycle, then a correction larger than the cycle: element 2''s EM001 first, as single calls in order');
+SELECT is(pg_temp.batch_error($$SELECT * FROM earmark_record_usage_many('bn', ARRAY[2, 3, -50], ARRAY['o2', 'o1', 'o3'])$$),
+          '22023 at element 3', '... with o1 a true repeat: the correction''s 22023 at element 3');
+SELECT is((SELECT count(*) FROM earmark.budget WHERE account = 'bn'), 1::bigint,
+          '... the refused calls left no budget row');
+SELECT results_eq(
+    $$SELECT ord, recorded FROM earmark_record_usage_many('bn', ARRAY[2, 3, -1, 3], ARRAY['o2', 'o1', 'o3', 'o1'])$$,
+    $$VALUES (1, true), (2, false), (3, true), (4, false)$$,
+    'new usage, a repeat, a correction it covers, the repeat again');
+SELECT is((SELECT used FROM earmark_budget('bn')), 1::bigint, 'bn this cycle: 2 - 1 (the repeats count nothing)');
+SELECT is((SELECT used FROM earmark_budget('bn', at => now() - interval '40 days')), 3::bigint,
+          'bn 40 days ago: o1''s 3, once');
 
 -- bad input: the whole call fails, with the single call's SQLSTATE, and writes nothing
 SELECT count(*) AS ledger_rows FROM earmark.ledger \gset
