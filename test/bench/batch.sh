@@ -103,6 +103,13 @@ ratio() { python3 -c "print(f'{$1 / max($2, 1):.1f}')"; }
 mark() { python3 -c "print('pass' if $1 >= $2 else 'MISS')"; }
 ru=$(ratio "${MED[usage_batch]}" "${MED[usage_single]}")
 rj=$(ratio "${MED[jobs_batch]}" "${MED[jobs_single]}")
+# each round's own ratio (its two runs ran one after the other): shown
+# beside the ratio of the medians, which the target is judged on
+by_round() {  # by_round BATCH SINGLE: "r1, r2, ..."
+    python3 -c "import sys; b, s = sys.argv[1].split(), sys.argv[2].split(); print(', '.join(f'{float(x) / max(float(y), 1):.1f}' for x, y in zip(b, s)))" "$1" "$2"
+}
+ru_rounds=$(by_round "${RESULTS[usage_batch]}" "${RESULTS[usage_single]}")
+rj_rounds=$(by_round "${RESULTS[jobs_batch]}" "${RESULTS[jobs_single]}")
 
 # the books: settle what a run cut off between reserve and settle, then check
 Q >/dev/null <<'SQL'
@@ -147,10 +154,10 @@ echo "| usage, earmark_record_usage_many | ${MED[usage_batch]} |${RESULTS[usage_
 echo "| jobs, single reserve + settle | ${MED[jobs_single]} |${RESULTS[jobs_single]} |"
 echo "| jobs, earmark_reserve_many + earmark_settle_many | ${MED[jobs_batch]} |${RESULTS[jobs_batch]} |"
 echo
-echo "| target | measured | |"
-echo "| --- | ---: | --- |"
-echo "| usage events/s, batch >= 15 x single | ${ru} x | $(mark "$ru" 15) |"
-echo "| jobs/s, batch >= 5 x single | ${rj} x | $(mark "$rj" 5) |"
+echo "| target | measured (ratio of the medians) | | each round's ratio |"
+echo "| --- | ---: | --- | --- |"
+echo "| usage events/s, batch >= 15 x single | ${ru} x | $(mark "$ru" 15) | $ru_rounds |"
+echo "| jobs/s, batch >= 5 x single | ${rj} x | $(mark "$rj" 5) | $rj_rounds |"
 echo
 echo "Books after the runs: cycles whose counters differ from their ledger: $counters;" \
      "accounts whose held differs from their open holds or whose used + held passes the limit: $holds;" \
