@@ -19,6 +19,10 @@
 #   reserve   SELECT * FROM earmark_reserve('cg', 10, $1)  | SELECT ref.reserve('cg', 10, $1)
 #   charge    SELECT * FROM earmark_charge('cg', $1, 5)    | SELECT ref.charge($1, 5)
 #   settle    SELECT * FROM earmark_settle('cg', $1, 5)    | SELECT ref.settle($1, 5)
+# with CG_ONLY="earmark_usage earmark_usage_many", recorded usage, one event
+# a call against 100 a call (a new key each event):
+#   usage        SELECT earmark_record_usage('cg', 1, $1)
+#   usage_many   SELECT count(*) FROM earmark_record_usage_many('cg', 100 ones, 100 keys)
 # and, with CG_ONLY="earmark_receive plain_send", a webhook delivery (a new
 # key each) against test/bench/inbox's plain queue's send:
 #   receive   SELECT * FROM earmark_inbox_receive('bench', $1, 'invoice.paid', <payload>)
@@ -83,6 +87,8 @@ declare -A PREP=(
     [reference_settle]="PREPARE q(bigint) AS SELECT ref.settle(\$1, 5);"
     # (one line each: a single-user backend reads a statement a line)
     [earmark_receive]="PREPARE q(text) AS SELECT * FROM earmark_inbox_receive('bench', \$1, 'invoice.paid', jsonb_build_object('type', 'invoice.paid', 'data', jsonb_build_object('customer_id', 'customer_1', 'plan', jsonb_build_object('key', 'pro'))));"
+    [earmark_usage]="PREPARE q(text) AS SELECT earmark_record_usage('cg', 1, \$1);"
+    [earmark_usage_many]="PREPARE q(text) AS SELECT count(*) FROM earmark_record_usage_many('cg', array_fill(1::bigint, ARRAY[100]), ARRAY(SELECT \$1 || '-' || g FROM generate_series(1, 100) g));"
     [plain_send]="PREPARE q(text) AS SELECT plain_send(jsonb_build_object('type', 'invoice.paid', 'key', \$1, 'data', jsonb_build_object('customer_id', 'customer_1', 'plan', jsonb_build_object('key', 'pro'))));"
 )
 
@@ -93,7 +99,7 @@ declare -A PREP=(
 arg() {
     local name=$1 n=$2 i=$3 first off
     case $name in
-        *_reserve | *_receive | *_send) echo "'$name-$n-$i'"; return ;;
+        *_reserve | *_receive | *_send | *_usage | *_usage_many) echo "'$name-$n-$i'"; return ;;
         earmark_*) first=$EM_FIRST ;;
         *) first=$REF_FIRST ;;
     esac
@@ -159,6 +165,15 @@ for op in reserve charge settle; do
     te=$((te + e)); tr=$((tr + r)); fe=$((fe + ${FNPER[earmark_$op]})); fr=$((fr + ${FNPER[reference_$op]}))
 done
 [ "$te" -gt 0 ] && echo "| **a job** (the three) | $(fmt $te) | $(fmt $fe) | $(fmt $tr) | $(fmt $fr) | $(ratio $te $tr) |"
+e=${PER[earmark_usage]:-}; r=${PER[earmark_usage_many]:-}
+if [ -n "$e" ] && [ -n "$r" ]; then
+    echo
+    echo "| call | statement | inside the function | an event |"
+    echo "| --- | ---: | ---: | ---: |"
+    echo "| earmark_record_usage, one event | $(fmt "$e") | $(fmt "${FNPER[earmark_usage]}") | $(fmt "$e") |"
+    echo "| earmark_record_usage_many, 100 events | $(fmt "$r") | $(fmt "${FNPER[earmark_usage_many]}") | $(fmt $((r / 100))) |"
+    echo "| single / batch, an event | | | $(ratio "$e" $((r / 100))) |"
+fi
 e=${PER[earmark_receive]:-}; r=${PER[plain_send]:-}
 if [ -n "$e" ] && [ -n "$r" ]; then
     echo
