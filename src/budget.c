@@ -29,10 +29,11 @@
  *	  Citus every taker runs on the node that holds the account (cluster.c
  *	  checks it).
  *
- *	  On a single node the row's lock and the writes of its used and held
- *	  are made by index from C (direct.c), as the SQL statements below
- *	  would make them; on Citus, or where the table has something the
- *	  executor would run, the statements are used.
+ *	  On a single node the row's lock and the writes of its used and held,
+ *	  and the expiry of each dead job row, are made by index from C
+ *	  (direct.c), as the SQL statements below would make them; on Citus,
+ *	  or where the table has something the executor would run, the
+ *	  statements are used.
  *
  *	  Every statement names the account (account = $1 on every relation),
  *	  so that on Citus it runs on the account's shard alone.
@@ -48,6 +49,8 @@
 #include "storage/lmgr.h"
 #include "storage/lock.h"
 #include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/memutils.h"
 #include "utils/snapmgr.h"
 
 #include "budget.h"
@@ -317,7 +320,8 @@ em_budget_admit(EmHold *h, EmBudget *b)
  * Expire a locked budget's dead holds, at the use they recorded: lock the
  * dead job rows (SKIP LOCKED: an expiry never waits for a job), expire
  * them (an expired job row with charged > 0 is its own ledger entry,
- * earmark.sql), and mark the cycle if one used something.  One
+ * earmark.sql; on a single node each row by its primary key from C, see
+ * job_expiry), and mark the cycle if one used something.  One
  * single-table statement after another, each naming the account, so
  * that on Citus each runs on the account's shard alone.  A
  * hold taken from an escrow slot is expired into the budget row like any
@@ -345,6 +349,111 @@ static EmStatement expire_locked_jobs = {
 	"RETURNING job_id, amount, used",
 	3, {TEXTOID, INT8ARRAYOID, TIMESTAMPTZOID}
 };
+
+/*
+ * expire_locked_jobs from C on a single node (direct.c), one job row at a
+ * time by its primary key: each expiry reads its own row and no other.
+ * The statement's plan depends on the statistics: with those of about one
+ * job per account (ANALYZE after a bulk load), it read every job the
+ * account ever had, settled ones included, in the idempotency key's index
+ * and tested each against the array, at every sweep of every budget
+ * (test/integration/sweep_plans.sh).  The first four columns are written.
+ */
+static EmDirect job_expiry = {
+	.table = "job", .nkeys = 2, .keys = {"account", "job_id"},
+	.ncols = 6, .cols = {"status", "settled_at", "charged", "released", "amount", "used"},
+	.nwrite = 4, .types = {TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID, INT8OID, INT8OID},
+	.nullok = {[1] = true, [2] = true, [3] = true}
+};
+
+/* the expiries' sums, as expire_locked_jobs's RETURNING gives them */
+typedef struct Expiry
+{
+	Datum		status;			/* 'expired' */
+	TimestampTz now;
+	int64		amount;			/* the row expire_fit last wrote */
+	int64		used;
+	int64		expired;
+	int64		released;
+	int64		charged;
+} Expiry;
+
+/*
+ * expire_locked_jobs's SET clause.  The row is locked by this transaction,
+ * so (as in the statement) its WHERE clause needs no re-check; the sums are
+ * added once the write is made (fn may see a row more than once).
+ */
+static bool
+expire_fit(Datum *v, bool *n, void *arg)
+{
+	Expiry	   *e = (Expiry *) arg;
+
+	e->amount = DatumGetInt64(v[4]);
+	e->used = DatumGetInt64(v[5]);
+	v[0] = e->status;
+	v[1] = TimestampTzGetDatum(e->now);
+	v[2] = Int64GetDatum(e->used);
+	v[3] = Int64GetDatum(e->amount - e->used);
+	n[0] = n[1] = n[2] = n[3] = false;
+	return true;
+}
+
+/*
+ * Expire the locked jobs ids[0 .. n - 1] from C, into *e; returns how many
+ * were done, fewer than n from the first one the SQL must write (on
+ * Citus, or where an UPDATE of earmark.job would run something more: all
+ * of them).  Each write's own allocations (its index entries' IndexInfo,
+ * say) go with a context reset per row: a sweep may expire many.
+ */
+static int
+expire_direct(text *account, Datum *ids, int n, Expiry *e)
+{
+	MemoryContext row_cxt = AllocSetContextCreate(CurrentMemoryContext,
+												  "earmark expiry", ALLOCSET_SMALL_SIZES);
+	Datum		keys[2];
+	int			i;
+
+	keys[0] = PointerGetDatum(account);
+	for (i = 0; i < n; i++)
+	{
+		MemoryContext old = MemoryContextSwitchTo(row_cxt);
+		EmDirectWrite w;
+
+		keys[1] = ids[i];
+		w = em_direct_update(&job_expiry, keys, expire_fit, e);
+		MemoryContextSwitchTo(old);
+		MemoryContextReset(row_cxt);
+		if (w == EM_DIRECT_UNWRITABLE)
+			break;
+		if (w != EM_DIRECT_WRITTEN)
+			continue;			/* locked here, so never: as the statement's 0 rows */
+		e->expired++;
+		e->released += e->amount;	/* the whole hold leaves held */
+		e->charged += e->used;
+	}
+	MemoryContextDelete(row_cxt);
+	return i;
+}
+
+/* the same by expire_locked_jobs, for the locked jobs ids[0 .. n - 1] */
+static void
+expire_sql(text *account, Datum *ids, int n, Expiry *e)
+{
+	Datum		args[3];
+	int			i;
+
+	args[0] = PointerGetDatum(account);
+	args[1] = PointerGetDatum(construct_array(ids, n, INT8OID, sizeof(int64),
+											  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	args[2] = TimestampTzGetDatum(e->now);
+	em_exec(&expire_locked_jobs, args, NULL, 0);
+	for (i = 0; i < (int) SPI_processed; i++)
+	{
+		e->expired++;
+		e->released += em_get_int64(i, EJ_AMOUNT, 0);	/* the whole hold leaves held */
+		e->charged += em_get_int64(i, EJ_USED, 0);
+	}
+}
 
 /*
  * The cycle's mark, inserted when no committed one was seen: meter_mark
@@ -462,11 +571,10 @@ int64
 em_budget_expire(text *account, int64 budget_id, TimestampTz now, int max,
 				 bool wait, int64 *released, int64 *charged)
 {
-	Datum		args[3];
+	Expiry		e = {0};
 	Datum	   *ids;
 	int			n;
-	int			i;
-	int64		expired;
+	int			done;
 
 	*released = 0;
 	*charged = 0;
@@ -478,22 +586,18 @@ em_budget_expire(text *account, int64 budget_id, TimestampTz now, int max,
 	if (n == 0)
 		return 0;
 
-	args[0] = PointerGetDatum(account);
-	args[1] = PointerGetDatum(construct_array(ids, n, INT8OID, sizeof(int64),
-											  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-	args[2] = TimestampTzGetDatum(now);
-	em_exec(&expire_locked_jobs, args, NULL, 0);
-	expired = (int64) SPI_processed;
-	for (i = 0; i < expired; i++)
-	{
-		*released += em_get_int64(i, EJ_AMOUNT, 0);	/* the whole hold leaves held */
-		*charged += em_get_int64(i, EJ_USED, 0);
-	}
+	e.status = CStringGetTextDatum("expired");
+	e.now = now;
+	done = expire_direct(account, ids, n, &e);
+	if (done < n)
+		expire_sql(account, ids + done, n - done, &e);
+	*released = e.released;
+	*charged = e.charged;
 
 	/* the expired job rows (charged = used) are the ledger entries */
 	if (*charged > 0)
 		em_mark_cycle(account, budget_id);
-	return expired;
+	return e.expired;
 }
 
 /* ---------------------------------------------------------------------
