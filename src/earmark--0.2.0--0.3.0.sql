@@ -907,6 +907,11 @@ GRANT EXECUTE ON FUNCTION earmark_inbox_claim_plan(int, boolean) TO earmark_admi
 ALTER TABLE earmark.ledger DROP CONSTRAINT ledger_pkey;
 ALTER TABLE earmark.ledger ADD PRIMARY KEY (account, budget_id, entry_id);
 DROP INDEX earmark.ledger_budget;
+-- The key's index is led by the key (earmark.sql): a key's look-up and
+-- uniqueness check compare the key first, the account only on a tie.
+DROP INDEX earmark.ledger_entry_key;
+CREATE UNIQUE INDEX ledger_entry_key ON earmark.ledger (entry_key, account)
+    WHERE entry_key IS NOT NULL;
 
 -- ---------------------------------------------------------------------------
 -- Inbox: claims as HOT updates (src/inbox.c, docs/inbox.md#benchmark).  The

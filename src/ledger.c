@@ -146,7 +146,7 @@ check_anchor_current(text *account, bool has_anchor, TimestampTz anchor)
 
 /*
  * The same look-up by index from C (direct.c), on a single node: the key's
- * row by the key's index (account, entry_key), then its cycle's feature,
+ * row by the key's index (entry_key, account), then its cycle's feature,
  * in one snapshot taken as the SPI statement takes it.  Every call looks
  * its key up, and finds none for new usage: the statement's plan, made
  * with statistics from when accounts had few rows (after a bulk load, say),
@@ -154,7 +154,7 @@ check_anchor_current(text *account, bool has_anchor, TimestampTz anchor)
  * account at each call.  (key_row on Citus, whose tables here are shells.)
  */
 static EmDirect row_of_key = {
-	.table = "ledger_entry", .nkeys = 2, .keys = {"account", "entry_key"},
+	.table = "ledger_entry", .nkeys = 2, .keys = {"entry_key", "account"},
 	.ncols = 2, .cols = {"units", "budget_id"}
 };
 static EmDirect feature_of_budget = {
@@ -166,6 +166,7 @@ static EmDirect feature_of_budget = {
 static bool
 key_usage(text *account, text *key, int64 *units, char **feature)
 {
+	Datum		args[2];
 	Datum		keys[2];
 	Datum		v[2];
 	bool		n[2];
@@ -173,11 +174,11 @@ key_usage(text *account, text *key, int64 *units, char **feature)
 	bool		found;
 	Snapshot	snap;
 
-	keys[0] = PointerGetDatum(account);
-	keys[1] = PointerGetDatum(key);
 	if (em_distributed())
 	{
-		em_exec(&key_row, keys, NULL, 1);
+		args[0] = PointerGetDatum(account);
+		args[1] = PointerGetDatum(key);
+		em_exec(&key_row, args, NULL, 1);
 		if (SPI_processed == 0)
 			return false;
 		*units = em_get_int64(0, KR_UNITS, 0);
@@ -185,10 +186,14 @@ key_usage(text *account, text *key, int64 *units, char **feature)
 		return true;
 	}
 	snap = em_direct_statement_snapshot();
+	/* row_of_key's keys in its index's order: the key, then the account */
+	keys[0] = PointerGetDatum(key);
+	keys[1] = PointerGetDatum(account);
 	found = em_direct_get(&row_of_key, keys, snap, v, n);
 	if (found)
 	{
 		*units = DatumGetInt64(v[0]);
+		keys[0] = PointerGetDatum(account);
 		keys[1] = v[1];
 		/* the statement's join: a row without its budget row is no row */
 		found = em_direct_get(&feature_of_budget, keys, snap, v, n);
