@@ -269,9 +269,10 @@ if layer citus; then
     t_begin "citus"
     # earmark.sh, escrow_settle.sh (a settle of escrow slot jobs,
     # whose locks are SQL on Citus), mark_shard_move.sh (an account's
-    # shards moved while its cycle is marked) and mark_one.sh (a failed
-    # pass leaves a cycle one mark), each on a cluster of its own
-    for ct in earmark escrow_settle mark_shard_move mark_one; do
+    # shards moved while its cycle is marked), mark_one.sh (a failed
+    # pass leaves a cycle one mark) and review_batch_repeat.sh (a usage
+    # batch's repeats and errors in array order), each on a cluster of its own
+    for ct in earmark escrow_settle mark_shard_move mark_one review_batch_repeat; do
         em_log "citus: test/citus/$ct.sh"
         CT_PORT=${EM_CITUS_PORT:-$(( ${EM_TEST_PORT:-55432} + 300 ))} timeout 1800 \
             bash test/citus/$ct.sh >"$OUT/citus-$ct.log" 2>&1

@@ -355,8 +355,11 @@ known_cycle(UsageBatch *ub, text *feature, TimestampTz start)
  * checked as a repeat after it, which is what the single call's first
  * step would have found.  Where the single call's next steps would change
  * something for a repeat, the key is looked up first, as there: before a
- * new cycle's budget row is created, and before a correction's check
- * (which sees the events before it written).
+ * new cycle's budget row is created, and before a correction's check.
+ * The events before it are written (and checked) before either: a
+ * correction is checked against them, and their errors come first, as
+ * the single calls' would (an earlier repeat's EM001, not a later cycle's
+ * wait for its budget row or 40001).
  */
 static bool
 new_usage(UsageBatch *ub, int i, bool has_anchor, TimestampTz anchor)
@@ -372,8 +375,7 @@ new_usage(UsageBatch *ub, int i, bool has_anchor, TimestampTz anchor)
 		e->budget_id = b->budget_id;
 		return true;
 	}
-	if (e->units < 0)
-		flush_pending(ub);
+	flush_pending(ub);
 	ub->ctx->ord = i + 1;
 	if (em_usage_repeat(ub->account, e->key, e->units, e->feature))
 		return false;
