@@ -270,9 +270,11 @@ if layer citus; then
     # earmark.sh, escrow_settle.sh (a settle of escrow slot jobs,
     # whose locks are SQL on Citus), mark_shard_move.sh (an account's
     # shards moved while its cycle is marked), mark_one.sh (a failed
-    # pass leaves a cycle one mark) and review_batch_repeat.sh (a usage
-    # batch's repeats and errors in array order), each on a cluster of its own
-    for ct in earmark escrow_settle mark_shard_move mark_one review_batch_repeat; do
+    # pass leaves a cycle one mark), review_batch_repeat.sh (a usage
+    # batch's repeats and errors in array order) and review_key_order.sh
+    # (the key's index led by the key, distributed and moved), each on a
+    # cluster of its own
+    for ct in earmark escrow_settle mark_shard_move mark_one review_batch_repeat review_key_order; do
         em_log "citus: test/citus/$ct.sh"
         CT_PORT=${EM_CITUS_PORT:-$(( ${EM_TEST_PORT:-55432} + 300 ))} timeout 1800 \
             bash test/citus/$ct.sh >"$OUT/citus-$ct.log" 2>&1

@@ -201,6 +201,24 @@ column(EmDirect *d, const char *name)
 	return att;
 }
 
+/*
+ * How well the index serves the read: 0 it does not (index_fits), 2 it is
+ * a unique index (checked at once) of exactly the keys, as earmark's own
+ * are, 1 any other that fits.  The best is taken, the first of those in
+ * OID order: an index an operator added on the same leading columns (a
+ * wider, non-unique one, say) must not take the place of earmark's own
+ * after a REINDEX CONCURRENTLY or an upgrade gave that a higher OID.
+ */
+static int
+index_rank(Relation rel, Relation idx, AttrNumber *keyatts, int nkeys)
+{
+	Form_pg_index form = idx->rd_index;
+
+	if (!index_fits(rel, idx, keyatts, nkeys))
+		return 0;
+	return form->indisunique && form->indimmediate && form->indnkeyatts == nkeys ? 2 : 1;
+}
+
 /* the table's and the index's oids and the columns, from the catalogs */
 static void
 resolve(EmDirect *d, Relation rel)
@@ -208,6 +226,8 @@ resolve(EmDirect *d, Relation rel)
 	AttrNumber	keyatts[EM_DIRECT_MAX_KEYS];
 	List	   *indexes = RelationGetIndexList(rel);
 	ListCell   *lc;
+	Relation	idx;
+	int			best_rank = 0;
 	int			i;
 
 	for (i = 0; i < d->nkeys; i++)
@@ -218,22 +238,23 @@ resolve(EmDirect *d, Relation rel)
 	foreach(lc, indexes)
 	{
 		Relation	idx = index_open(lfirst_oid(lc), AccessShareLock);
-		bool		fits = index_fits(rel, idx, keyatts, d->nkeys);
+		int			rank = index_rank(rel, idx, keyatts, d->nkeys);
 
-		if (fits)
-		{
-			d->indexid = RelationGetRelid(idx);
-			resolve_keys(d, idx);
-		}
 		index_close(idx, NoLock);
-		if (fits)
-			break;
+		if (rank > best_rank)
+		{
+			best_rank = rank;
+			d->indexid = lfirst_oid(lc);
+		}
 	}
 	list_free(indexes);
 	d->write_checked = false;
 	if (!OidIsValid(d->indexid))
 		elog(ERROR, "earmark: no index of earmark.%s leads with the columns it is read by",
 			 d->table);
+	idx = index_open(d->indexid, AccessShareLock);
+	resolve_keys(d, idx);
+	index_close(idx, NoLock);
 	if (!callback_registered)
 	{
 		CacheRegisterRelcacheCallback(forget_reads, (Datum) 0);
