@@ -226,7 +226,7 @@ resolve(EmDirect *d, Relation rel)
 	AttrNumber	keyatts[EM_DIRECT_MAX_KEYS];
 	List	   *indexes = RelationGetIndexList(rel);
 	ListCell   *lc;
-	Relation	idx;
+	Relation	chosen;
 	int			best_rank = 0;
 	int			i;
 
@@ -252,9 +252,9 @@ resolve(EmDirect *d, Relation rel)
 	if (!OidIsValid(d->indexid))
 		elog(ERROR, "earmark: no index of earmark.%s leads with the columns it is read by",
 			 d->table);
-	idx = index_open(d->indexid, AccessShareLock);
-	resolve_keys(d, idx);
-	index_close(idx, NoLock);
+	chosen = index_open(d->indexid, AccessShareLock);
+	resolve_keys(d, chosen);
+	index_close(chosen, NoLock);
 	if (!callback_registered)
 	{
 		CacheRegisterRelcacheCallback(forget_reads, (Datum) 0);
