@@ -323,6 +323,18 @@ flush_pending(UsageBatch *ub)
 	ub->npending = 0;
 }
 
+/* remember a cycle's budget row for the rest of the call */
+static UsageBudget *
+add_cycle(UsageBatch *ub, text *feature, TimestampTz start, int64 budget_id)
+{
+	UsageBudget *b = &ub->budgets[ub->nbudgets++];
+
+	b->feature = feature;
+	b->start = start;
+	b->budget_id = budget_id;
+	return b;
+}
+
 /*
  * The budget row of a cycle the call has used, or that exists already (one
  * look-up per cycle and call); NULL when the cycle has no budget row yet.
@@ -330,22 +342,19 @@ flush_pending(UsageBatch *ub)
 static UsageBudget *
 known_cycle(UsageBatch *ub, text *feature, TimestampTz start)
 {
-	UsageBudget *b;
+	int64		budget_id;
 	int			i;
 
 	for (i = 0; i < ub->nbudgets; i++)
 	{
-		b = &ub->budgets[i];
+		UsageBudget *b = &ub->budgets[i];
+
 		if (b->start == start && text_cmp(b->feature, feature) == 0)
 			return b;
 	}
-	b = &ub->budgets[ub->nbudgets];
-	if (!em_usage_existing_budget(ub->account, feature, start, &b->budget_id))
+	if (!em_usage_existing_budget(ub->account, feature, start, &budget_id))
 		return NULL;
-	b->feature = feature;
-	b->start = start;
-	ub->nbudgets++;
-	return b;
+	return add_cycle(ub, feature, start, budget_id);
 }
 
 /*
@@ -380,12 +389,8 @@ new_usage(UsageBatch *ub, int i, bool has_anchor, TimestampTz anchor)
 	if (em_usage_repeat(ub->account, e->key, e->units, e->feature))
 		return false;
 	if (b == NULL)
-	{
-		b = &ub->budgets[ub->nbudgets++];
-		b->feature = e->feature;
-		b->start = e->cycle_start;
-		b->budget_id = em_usage_budget(ub->account, e->feature, e->cycle_start, end);
-	}
+		b = add_cycle(ub, e->feature, e->cycle_start,
+					  em_usage_budget(ub->account, e->feature, e->cycle_start, end));
 	e->budget_id = b->budget_id;
 	if (e->units < 0)
 		em_usage_check_correction(ub->account, e->budget_id, e->units, e->cycle_start);

@@ -5,7 +5,8 @@
  *	  the cycle's meter mark, and a cycle's total read without a scan.
  *
  *	  Tables: earmark.ledger_entry (a key's row read here, by index from C
- *	  on a single node (direct.c), written through entries.c), earmark.usage_shard (64 counter rows per cycle),
+ *	  on a single node (direct.c), written through entries.c),
+ *	  earmark.usage_shard (64 counter rows per cycle),
  *	  earmark.meter_mark, and earmark.budget rows, which are created here
  *	  on a cycle's first usage but not locked (a positive record touches no
  *	  budget row: that is what keeps many writers on one account apart).
@@ -19,11 +20,11 @@
  *	    corrections of one cycle queue, so two of them cannot both pass the
  *	    check that the total stays at or above zero, and one whose snapshot
  *	    is older than another's commit fails with 40001;
- *	  - the cycle's mark lock, shared (em_mark_lock, budget.c): held by every writer
- *	    that may find the mark already there, until it commits.  The
- *	    reporter deletes a mark only with that lock taken exclusively and
- *	    without waiting (meter.c), so it never deletes a mark whose
- *	    writer's usage it has not seen.
+ *	  - the cycle's mark lock, shared (em_mark_lock, budget.c): held by
+ *	    every writer that may find the mark already there, until it
+ *	    commits.  The reporter deletes a mark only with that lock taken
+ *	    exclusively and without waiting (meter.c), so it never deletes a
+ *	    mark whose writer's usage it has not seen.
  *	  - the backend's shard row (em_usage_shard), for the length of the
  *	    writer's transaction: sessions rarely meet there.
  *
