@@ -6,6 +6,10 @@
 #
 #   ct_require_citus                  # prints "skipped: Citus is not installed"
 #                                     # and exits 0 when citus.so is absent
+#   ct_begin [postgresql.conf lines]  # all of an earmark TAP script's start:
+#                                     # the above, tap.sh, ct_start with citus
+#                                     # and earmark preloaded, CREATE EXTENSION
+#                                     # earmark, earmark_distribute() (one TAP line)
 #   ct_start [postgresql.conf lines]  # start, CREATE EXTENSION citus, register
 #   ct_sql 0 -c 'SELECT ...'          # psql on node 0 (coordinator), 1, 2 (workers)
 #   ct_val 1 'SELECT ...'             # one value, unaligned, no header
@@ -54,6 +58,23 @@ ct_require_citus() {
 }
 
 ct_port() { echo $((CT_PORT + $1)); }
+
+# ct_begin [postgresql.conf lines]: what an earmark TAP script starts with.
+# Citus or skip; the TAP helpers (test/integration/tap.sh); a cluster with
+# citus and earmark preloaded, earmark's worker on CT_DB reporting hourly
+# (a test reports when it means to), plus the lines given; earmark created
+# and distributed on the coordinator, which is the script's first TAP line.
+ct_begin() {
+    ct_require_citus
+    source "$EM_ROOT/test/integration/tap.sh"
+    set +e
+    export PGOPTIONS="-c client_min_messages=warning"
+    CT_PRELOAD='citus,earmark'
+    ct_start "earmark.database = '$CT_DB'" "earmark.report_interval = '1h'" "$@" \
+        || { echo "Bail out! the Citus cluster did not start"; exit 1; }
+    ct_sql 0 -q -c "CREATE EXTENSION earmark" -c "SELECT * FROM earmark_distribute()" >/dev/null
+    ok $? "CREATE EXTENSION earmark and earmark_distribute() on the coordinator"
+}
 
 # ct_ports_free FIRST COUNT: whether COUNT TCP ports from FIRST can be bound
 # on 127.0.0.1, with SO_REUSEADDR as the postmaster binds them (so only a

@@ -17,16 +17,7 @@
 #   EM_PREFIX=/work/pfx/NAME CT_PORT=55595 bash test/citus/escrow_settle.sh
 
 source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
-ct_require_citus
-source "$(dirname "${BASH_SOURCE[0]}")/../integration/tap.sh"
-set +e
-export PGOPTIONS="-c client_min_messages=warning"
-
-CT_PRELOAD='citus,earmark'
-ct_start "earmark.database = '$CT_DB'" "earmark.report_interval = '1h'" \
-    || { echo "Bail out! the Citus cluster did not start"; exit 1; }
-ct_sql 0 -q -c "CREATE EXTENSION earmark" -c "SELECT * FROM earmark_distribute()" >/dev/null
-ok $? "CREATE EXTENSION earmark and earmark_distribute() on the coordinator"
+ct_begin
 
 group_of() {
     ct_val 0 "SELECT p.groupid FROM pg_dist_placement p

@@ -14,17 +14,7 @@
 #
 #   EM_PREFIX=/work/pfx/NAME CT_PORT=55930 bash test/citus/mark_one.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
-ct_require_citus
-source "$(dirname "${BASH_SOURCE[0]}")/../integration/tap.sh"
-set +e
-export PGOPTIONS="-c client_min_messages=warning"
-
-CT_PRELOAD='citus,earmark'
-ct_start "earmark.database = '$CT_DB'" "earmark.report_interval = '1h'" \
-    || { echo "Bail out! the Citus cluster did not start"; exit 1; }
-ct_sql 0 -q -c "CREATE EXTENSION earmark" >/dev/null
-ct_sql 0 -A -t -q -c "SELECT * FROM earmark_distribute()" >/dev/null
-ok $? "earmark_distribute()"
+ct_begin
 
 ct_sql 0 -q -c "SELECT earmark_set_account('acme', now() - interval '14 days')" \
             -c "SELECT earmark_set_limit('acme', 1000)" >/dev/null
