@@ -34,6 +34,9 @@
 # (it pins its search path in C), plpgsql_call_handler for the reference
 # and the plain queue.  Instructions are user-space instructions (Ir): the kernel's
 # share (the WAL fsync at commit) is not counted.
+# CG_ESCROW=N gives account cg N escrow slots (earmark_set_escrow) before
+# its pools are made: reserve and settle then go through the slots, as on
+# a hot account.
 #
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 
@@ -53,6 +56,7 @@ CREATE EXTENSION earmark;
 \i $EM_ROOT/test/bench/reference.sql
 \i $EM_ROOT/test/bench/inbox/plain_queue.sql
 SELECT earmark_set_limit('cg', $LIMIT);
+${CG_ESCROW:+SELECT earmark_set_escrow('cg', $CG_ESCROW);}
 SELECT ref.set_limit('cg', $LIMIT);
 -- the cycle's budget row exists before any measurement
 SELECT * FROM earmark_settle('cg', (SELECT job_id FROM earmark_reserve('cg', 1, 'warm-up')), 0);
