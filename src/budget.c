@@ -104,6 +104,40 @@ static EmDirect budget_of_cycle = {
 	"slot_cut"}
 };
 
+/* the units of a cycle's usage counters (earmark.usage_shard) */
+static EmDirect usage_of_cycle = {
+	.table = "usage_shard", .nkeys = 2, .keys = {"account", "budget_id"},
+	.ncols = 1, .cols = {"units"}
+};
+
+static bool
+add_units(Datum *values, bool *nulls, void *arg)
+{
+	int64	   *sum = (int64 *) arg;
+
+	if (!nulls[0] && pg_add_s64_overflow(*sum, DatumGetInt64(values[0]), sum))
+		ereport(ERROR,
+				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+				 errmsg("bigint out of range")));
+	return true;
+}
+
+/*
+ * The usage recorded without a hold in the cycle, as snap sees it: the sum
+ * of its counter rows, read by index from C (direct.c), on a single node.
+ */
+int64
+em_budget_recorded(text *account, int64 budget_id, Snapshot snap)
+{
+	Datum		keys[2];
+	int64		sum = 0;
+
+	keys[0] = PointerGetDatum(account);
+	keys[1] = Int64GetDatum(budget_id);
+	(void) em_direct_scan(&usage_of_cycle, keys, snap, add_units, &sum);
+	return sum;
+}
+
 /*
  * Lock the cycle's budget row; false when it does not exist.  Fills the
  * row's own numbers into *b; the limit is the caller's to read.

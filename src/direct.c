@@ -69,6 +69,7 @@
 #include "access/htup_details.h"
 #include "access/relscan.h"
 #include "access/stratnum.h"
+#include "access/sysattr.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
@@ -191,6 +192,11 @@ resolve_keys(EmDirect *d, Relation idx)
 	}
 }
 
+/*
+ * A column's number; of the system columns only xmin, the version's
+ * writer, which a read may ask for (escrow's fast path compares it with
+ * the one a rebalance saw) and a write never changes.
+ */
 static AttrNumber
 column(EmDirect *d, const char *name)
 {
@@ -198,7 +204,19 @@ column(EmDirect *d, const char *name)
 
 	if (att == InvalidAttrNumber)
 		elog(ERROR, "earmark: table earmark.%s has no column \"%s\"", d->table, name);
+	if (att < 0 && att != MinTransactionIdAttributeNumber)
+		elog(ERROR, "earmark: system column \"%s\" of earmark.%s cannot be read directly",
+			 name, d->table);
 	return att;
+}
+
+/* a column's value in slot, xmin included (a TransactionId, by value) */
+static Datum
+column_value(TupleTableSlot *slot, AttrNumber att, bool *isnull)
+{
+	if (att < 0)
+		return slot_getsysattr(slot, att, isnull);
+	return slot_getattr(slot, att, isnull);
 }
 
 /*
@@ -379,10 +397,16 @@ copy_columns(EmDirect *d, Relation rel, TupleTableSlot *slot, Datum *values, boo
 
 	for (i = 0; i < d->ncols; i++)
 	{
-		Form_pg_attribute att = TupleDescAttr(desc, d->attnums[i] - 1);
-		Datum		v = slot_getattr(slot, d->attnums[i], &nulls[i]);
+		Datum		v = column_value(slot, d->attnums[i], &nulls[i]);
+		Form_pg_attribute att;
 
-		values[i] = nulls[i] ? (Datum) 0 : datumCopy(v, att->attbyval, att->attlen);
+		if (nulls[i] || d->attnums[i] < 0)
+		{
+			values[i] = nulls[i] ? (Datum) 0 : v;
+			continue;
+		}
+		att = TupleDescAttr(desc, d->attnums[i] - 1);
+		values[i] = datumCopy(v, att->attbyval, att->attlen);
 	}
 }
 
@@ -409,7 +433,7 @@ scan_rows(EmDirect *d, Datum *keys, Snapshot snap, EmDirectRow fn, void *arg,
 			break;
 		}
 		for (i = 0; i < d->ncols; i++)
-			values[i] = slot_getattr(slot, d->attnums[i], &nulls[i]);
+			values[i] = column_value(slot, d->attnums[i], &nulls[i]);
 		if (!fn(values, nulls, arg))
 			break;
 	}
@@ -836,8 +860,11 @@ writable(EmDirect *d, Relation rel)
 		return false;
 	for (i = 0; i < d->ncols; i++)
 	{
-		Form_pg_attribute att = TupleDescAttr(RelationGetDescr(rel), d->attnums[i] - 1);
+		Form_pg_attribute att;
 
+		if (d->attnums[i] < 0)
+			return false;
+		att = TupleDescAttr(RelationGetDescr(rel), d->attnums[i] - 1);
 		if (att->atttypid != d->types[i] || !(att->attnotnull || d->nullok[i]) ||
 			(OidIsValid(att->attcollation) && !get_collation_isdeterministic(att->attcollation)))
 			return false;

@@ -23,7 +23,8 @@
  * install may name it otherwise; in each column's own collation and its
  * type's default operator family, so that its equality is the SQL
  * statement's "column = $n"): equality on keys[0 .. nkeys - 1], the
- * columns cols[0 .. ncols - 1] of each row the snapshot sees.  The rest is
+ * columns cols[0 .. ncols - 1] of each row the snapshot sees (xmin, the
+ * version's writer, is the one system column a read may name).  The rest is
  * resolved once per backend and forgotten on any relcache invalidation of
  * the table or the index.
  */

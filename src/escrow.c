@@ -32,7 +32,8 @@
  *	  earmark_record_usage writes; it locks no slot): budget.slot_lim is
  *	  the raw limit (the account's limit, not less recorded usage) the
  *	  current generation was cut for, NULL when cut unlimited.  The fast
- *	  path reads, in its one statement's snapshot, the budget row, the sums
+ *	  path reads, in one snapshot (one SPI statement's on Citus; by index
+ *	  from C, direct.c, on a single node), the budget row, the sums
  *	  of every slot row (room, held and used, whatever its generation or
  *	  slot number), the account's limit and the recorded usage, and uses
  *	  the slots only while slot_lim is the limit it read and they fit:
@@ -172,7 +173,8 @@ PG_FUNCTION_INFO_V1(earmark_set_escrow);
  * the numbers reserve's "remaining" is computed from.  The three sums come
  * from one walk of the budget's slot rows (s): a sum each was a walk each,
  * three times the slot count of rows read at every admission
- * (test/integration/slot_reads.sh).
+ * (test/integration/slot_reads.sh).  On Citus; a single node reads the
+ * same by index from C (fast_read_direct).
  */
 static EmStatement fast_numbers = {
 	"SELECT b.budget_id, b.slots, b.slot_gen, b.slot_lim, b.used, b.held, l.lim, b.slot_cut, "
@@ -289,52 +291,217 @@ static EmDirect budget_unclaimed = {
 };
 
 /*
- * Whether the limit row fast_numbers read is the version the last
+ * What the fast path read, in one snapshot: the budget row's escrow
+ * columns, the limit row's limit and version, the recorded usage and the
+ * sums of every slot row of the budget.
+ */
+typedef struct FastRead
+{
+	int64		budget_id;
+	int32		slots;
+	int64		slot_gen;
+	bool		slot_lim_null;
+	int64		slot_lim;
+	int64		used;
+	int64		held;
+	int64		slot_cut;
+	bool		slot_rec_null;
+	int64		slot_rec;
+	bool		slot_limx_null;
+	int64		slot_limx;
+	bool		slot_limt_null;
+	TimestampTz slot_limt;
+	bool		unlimited;
+	int64		lim;
+	int64		limx;			/* the limit row's xmin */
+	bool		limt_null;
+	TimestampTz limt;			/* its updated_at */
+	int64		recorded;
+	int64		slots_used;
+	int64		slots_held;
+	int64		slots_room;
+} FastRead;
+
+/* fast_numbers' one row into *f */
+static void
+fast_read_spi(FastRead *f)
+{
+	Datum		d;
+
+	f->budget_id = em_get_int64(0, FN_BUDGET_ID, 0);
+	f->slots = (int32) em_get_int64(0, FN_SLOTS, 0);
+	f->slot_gen = em_get_int64(0, FN_SLOT_GEN, 0);
+	d = em_get(0, FN_SLOT_LIM, &f->slot_lim_null);
+	f->slot_lim = f->slot_lim_null ? 0 : DatumGetInt64(d);
+	f->used = em_get_int64(0, FN_USED, 0);
+	f->held = em_get_int64(0, FN_HELD, 0);
+	d = em_get(0, FN_LIM, &f->unlimited);
+	f->lim = f->unlimited ? 0 : DatumGetInt64(d);
+	f->slot_cut = em_get_int64(0, FN_SLOT_CUT, 0);
+	d = em_get(0, FN_SLOT_REC, &f->slot_rec_null);
+	f->slot_rec = f->slot_rec_null ? 0 : DatumGetInt64(d);
+	d = em_get(0, FN_SLOT_LIMX, &f->slot_limx_null);
+	f->slot_limx = f->slot_limx_null ? 0 : DatumGetInt64(d);
+	f->limx = em_get_int64(0, FN_LIMX, -1);
+	d = em_get(0, FN_SLOT_LIMT, &f->slot_limt_null);
+	f->slot_limt = f->slot_limt_null ? 0 : DatumGetTimestampTz(d);
+	d = em_get(0, FN_LIMT, &f->limt_null);
+	f->limt = f->limt_null ? 0 : DatumGetTimestampTz(d);
+	f->recorded = em_get_int64(0, FN_RECORDED, 0);
+	f->slots_used = em_get_int64(0, FN_SLOTS_USED, 0);
+	f->slots_held = em_get_int64(0, FN_SLOTS_HELD, 0);
+	f->slots_room = em_get_int64(0, FN_SLOTS_ROOM, 0);
+}
+
+/*
+ * The same reads by index from C (direct.c), on a single node, in one
+ * snapshot taken as the SPI statement takes it: fast_numbers' executor
+ * start-up, its sub-plans and its aggregates cost more than the rows it
+ * reads (docs/benchmarks.md).
+ */
+static EmDirect budget_escrow = {
+	.table = "budget", .nkeys = 3, .keys = {"account", "feature", "cycle_start"},
+	.ncols = 10, .cols = {"budget_id", "slots", "slot_gen", "slot_lim", "used", "held",
+	"slot_cut", "slot_rec", "slot_limx", "slot_limt"}
+};
+static EmDirect limit_version_row = {
+	.table = "account_limit", .nkeys = 2, .keys = {"account", "feature"},
+	.ncols = 3, .cols = {"lim", "xmin", "updated_at"}
+};
+static EmDirect slots_of_budget = {
+	.table = "budget_slot", .nkeys = 2, .keys = {"account", "budget_id"},
+	.ncols = 3, .cols = {"used", "held", "room"}
+};
+
+/*
+ * Add a slot row's used, held and room to the sums; past a bigint, the
+ * error the SQL sums' cast to bigint raises.
+ */
+static bool
+add_slot(Datum *values, bool *nulls, void *arg)
+{
+	int64	   *sums = (int64 *) arg;
+	int			i;
+
+	for (i = 0; i < 3; i++)
+		if (!nulls[i] && pg_add_s64_overflow(sums[i], DatumGetInt64(values[i]), &sums[i]))
+			ereport(ERROR,
+					(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+					 errmsg("bigint out of range")));
+	return true;
+}
+
+/* false when fast_numbers would return no row */
+static bool
+fast_read_direct(EmHold *h, TimestampTz cycle_start, Snapshot snap, FastRead *f)
+{
+	Datum		keys[3];
+	Datum		v[10];
+	bool		n[10];
+	int64		sums[3] = {0, 0, 0};
+
+	keys[0] = PointerGetDatum(h->account);
+	keys[1] = PointerGetDatum(h->feature);
+	keys[2] = TimestampTzGetDatum(cycle_start);
+	if (!em_direct_get(&budget_escrow, keys, snap, v, n) || DatumGetInt64(v[2]) <= 0)
+		return false;
+	f->budget_id = DatumGetInt64(v[0]);
+	f->slots = DatumGetInt32(v[1]);
+	f->slot_gen = DatumGetInt64(v[2]);
+	f->slot_lim_null = n[3];
+	f->slot_lim = n[3] ? 0 : DatumGetInt64(v[3]);
+	f->used = DatumGetInt64(v[4]);
+	f->held = DatumGetInt64(v[5]);
+	f->slot_cut = DatumGetInt64(v[6]);
+	f->slot_rec_null = n[7];
+	f->slot_rec = n[7] ? 0 : DatumGetInt64(v[7]);
+	f->slot_limx_null = n[8];
+	f->slot_limx = n[8] ? 0 : DatumGetInt64(v[8]);
+	f->slot_limt_null = n[9];
+	f->slot_limt = n[9] ? 0 : DatumGetTimestampTz(v[9]);
+
+	if (!em_direct_get(&limit_version_row, keys, snap, v, n))
+		return false;
+	f->unlimited = n[0];
+	f->lim = n[0] ? 0 : DatumGetInt64(v[0]);
+	f->limx = (int64) DatumGetTransactionId(v[1]);
+	f->limt_null = n[2];
+	f->limt = n[2] ? 0 : DatumGetTimestampTz(v[2]);
+
+	f->recorded = em_budget_recorded(h->account, f->budget_id, snap);
+	keys[1] = Int64GetDatum(f->budget_id);
+	(void) em_direct_scan(&slots_of_budget, keys, snap, add_slot, sums);
+	f->slots_used = sums[0];
+	f->slots_held = sums[1];
+	f->slots_room = sums[2];
+	return true;
+}
+
+/* the fast path's read; false when the budget has no slots to use */
+static bool
+fast_read(EmHold *h, TimestampTz cycle_start, FastRead *f)
+{
+	Datum		args[3];
+	Snapshot	snap;
+	bool		found;
+
+	memset(f, 0, sizeof(*f));
+	if (!em_distributed())
+	{
+		snap = em_direct_statement_snapshot();
+		found = fast_read_direct(h, cycle_start, snap, f);
+		em_direct_release(snap);
+		return found;
+	}
+	args[0] = PointerGetDatum(h->account);
+	args[1] = PointerGetDatum(h->feature);
+	args[2] = TimestampTzGetDatum(cycle_start);
+	em_exec(&fast_numbers, args, NULL, 1);
+	if (SPI_processed == 0)
+		return false;
+	fast_read_spi(f);
+	return true;
+}
+
+/*
+ * Whether the limit row the fast path read is the version the last
  * rebalance saw: the same xmin and updated_at (slot_limx, slot_limt).
  */
 static bool
-same_limit_version(void)
+same_limit_version(const FastRead *f)
 {
-	bool		n1;
-	bool		n2;
-	int64		slot_limx = DatumGetInt64(em_get(0, FN_SLOT_LIMX, &n1));
-	TimestampTz slot_limt = DatumGetTimestampTz(em_get(0, FN_SLOT_LIMT, &n2));
-
-	return !n1 && !n2 && slot_limx == em_get_int64(0, FN_LIMX, -1) &&
-		slot_limt == DatumGetTimestampTz(em_get(0, FN_LIMT, &n1)) && !n1;
+	return !f->slot_limx_null && !f->slot_limt_null && !f->limt_null &&
+		f->slot_limx == f->limx && f->slot_limt == f->limt;
 }
 
 /*
  * Whether no running rebalance may be admitting on a recorded usage older
- * than the one the fast path read, or on another limit (fast_numbers'
- * result): either both are what the last committed rebalance saw (the
- * recorded usage it read, slot_rec: usage only goes down under the budget
- * row's lock, which forgets slot_rec, so a running rebalance read at least
- * as much; and the same version of the limit row, slot_limx: a running
- * rebalance read that version or a newer one the fast path has not seen),
- * or, on a single node, the budget row's newest version is the one the
- * read saw (the same slot_cut: no rebalance committed since) and no
- * transaction holds it (no rebalance is running).  On Citus, where the
- * row is in a shard, only the first.  See the file's header.
+ * than the one the fast path read, or on another limit: either both are
+ * what the last committed rebalance saw (the recorded usage it read,
+ * slot_rec: usage only goes down under the budget row's lock, which
+ * forgets slot_rec, so a running rebalance read at least as much; and the
+ * same version of the limit row, slot_limx: a running rebalance read that
+ * version or a newer one the fast path has not seen), or, on a single
+ * node, the budget row's newest version is the one the read saw (the same
+ * slot_cut: no rebalance committed since) and no transaction holds it (no
+ * rebalance is running).  On Citus, where the row is in a shard, only the
+ * first.  See the file's header.
  */
 static bool
-no_rebalance_missed_usage(text *account, int64 recorded)
+no_rebalance_missed_usage(text *account, const FastRead *f)
 {
-	bool		isnull;
-	int64		slot_rec = DatumGetInt64(em_get(0, FN_SLOT_REC, &isnull));
-	int64		slot_cut = em_get_int64(0, FN_SLOT_CUT, 0);
 	Datum		keys[2];
 	Datum		v[1];
 	bool		n[1];
 
-	if (!isnull && slot_rec == recorded && same_limit_version())
+	if (!f->slot_rec_null && f->slot_rec == f->recorded && same_limit_version(f))
 		return true;
 	if (em_distributed())
 		return false;
 	keys[0] = PointerGetDatum(account);
-	keys[1] = Int64GetDatum(em_get_int64(0, FN_BUDGET_ID, 0));
+	keys[1] = Int64GetDatum(f->budget_id);
 	return em_direct_unclaimed(&budget_unclaimed, keys, v, n) &&
-		DatumGetInt64(v[0]) == slot_cut;
+		DatumGetInt64(v[0]) == f->slot_cut;
 }
 
 /*
@@ -351,50 +518,39 @@ em_escrow_fast(EmHold *h, TimestampTz cycle_start, int slots,
 {
 	Datum		args[12];
 	bool		isnull;
-	bool		slot_lim_null;
-	int64		slot_lim;
-	int64		gen;
+	FastRead	f;
 	int64		parts[6];
-	Datum		lim;
+
+	if (!fast_read(h, cycle_start, &f))
+		return EM_ADMIT_NO_SLOT;
+	numbers->unlimited = f.unlimited;
+	numbers->lim = f.lim;
+	parts[0] = f.used;
+	parts[1] = f.held;
+	parts[2] = f.slots_room;
+	parts[3] = f.slots_held;
+	parts[4] = f.slots_used;
+	parts[5] = f.recorded;
+	if (!slots_fit_limit(f.unlimited, f.lim, f.slot_lim_null, f.slot_lim,
+						 parts, lengthof(parts)) ||
+		!no_rebalance_missed_usage(h->account, &f))
+		return EM_ADMIT_NO_SLOT;
+	numbers->used = f.used + f.recorded + f.slots_used;
+	numbers->held = f.held + f.slots_held;
+	slots = f.slots;
 
 	args[0] = PointerGetDatum(h->account);
-	args[1] = PointerGetDatum(h->feature);
-	args[2] = TimestampTzGetDatum(cycle_start);
-	em_exec(&fast_numbers, args, NULL, 1);
-	if (SPI_processed == 0)
-		return EM_ADMIT_NO_SLOT;
-	lim = em_get(0, FN_LIM, &numbers->unlimited);
-	numbers->lim = numbers->unlimited ? 0 : DatumGetInt64(lim);
-	slot_lim = DatumGetInt64(em_get(0, FN_SLOT_LIM, &slot_lim_null));
-	if (slot_lim_null)
-		slot_lim = 0;
-	parts[0] = em_get_int64(0, FN_USED, 0);
-	parts[1] = em_get_int64(0, FN_HELD, 0);
-	parts[2] = em_get_int64(0, FN_SLOTS_ROOM, 0);
-	parts[3] = em_get_int64(0, FN_SLOTS_HELD, 0);
-	parts[4] = em_get_int64(0, FN_SLOTS_USED, 0);
-	parts[5] = em_get_int64(0, FN_RECORDED, 0);
-	if (!slots_fit_limit(numbers->unlimited, numbers->lim, slot_lim_null,
-						 slot_lim, parts, lengthof(parts)) ||
-		!no_rebalance_missed_usage(h->account, parts[5]))
-		return EM_ADMIT_NO_SLOT;
-	numbers->used = em_get_int64(0, FN_USED, 0) + em_get_int64(0, FN_RECORDED, 0) +
-		em_get_int64(0, FN_SLOTS_USED, 0);
-	numbers->held = em_get_int64(0, FN_HELD, 0) + em_get_int64(0, FN_SLOTS_HELD, 0);
-	gen = em_get_int64(0, FN_SLOT_GEN, 0);
-	slots = (int) em_get_int64(0, FN_SLOTS, slots);
-
-	args[1] = Int64GetDatum(em_get_int64(0, FN_BUDGET_ID, 0));
+	args[1] = Int64GetDatum(f.budget_id);
 	args[2] = Int32GetDatum(em_random_slot(slots));
 	args[3] = Int32GetDatum(slots);
-	args[4] = Int64GetDatum(gen);
+	args[4] = Int64GetDatum(f.slot_gen);
 	args[5] = Int64GetDatum(h->amount);
 	args[6] = PointerGetDatum(h->feature);
 	args[7] = PointerGetDatum(h->key);
 	args[8] = IntervalPGetDatum(h->lease);
 	args[9] = TimestampTzGetDatum(h->lease_until);
 	args[10] = TimestampTzGetDatum(h->now);
-	args[11] = Int64GetDatum(em_get_int64(0, FN_SLOT_CUT, 0));
+	args[11] = Int64GetDatum(f.slot_cut);
 	em_exec(&fast_take, args, NULL, 1);
 	(void) em_get(0, FT_SLOT, &isnull);
 	if (isnull)

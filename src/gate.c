@@ -322,10 +322,6 @@ static EmDirect job_of_key = {
 	.table = "job", .nkeys = 2, .keys = {"account", "idempotency_key"},
 	.ncols = 4, .cols = {"job_id", "amount", "feature", "budget_id"}
 };
-static EmDirect usage_of_cycle = {
-	.table = "usage_shard", .nkeys = 2, .keys = {"account", "budget_id"},
-	.ncols = 1, .cols = {"units"}
-};
 
 static void
 key_job_from(KeyJob *k, Datum *v, bool *n)
@@ -705,24 +701,11 @@ typedef struct LimitRow
 	KeyJob		job;			/* the key's job (only when known) */
 } LimitRow;
 
-static bool
-add_units(Datum *values, bool *nulls, void *arg)
-{
-	int64	   *sum = (int64 *) arg;
-
-	if (!nulls[0] && pg_add_s64_overflow(*sum, DatumGetInt64(values[0]), sum))
-		ereport(ERROR,
-				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
-				 errmsg("bigint out of range")));
-	return true;
-}
-
 /* read_limit by index from C (direct.c), on a single node */
 static void
 read_limit_direct(Reserve *r, Snapshot snap, uint64 completions, LimitRow *l)
 {
 	AccountLimit a;
-	Datum		keys[2];
 
 	if (!read_account_limit_direct(r, snap, &a))
 		return;
@@ -733,9 +716,7 @@ read_limit_direct(Reserve *r, Snapshot snap, uint64 completions, LimitRow *l)
 		return;
 	l->unlimited = a.unlimited;
 	l->lim = a.lim;
-	keys[0] = PointerGetDatum(r->h.account);
-	keys[1] = Int64GetDatum(r->b.budget_id);
-	(void) em_direct_scan(&usage_of_cycle, keys, snap, add_units, &l->recorded);
+	l->recorded = em_budget_recorded(r->h.account, r->b.budget_id, snap);
 	/*
 	 * The key's job, when it may have committed since start_reserve's read:
 	 * not under REPEATABLE READ (the snapshot is that read's), nor when no
