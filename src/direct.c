@@ -17,7 +17,10 @@
  *	  SERIALIZABLE as the executor's index scans.  One locking read,
  *	  em_direct_lock, locks the row it finds as SELECT ... FOR UPDATE does
  *	  (ExecLockRows: the newest version and a re-check of the keys under
- *	  READ COMMITTED, 40001 under REPEATABLE READ).
+ *	  READ COMMITTED, 40001 under REPEATABLE READ); another,
+ *	  em_direct_lock_skip, the first row from a key on that a condition
+ *	  accepts, as ... ORDER BY LIMIT 1 FOR UPDATE SKIP LOCKED locks it
+ *	  (escrow's free slots).
  *
  *	  One look without a lock, em_direct_unclaimed: whether a row's newest
  *	  version is free of any running transaction's lock or update
@@ -189,6 +192,13 @@ resolve_keys(EmDirect *d, Relation idx)
 				 i + 1, d->table);
 		d->eqproc[i] = get_opcode(op);
 		d->collation[i] = idx->rd_indcollation[i];
+		if (i == d->nkeys - 1)
+		{
+			d->geproc = get_opcode(get_opfamily_member(idx->rd_opfamily[i], opcintype,
+													   opcintype, BTGreaterEqualStrategyNumber));
+			d->ltproc = get_opcode(get_opfamily_member(idx->rd_opfamily[i], opcintype,
+													   opcintype, BTLessStrategyNumber));
+		}
 	}
 }
 
@@ -506,11 +516,11 @@ em_direct_unclaimed(EmDirect *d, Datum *keys, Datum *values, bool *nulls)
 
 /* the locked version still has the keys the scan matched (EvalPlanQual's re-check) */
 static bool
-keys_hold(EmDirect *d, TupleTableSlot *slot, AttrNumber *keyatts, Datum *keys)
+keys_hold(EmDirect *d, TupleTableSlot *slot, AttrNumber *keyatts, Datum *keys, int nkeys)
 {
 	int			i;
 
-	for (i = 0; i < d->nkeys; i++)
+	for (i = 0; i < nkeys; i++)
 	{
 		bool		isnull;
 		Datum		v = slot_getattr(slot, keyatts[i], &isnull);
@@ -649,7 +659,7 @@ recall_row(EmDirect *d, Relation rel, uint32 keyhash, Snapshot snap,
 	if (ItemPointerGetBlockNumber(&tid) >= RelationGetNumberOfBlocks(rel))
 		return false;
 	if (table_tuple_fetch_row_version(rel, &tid, snap, slot) &&
-		keys_hold(d, slot, keyatts, keys))
+		keys_hold(d, slot, keyatts, keys, d->nkeys))
 		return true;
 	ExecClearTuple(slot);
 	return false;
@@ -731,7 +741,7 @@ lock_first_row(EmDirect *d, Relation rel, Datum *keys, Snapshot snap,
 	switch (test)
 	{
 		case TM_Ok:
-			if (tmfd.traversed && !keys_hold(d, slot, row.keyatts, keys))
+			if (tmfd.traversed && !keys_hold(d, slot, row.keyatts, keys, d->nkeys))
 				return false;
 			found_at(d, rel, &row, &slot->tts_tid);
 			return true;
@@ -774,6 +784,156 @@ em_direct_lock(EmDirect *d, Datum *keys, Datum *values, bool *nulls)
 	if (found)
 		copy_columns(d, rel, slot, values, nulls);
 	ExecDropSingleTupleTableSlot(slot);
+	table_close(rel, NoLock);
+	em_direct_release(snap);
+	return found;
+}
+
+/*
+ * A scan of d's index for the rows whose keys but the last equal keys and
+ * whose last key is at least keys[nkeys - 1] (below: less than it), in
+ * the index's order.
+ */
+static IndexScanDesc
+begin_range_scan(EmDirect *d, Relation rel, Relation idx, Snapshot snap, Datum *keys,
+				 bool below)
+{
+	ScanKeyData skeys[EM_DIRECT_MAX_KEYS];
+	IndexScanDesc scan;
+	int			last = d->nkeys - 1;
+	int			i;
+
+	for (i = 0; i < last; i++)
+		ScanKeyEntryInitialize(&skeys[i], 0, i + 1, BTEqualStrategyNumber,
+							   InvalidOid, d->collation[i], d->eqproc[i], keys[i]);
+	ScanKeyEntryInitialize(&skeys[last], 0, last + 1,
+						   below ? BTLessStrategyNumber : BTGreaterEqualStrategyNumber,
+						   InvalidOid, d->collation[last],
+						   below ? d->ltproc : d->geproc, keys[last]);
+	scan = index_beginscan(rel, idx, snap, d->nkeys, 0);
+	index_rescan(scan, skeys, d->nkeys, NULL, 0);
+	return scan;
+}
+
+/* fn accepts the row in slot, given d's columns */
+static bool
+row_accepted(EmDirect *d, TupleTableSlot *slot, EmDirectRow fn, void *arg)
+{
+	Datum		values[EM_DIRECT_MAX_COLS];
+	bool		nulls[EM_DIRECT_MAX_COLS];
+	int			i;
+
+	for (i = 0; i < d->ncols; i++)
+		values[i] = column_value(slot, d->attnums[i], &nulls[i]);
+	return fn(values, nulls, arg);
+}
+
+/* the row in slot passes begin_range_scan's keys and fn */
+static bool
+range_row_matches(EmDirect *d, TupleTableSlot *slot, AttrNumber *keyatts, Datum *keys,
+				  bool below, EmDirectRow fn, void *arg)
+{
+	int			last = d->nkeys - 1;
+	bool		isnull;
+	Datum		v;
+
+	if (last > 0 && !keys_hold(d, slot, keyatts, keys, last))
+		return false;
+	v = slot_getattr(slot, keyatts[last], &isnull);
+	if (isnull ||
+		!DatumGetBool(OidFunctionCall2Coll(below ? d->ltproc : d->geproc,
+										   d->collation[last], v, keys[last])))
+		return false;
+	return row_accepted(d, slot, fn, arg);
+}
+
+/*
+ * Lock the version at *tid as ExecLockRows locks it for FOR UPDATE SKIP
+ * LOCKED, into locked; true when it is locked and (after following its
+ * update chain, READ COMMITTED) its newest version still matches.
+ */
+static bool
+lock_or_skip(EmDirect *d, Relation rel, Snapshot snap, ItemPointer tid,
+			 TupleTableSlot *locked, AttrNumber *keyatts, Datum *keys, bool below,
+			 EmDirectRow fn, void *arg)
+{
+	TM_FailureData tmfd;
+	TM_Result	test;
+
+	ExecClearTuple(locked);
+	test = table_tuple_lock(rel, tid, snap, locked, GetCurrentCommandId(true),
+							LockTupleExclusive, LockWaitSkip,
+							TUPLE_LOCK_FLAG_LOCK_UPDATE_IN_PROGRESS |
+							(IsolationUsesXactSnapshot() ? 0 : TUPLE_LOCK_FLAG_FIND_LAST_VERSION),
+							&tmfd);
+	switch (test)
+	{
+		case TM_Ok:
+			/* EvalPlanQual's re-check of every condition on the newest version */
+			return !tmfd.traversed ||
+				range_row_matches(d, locked, keyatts, keys, below, fn, arg);
+		case TM_WouldBlock:
+		case TM_SelfModified:
+			return false;		/* skipped, as ExecLockRows skips them */
+		case TM_Updated:
+		case TM_Deleted:
+			if (IsolationUsesXactSnapshot())
+				ereport(ERROR,
+						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						 errmsg("could not serialize access due to concurrent update")));
+			if (test == TM_Updated)
+				elog(ERROR, "earmark: unexpected table_tuple_lock status: %u", test);
+			return false;
+		default:
+			elog(ERROR, "earmark: unexpected table_tuple_lock status: %u", test);
+	}
+	return false;				/* keep compiler quiet */
+}
+
+/*
+ * The first row the statement's snapshot sees by d's index whose keys but
+ * the last equal keys, whose last key is at least keys[nkeys - 1] (below:
+ * less than it) and that fn accepts (given d's columns), locked as
+ * "SELECT ... WHERE <those> ORDER BY <last key> LIMIT 1 FOR UPDATE SKIP
+ * LOCKED" locks it (ExecLockRows): a row another transaction locks or
+ * updates is passed over, never waited for; under READ COMMITTED its
+ * newest version is locked and every condition checked again on it; under
+ * REPEATABLE READ and SERIALIZABLE a row changed after the snapshot fails
+ * with 40001.  The locked version's columns are copied into the current
+ * memory context.  False when no row could be had.  Locks: RowShareLock on
+ * the table, AccessShareLock on the index, and the row lock.
+ */
+bool
+em_direct_lock_skip(EmDirect *d, Datum *keys, bool below, EmDirectRow fn, void *arg,
+					Datum *values, bool *nulls)
+{
+	Snapshot	snap = em_direct_statement_snapshot();
+	Relation	rel = open_table(d, RowShareLock);
+	Relation	idx = index_open(d->indexid, AccessShareLock);
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	TupleTableSlot *locked = table_slot_create(rel, NULL);
+	IndexScanDesc scan = begin_range_scan(d, rel, idx, snap, keys, below);
+	AttrNumber	keyatts[EM_DIRECT_MAX_KEYS];
+	bool		found = false;
+	int			i;
+
+	for (i = 0; i < d->nkeys; i++)
+		keyatts[i] = idx->rd_index->indkey.values[i];
+	while (!found && index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		ItemPointerData tid = slot->tts_tid;
+
+		/* the index scan checked the keys */
+		if (row_accepted(d, slot, fn, arg))
+			found = lock_or_skip(d, rel, snap, &tid, locked, keyatts, keys, below,
+								 fn, arg);
+	}
+	if (found)
+		copy_columns(d, rel, locked, values, nulls);
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(locked);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(idx, NoLock);
 	table_close(rel, NoLock);
 	em_direct_release(snap);
 	return found;
@@ -1033,7 +1193,7 @@ update_row(EmDirect *d, Relation rel, Snapshot snap, TupleTableSlot *slot,
 			return false;
 		if (result != TM_Ok)
 			elog(ERROR, "earmark: unexpected table_tuple_lock status: %u", result);
-		if (!keys_hold(d, slot, row->keyatts, keys))
+		if (!keys_hold(d, slot, row->keyatts, keys, d->nkeys))
 			return false;
 	}
 }

@@ -49,6 +49,8 @@ typedef struct EmDirect
 	bool		writable;		/* em_direct_update may write it (direct.c) */
 	RegProcedure eqproc[EM_DIRECT_MAX_KEYS];
 	Oid			collation[EM_DIRECT_MAX_KEYS];
+	RegProcedure geproc;		/* the last key's >= (em_direct_lock_skip) */
+	RegProcedure ltproc;		/* and its < */
 	struct EmDirect *next;
 } EmDirect;
 
@@ -71,6 +73,9 @@ extern bool em_direct_get(EmDirect *d, Datum *keys, Snapshot snap,
 						  Datum *values, bool *nulls);
 extern bool em_direct_lock(EmDirect *d, Datum *keys, Datum *values, bool *nulls);
 extern bool em_direct_unclaimed(EmDirect *d, Datum *keys, Datum *values,
+								bool *nulls);
+extern bool em_direct_lock_skip(EmDirect *d, Datum *keys, bool below,
+								EmDirectRow fn, void *arg, Datum *values,
 								bool *nulls);
 
 /*

@@ -213,7 +213,8 @@ enum
  * probe's FOR UPDATE re-checks room, generation and stamp on the slot's
  * newest version (READ COMMITTED), so a slot drained or cut again
  * meanwhile is passed over.  Then the job (nothing when the key is already taken), and
- * the slot's room to held only for a job that was written.
+ * the slot's room to held only for a job that was written.  On Citus; a
+ * single node does the same in three steps (take_direct).
  */
 #define FREE_SLOT_PROBE(from_to) \
 	"(SELECT t.slot FROM earmark.budget_slot t" \
@@ -505,6 +506,184 @@ no_rebalance_missed_usage(text *account, const FastRead *f)
 }
 
 /*
+ * A slot's free room, found and locked from C on a single node (direct.c):
+ * what fast_take's probes and gate.c's settlement probes do in SQL, one
+ * probe from a random start upward, then one below it.
+ */
+static EmDirect free_slot = {
+	.table = "budget_slot", .nkeys = 3, .keys = {"account", "budget_id", "slot"},
+	.ncols = 4, .cols = {"slot", "gen", "room", "cut"}
+};
+
+/* the probes' conditions beyond the keys (em_direct_lock_skip's fn) */
+static bool
+slot_wanted(Datum *values, bool *nulls, void *arg)
+{
+	const EmSlotWant *w = (const EmSlotWant *) arg;
+
+	if (DatumGetInt64(values[1]) != w->gen)
+		return false;
+	return !w->taking ||
+		(DatumGetInt32(values[0]) < w->slots && DatumGetInt64(values[2]) >= w->amount &&
+		 DatumGetInt64(values[3]) <= w->cut);
+}
+
+/*
+ * Lock a slot of the budget that w wants, never waiting for one (FOR UPDATE
+ * SKIP LOCKED): the first from start upward, else the first below start;
+ * -1 when none.  On a single node only.
+ */
+int32
+em_escrow_lock_slot(text *account, int64 budget_id, int32 start, const EmSlotWant *w)
+{
+	Datum		keys[3];
+	Datum		v[4];
+	bool		n[4];
+
+	keys[0] = PointerGetDatum(account);
+	keys[1] = Int64GetDatum(budget_id);
+	keys[2] = Int32GetDatum(start);
+	if (em_direct_lock_skip(&free_slot, keys, false, slot_wanted, (void *) w, v, n) ||
+		em_direct_lock_skip(&free_slot, keys, true, slot_wanted, (void *) w, v, n))
+		return DatumGetInt32(v[0]);
+	return -1;
+}
+
+/*
+ * A move between a slot's room, held and used (an admission's take, a
+ * settlement's release), which leaves its allocation as it is: by index
+ * from C on a single node, else (Citus, or a table the executor would do
+ * more for) SQL.  Whether the row was there.
+ */
+typedef struct SlotMove
+{
+	int64		delta[3];		/* room, held, used */
+} SlotMove;
+
+static EmDirect slot_move = {
+	.table = "budget_slot", .nkeys = 3, .keys = {"account", "budget_id", "slot"},
+	.ncols = 3, .cols = {"room", "held", "used"}, .nwrite = 3,
+	.types = {INT8OID, INT8OID, INT8OID}
+};
+
+static EmStatement slot_move_sql = {
+	"UPDATE earmark.budget_slot SET room = room + $4, held = held + $5, used = used + $6 "
+	"WHERE account = $1 AND budget_id = $2 AND slot = $3",
+	6, {TEXTOID, INT8OID, INT4OID, INT8OID, INT8OID, INT8OID}
+};
+
+static bool
+move_fit(Datum *values, bool *nulls, void *arg)
+{
+	const SlotMove *m = (const SlotMove *) arg;
+	int			i;
+
+	for (i = 0; i < 3; i++)
+	{
+		int64		v;
+
+		if (pg_add_s64_overflow(DatumGetInt64(values[i]), m->delta[i], &v))
+			ereport(ERROR,
+					(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+					 errmsg("bigint out of range")));
+		values[i] = Int64GetDatum(v);
+	}
+	return true;
+}
+
+bool
+em_escrow_slot_move(text *account, int64 budget_id, int32 slot, int64 room,
+					int64 held, int64 used)
+{
+	SlotMove	m = {{room, held, used}};
+	Datum		args[6];
+	EmDirectWrite w;
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	args[2] = Int32GetDatum(slot);
+	w = em_direct_update(&slot_move, args, move_fit, &m);
+	if (w != EM_DIRECT_UNWRITABLE)
+		return w == EM_DIRECT_WRITTEN;
+	args[3] = Int64GetDatum(room);
+	args[4] = Int64GetDatum(held);
+	args[5] = Int64GetDatum(used);
+	em_exec(&slot_move_sql, args, NULL, 0);
+	return SPI_processed > 0;
+}
+
+/*
+ * The job of an admission through a slot the caller locked (on a single
+ * node, where the take is three steps: the slot locked from C, this
+ * statement, the slot's move from C); no row when the key is taken.
+ */
+static EmStatement fast_job = {
+	"INSERT INTO earmark.job (account, budget_id, feature, idempotency_key, amount, lease, lease_until, created_at, slot, gen) "
+	"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) "
+	"ON CONFLICT (account, idempotency_key) DO NOTHING RETURNING job_id",
+	10, {TEXTOID, INT8OID, TEXTOID, TEXTOID, INT8OID, INTERVALOID, TIMESTAMPTZOID,
+	TIMESTAMPTZOID, INT4OID, INT8OID}
+};
+
+/* fast_take's work on a single node: the slot, the job, the slot's move */
+static EmAdmit
+take_direct(EmHold *h, const FastRead *f)
+{
+	EmSlotWant	w = {f->slot_gen, true, f->slots, h->amount, f->slot_cut};
+	int32		slot = em_escrow_lock_slot(h->account, f->budget_id,
+										   em_random_slot(f->slots), &w);
+	Datum		args[10];
+
+	if (slot < 0)
+		return EM_ADMIT_NO_SLOT;
+	args[0] = PointerGetDatum(h->account);
+	args[1] = Int64GetDatum(f->budget_id);
+	args[2] = PointerGetDatum(h->feature);
+	args[3] = PointerGetDatum(h->key);
+	args[4] = Int64GetDatum(h->amount);
+	args[5] = IntervalPGetDatum(h->lease);
+	args[6] = TimestampTzGetDatum(h->lease_until);
+	args[7] = TimestampTzGetDatum(h->now);
+	args[8] = Int32GetDatum(slot);
+	args[9] = Int64GetDatum(f->slot_gen);
+	em_exec(&fast_job, args, NULL, 1);
+	if (SPI_processed == 0)
+		return EM_ADMIT_KEY_TAKEN;	/* the slot stays as it was, locked */
+	h->job_id = em_get_int64(0, 1, 0);
+	if (!em_escrow_slot_move(h->account, f->budget_id, slot, -h->amount, h->amount, 0))
+		elog(ERROR, "earmark: escrow slot %d of budget " INT64_FORMAT " vanished",
+			 slot, f->budget_id);
+	return EM_ADMIT_OK;
+}
+
+/* fast_take, on Citus: one statement on the account's shard */
+static EmAdmit
+take_spi(EmHold *h, const FastRead *f)
+{
+	Datum		args[12];
+	bool		isnull;
+
+	args[0] = PointerGetDatum(h->account);
+	args[1] = Int64GetDatum(f->budget_id);
+	args[2] = Int32GetDatum(em_random_slot(f->slots));
+	args[3] = Int32GetDatum(f->slots);
+	args[4] = Int64GetDatum(f->slot_gen);
+	args[5] = Int64GetDatum(h->amount);
+	args[6] = PointerGetDatum(h->feature);
+	args[7] = PointerGetDatum(h->key);
+	args[8] = IntervalPGetDatum(h->lease);
+	args[9] = TimestampTzGetDatum(h->lease_until);
+	args[10] = TimestampTzGetDatum(h->now);
+	args[11] = Int64GetDatum(f->slot_cut);
+	em_exec(&fast_take, args, NULL, 1);
+	(void) em_get(0, FT_SLOT, &isnull);
+	if (isnull)
+		return EM_ADMIT_NO_SLOT;
+	h->job_id = DatumGetInt64(em_get(0, FT_JOB_ID, &isnull));
+	return isnull ? EM_ADMIT_KEY_TAKEN : EM_ADMIT_OK;
+}
+
+/*
  * Try to admit through a free slot of the cycle's budget.  EM_ADMIT_NO_SLOT
  * when no slot with enough room could be had (the caller takes the slow
  * path), EM_ADMIT_OK with h->job_id, or EM_ADMIT_KEY_TAKEN when a
@@ -513,11 +692,8 @@ no_rebalance_missed_usage(text *account, const FastRead *f)
  * yet) and its limit: what reserve's "remaining" is computed from.
  */
 EmAdmit
-em_escrow_fast(EmHold *h, TimestampTz cycle_start, int slots,
-			   EscrowNumbers *numbers)
+em_escrow_fast(EmHold *h, TimestampTz cycle_start, EscrowNumbers *numbers)
 {
-	Datum		args[12];
-	bool		isnull;
 	FastRead	f;
 	int64		parts[6];
 
@@ -537,26 +713,7 @@ em_escrow_fast(EmHold *h, TimestampTz cycle_start, int slots,
 		return EM_ADMIT_NO_SLOT;
 	numbers->used = f.used + f.recorded + f.slots_used;
 	numbers->held = f.held + f.slots_held;
-	slots = f.slots;
-
-	args[0] = PointerGetDatum(h->account);
-	args[1] = Int64GetDatum(f.budget_id);
-	args[2] = Int32GetDatum(em_random_slot(slots));
-	args[3] = Int32GetDatum(slots);
-	args[4] = Int64GetDatum(f.slot_gen);
-	args[5] = Int64GetDatum(h->amount);
-	args[6] = PointerGetDatum(h->feature);
-	args[7] = PointerGetDatum(h->key);
-	args[8] = IntervalPGetDatum(h->lease);
-	args[9] = TimestampTzGetDatum(h->lease_until);
-	args[10] = TimestampTzGetDatum(h->now);
-	args[11] = Int64GetDatum(f.slot_cut);
-	em_exec(&fast_take, args, NULL, 1);
-	(void) em_get(0, FT_SLOT, &isnull);
-	if (isnull)
-		return EM_ADMIT_NO_SLOT;
-	h->job_id = DatumGetInt64(em_get(0, FT_JOB_ID, &isnull));
-	return isnull ? EM_ADMIT_KEY_TAKEN : EM_ADMIT_OK;
+	return em_distributed() ? take_spi(h, &f) : take_direct(h, &f);
 }
 
 /* ---------------------------------------------------------------------

@@ -22,8 +22,22 @@ typedef struct EscrowNumbers
 	bool		unlimited;
 } EscrowNumbers;
 
-extern EmAdmit em_escrow_fast(EmHold *h, TimestampTz cycle_start, int slots,
+/* the slot em_escrow_lock_slot looks for */
+typedef struct EmSlotWant
+{
+	int64		gen;			/* of this generation */
+	bool		taking;			/* for an admission, and then also: */
+	int32		slots;			/* below the budget's slot count */
+	int64		amount;			/* with this much room */
+	int64		cut;			/* last cut no later than this stamp */
+} EmSlotWant;
+
+extern EmAdmit em_escrow_fast(EmHold *h, TimestampTz cycle_start,
 							  EscrowNumbers *numbers);
+extern int32 em_escrow_lock_slot(text *account, int64 budget_id, int32 start,
+								 const EmSlotWant *w);
+extern bool em_escrow_slot_move(text *account, int64 budget_id, int32 slot,
+								int64 room, int64 held, int64 used);
 extern EmAdmit em_escrow_rebalance(EmHold *h, EmBudget *b, int64 *remaining);
 extern int	em_random_slot(int slots);
 extern void em_escrow_set_slots(text *account, int64 budget_id, int slots);

@@ -627,7 +627,7 @@ fast_path(Reserve *r)
 		!(r->auto_escrow && em_contention_escrowed(r->h.account, r->h.feature)))
 		return false;
 	em_cycle_bounds(r->anchor, r->has_anchor, r->h.now, &start, &end);
-	switch (em_escrow_fast(&r->h, start, r->escrow_slots, &n))
+	switch (em_escrow_fast(&r->h, start, &n))
 	{
 		case EM_ADMIT_OK:
 			r->result->admitted = true;
@@ -1543,12 +1543,6 @@ static EmStatement settle_slot_below = {
 	4, {TEXTOID, INT8OID, INT4OID, INT8OID}
 };
 
-static EmStatement settle_slot = {
-	"UPDATE earmark.budget_slot SET held = held - $4, used = used + $5, room = room + ($4 - $5) "
-	"WHERE account = $1 AND budget_id = $2 AND slot = $3",
-	5, {TEXTOID, INT8OID, INT4OID, INT8OID, INT8OID}
-};
-
 static EmStatement budget_slot_count = {
 	"SELECT slots FROM earmark.budget WHERE account = $1 AND budget_id = $2",
 	2, {TEXTOID, INT8OID}
@@ -1618,9 +1612,35 @@ static EmStatement lock_budget_row = {
 	2, {TEXTOID, INT8OID}
 };
 
+/* the budget's slot count, read by index from C on a single node */
+static EmDirect budget_slots = {
+	.table = "budget", .nkeys = 2, .keys = {"account", "budget_id"},
+	.ncols = 1, .cols = {"slots"}
+};
+
+/* settle_find_slot by index from C (direct.c, escrow.c) */
+static int32
+settle_find_slot_direct(text *account, Job *j)
+{
+	Snapshot	snap = em_direct_statement_snapshot();
+	EmSlotWant	w = {j->gen, false, 0, 0, 0};
+	Datum		keys[2];
+	Datum		v[1];
+	bool		n[1];
+	int			slots = 0;
+
+	keys[0] = PointerGetDatum(account);
+	keys[1] = Int64GetDatum(j->budget_id);
+	if (em_direct_get(&budget_slots, keys, snap, v, n))
+		slots = DatumGetInt32(v[0]);
+	em_direct_release(snap);
+	return em_escrow_lock_slot(account, j->budget_id, em_random_slot(slots), &w);
+}
+
 /*
  * Lock a free slot of the hold's generation for its release, searching
  * from a random start as escrow.c's fast path does; -1 when none is free.
+ * Through SQL on Citus.
  */
 static int32
 settle_find_slot(text *account, Job *j)
@@ -1629,6 +1649,8 @@ settle_find_slot(text *account, Job *j)
 
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(j->budget_id);
+	if (!em_distributed())
+		return settle_find_slot_direct(account, j);
 	em_exec(&budget_slot_count, args, NULL, 1);
 	args[2] = Int32GetDatum(em_random_slot(SPI_processed == 1 ?
 										   (int) em_get_int64(0, 1, 0) : 0));
@@ -1729,23 +1751,17 @@ settle_target(text *account, int64 job_id, const SettleFit *f, Job *j,
 static bool
 settle_release(text *account, Job *j, Settle *s, int32 slot)
 {
-	Datum		args[5];
+	Datum		args[4];
 
+	/* into the slot: held to used, the rest back to room */
+	if (slot >= 0)
+		return em_escrow_slot_move(account, j->budget_id, slot,
+								   j->amount - s->charged, -j->amount, s->charged);
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(j->budget_id);
-	if (slot >= 0)
-	{
-		args[2] = Int32GetDatum(slot);
-		args[3] = Int64GetDatum(j->amount);
-		args[4] = Int64GetDatum(s->charged);
-		em_exec(&settle_slot, args, NULL, 0);
-	}
-	else
-	{
-		args[2] = Int64GetDatum(j->amount);
-		args[3] = Int64GetDatum(s->charged);
-		em_exec(&settle_budget, args, NULL, 0);
-	}
+	args[2] = Int64GetDatum(j->amount);
+	args[3] = Int64GetDatum(s->charged);
+	em_exec(&settle_budget, args, NULL, 0);
 	return SPI_processed > 0;
 }
 
