@@ -113,13 +113,25 @@ static EmDirect usage_of_cycle = {
 static bool
 add_units(Datum *values, bool *nulls, void *arg)
 {
-	int64	   *sum = (int64 *) arg;
+	if (!nulls[0])
+		int128_add_int64((INT128 *) arg, DatumGetInt64(values[0]));
+	return true;
+}
 
-	if (!nulls[0] && pg_add_s64_overflow(*sum, DatumGetInt64(values[0]), sum))
+/*
+ * A sum of bigints as SQL's sum(...)::bigint gives it: summed without a
+ * bound on the way (numeric there, 128 bits here: a row count cannot
+ * carry it past), and an error only when the total is not a bigint.
+ */
+int64
+em_bigint_sum(INT128 sum)
+{
+	if (int128_compare(sum, int64_to_int128(PG_INT64_MAX)) > 0 ||
+		int128_compare(sum, int64_to_int128(PG_INT64_MIN)) < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
 				 errmsg("bigint out of range")));
-	return true;
+	return int128_to_int64(sum);
 }
 
 /*
@@ -130,12 +142,12 @@ int64
 em_budget_recorded(text *account, int64 budget_id, Snapshot snap)
 {
 	Datum		keys[2];
-	int64		sum = 0;
+	INT128		sum = int64_to_int128(0);
 
 	keys[0] = PointerGetDatum(account);
 	keys[1] = Int64GetDatum(budget_id);
 	(void) em_direct_scan(&usage_of_cycle, keys, snap, add_units, &sum);
-	return sum;
+	return em_bigint_sum(sum);
 }
 
 /*

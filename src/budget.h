@@ -12,6 +12,7 @@
 
 #include "postgres.h"
 
+#include "common/int128.h"
 #include "datatype/timestamp.h"
 #include "utils/snapshot.h"
 #include "utils/timestamp.h"
@@ -69,6 +70,7 @@ extern void em_budget_write(text *account, int64 budget_id, int64 used,
 extern void em_budget_release(text *account, int64 budget_id, int64 released,
 							  int64 charged);
 extern EmAdmit em_budget_admit(EmHold *h, EmBudget *b);
+extern int64 em_bigint_sum(INT128 sum);
 extern int64 em_budget_recorded(text *account, int64 budget_id, Snapshot snap);
 extern int64 em_budget_expire(text *account, int64 budget_id, TimestampTz now,
 							  int max, bool wait, int64 *released,

@@ -375,20 +375,19 @@ static EmDirect slots_of_budget = {
 };
 
 /*
- * Add a slot row's used, held and room to the sums; past a bigint, the
- * error the SQL sums' cast to bigint raises.
+ * Add a slot row's used, held and room to the sums, in 128 bits: as the
+ * SQL sums (numeric, then cast to bigint), only a total past a bigint is
+ * an error (em_bigint_sum), not a running total on the way.
  */
 static bool
 add_slot(Datum *values, bool *nulls, void *arg)
 {
-	int64	   *sums = (int64 *) arg;
+	INT128	   *sums = (INT128 *) arg;
 	int			i;
 
 	for (i = 0; i < 3; i++)
-		if (!nulls[i] && pg_add_s64_overflow(sums[i], DatumGetInt64(values[i]), &sums[i]))
-			ereport(ERROR,
-					(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
-					 errmsg("bigint out of range")));
+		if (!nulls[i])
+			int128_add_int64(&sums[i], DatumGetInt64(values[i]));
 	return true;
 }
 
@@ -397,9 +396,9 @@ static bool
 fast_read_direct(EmHold *h, TimestampTz cycle_start, Snapshot snap, FastRead *f)
 {
 	Datum		keys[3];
-	Datum		v[10];
-	bool		n[10];
-	int64		sums[3] = {0, 0, 0};
+	Datum		v[EM_DIRECT_MAX_COLS];
+	bool		n[EM_DIRECT_MAX_COLS];
+	INT128		sums[3];
 
 	keys[0] = PointerGetDatum(h->account);
 	keys[1] = PointerGetDatum(h->feature);
@@ -431,10 +430,11 @@ fast_read_direct(EmHold *h, TimestampTz cycle_start, Snapshot snap, FastRead *f)
 
 	f->recorded = em_budget_recorded(h->account, f->budget_id, snap);
 	keys[1] = Int64GetDatum(f->budget_id);
+	sums[0] = sums[1] = sums[2] = int64_to_int128(0);
 	(void) em_direct_scan(&slots_of_budget, keys, snap, add_slot, sums);
-	f->slots_used = sums[0];
-	f->slots_held = sums[1];
-	f->slots_room = sums[2];
+	f->slots_used = em_bigint_sum(sums[0]);
+	f->slots_held = em_bigint_sum(sums[1]);
+	f->slots_room = em_bigint_sum(sums[2]);
 	return true;
 }
 
