@@ -87,6 +87,7 @@
 #include "commands/trigger.h"
 #include "executor/executor.h"
 #include "executor/tuptable.h"
+#include "miscadmin.h"
 #include "nodes/pg_list.h"
 #include "nodes/primnodes.h"
 #include "storage/bufmgr.h"
@@ -151,7 +152,9 @@ index_has_key_rows(Relation idx, AttrNumber *keyatts, int nkeys)
  * collation and by the default B-tree operator family of its type, and
  * that has every row the keys can match (index_has_key_rows).  An index an
  * operator added on the same columns in another collation (a
- * case-insensitive one, say) would match other rows.
+ * case-insensitive one, say) would match other rows.  Each key column in
+ * ascending order, NULLs last (the default): a range read
+ * (em_direct_lock_skip) walks the keys in the statement's ORDER BY.
  */
 static bool
 index_fits(Relation rel, Relation idx, AttrNumber *keyatts, int nkeys)
@@ -168,6 +171,7 @@ index_fits(Relation rel, Relation idx, AttrNumber *keyatts, int nkeys)
 		Oid			opclass = GetDefaultOpClass(att->atttypid, BTREE_AM_OID);
 
 		if (form->indkey.values[i] != keyatts[i] ||
+			idx->rd_indoption[i] != 0 ||
 			idx->rd_indcollation[i] != att->attcollation ||
 			!OidIsValid(opclass) ||
 			idx->rd_opfamily[i] != get_opclass_family(opclass))
@@ -763,6 +767,19 @@ lock_first_row(EmDirect *d, Relation rel, Datum *keys, Snapshot snap,
 }
 
 /*
+ * A row lock, as SELECT ... FOR UPDATE takes it, is refused where the
+ * executor refuses the statement (ExecCheckXactReadOnly: it needs UPDATE
+ * rights, so a read-only transaction may not), before it takes an xid.
+ */
+static void
+locking_allowed(void)
+{
+	if (XactReadOnly)
+		PreventCommandIfReadOnly("SELECT FOR UPDATE");
+	PreventCommandIfParallelMode("SELECT FOR UPDATE");
+}
+
+/*
  * The first row the statement's snapshot sees by the index, locked FOR
  * UPDATE as SELECT ... FOR UPDATE locks it (ExecLockRows): RowShareLock on
  * the table; the row lock waits for a concurrent writer; under READ
@@ -776,11 +793,16 @@ lock_first_row(EmDirect *d, Relation rel, Datum *keys, Snapshot snap,
 bool
 em_direct_lock(EmDirect *d, Datum *keys, Datum *values, bool *nulls)
 {
-	Snapshot	snap = em_direct_statement_snapshot();
-	Relation	rel = open_table(d, RowShareLock);
-	TupleTableSlot *slot = table_slot_create(rel, NULL);
-	bool		found = lock_first_row(d, rel, keys, snap, slot);
+	Snapshot	snap;
+	Relation	rel;
+	TupleTableSlot *slot;
+	bool		found;
 
+	locking_allowed();
+	snap = em_direct_statement_snapshot();
+	rel = open_table(d, RowShareLock);
+	slot = table_slot_create(rel, NULL);
+	found = lock_first_row(d, rel, keys, snap, slot);
 	if (found)
 		copy_columns(d, rel, slot, values, nulls);
 	ExecDropSingleTupleTableSlot(slot);
@@ -901,21 +923,34 @@ lock_or_skip(EmDirect *d, Relation rel, Snapshot snap, ItemPointer tid,
  * REPEATABLE READ and SERIALIZABLE a row changed after the snapshot fails
  * with 40001.  The locked version's columns are copied into the current
  * memory context.  False when no row could be had.  Locks: RowShareLock on
- * the table, AccessShareLock on the index, and the row lock.
+ * the table, AccessShareLock on the index, and the row lock.  The snapshot
+ * is taken before the table lock (the executor takes them the other way
+ * round): a probe that waited for the table sees the rows as before the
+ * wait, and the lock's re-check on the newest version decides, as it does
+ * for a row updated after any snapshot (isolation spec
+ * review_slot_lock_recheck drives that path through such a wait).
  */
 bool
 em_direct_lock_skip(EmDirect *d, Datum *keys, bool below, EmDirectRow fn, void *arg,
 					Datum *values, bool *nulls)
 {
-	Snapshot	snap = em_direct_statement_snapshot();
-	Relation	rel = open_table(d, RowShareLock);
-	Relation	idx = index_open(d->indexid, AccessShareLock);
-	TupleTableSlot *slot = table_slot_create(rel, NULL);
-	TupleTableSlot *locked = table_slot_create(rel, NULL);
-	IndexScanDesc scan = begin_range_scan(d, rel, idx, snap, keys, below);
+	Snapshot	snap;
+	Relation	rel;
+	Relation	idx;
+	TupleTableSlot *slot;
+	TupleTableSlot *locked;
+	IndexScanDesc scan;
 	AttrNumber	keyatts[EM_DIRECT_MAX_KEYS];
 	bool		found = false;
 	int			i;
+
+	locking_allowed();
+	snap = em_direct_statement_snapshot();
+	rel = open_table(d, RowShareLock);
+	idx = index_open(d->indexid, AccessShareLock);
+	slot = table_slot_create(rel, NULL);
+	locked = table_slot_create(rel, NULL);
+	scan = begin_range_scan(d, rel, idx, snap, keys, below);
 
 	for (i = 0; i < d->nkeys; i++)
 		keyatts[i] = idx->rd_index->indkey.values[i];
@@ -1023,7 +1058,7 @@ writable(EmDirect *d, Relation rel)
 		Form_pg_attribute att;
 
 		if (d->attnums[i] < 0)
-			return false;
+			return false;		/* xmin: reads only, wherever it is named */
 		att = TupleDescAttr(RelationGetDescr(rel), d->attnums[i] - 1);
 		if (att->atttypid != d->types[i] || !(att->attnotnull || d->nullok[i]) ||
 			(OidIsValid(att->attcollation) && !get_collation_isdeterministic(att->attcollation)))

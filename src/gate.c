@@ -1647,10 +1647,10 @@ settle_find_slot(text *account, Job *j)
 {
 	Datum		args[4];
 
-	args[0] = PointerGetDatum(account);
-	args[1] = Int64GetDatum(j->budget_id);
 	if (!em_distributed())
 		return settle_find_slot_direct(account, j);
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(j->budget_id);
 	em_exec(&budget_slot_count, args, NULL, 1);
 	args[2] = Int32GetDatum(em_random_slot(SPI_processed == 1 ?
 										   (int) em_get_int64(0, 1, 0) : 0));
