@@ -720,6 +720,35 @@ scan_first_row(EmDirect *d, Relation rel, Datum *keys, Snapshot snap,
 }
 
 /*
+ * A row lock that did not succeed, as ExecLockRows takes it: a row this
+ * transaction changed since the snapshot (treated as deleted), one another
+ * transaction holds (SKIP LOCKED) or one deleted meanwhile is passed over
+ * (the caller returns false); a row changed or deleted after the snapshot
+ * is 40001 under REPEATABLE READ; anything else is an error.
+ */
+static void
+lock_failed(TM_Result test)
+{
+	switch (test)
+	{
+		case TM_SelfModified:
+		case TM_WouldBlock:
+			return;
+		case TM_Updated:
+		case TM_Deleted:
+			if (IsolationUsesXactSnapshot())
+				ereport(ERROR,
+						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						 errmsg("could not serialize access due to concurrent update")));
+			if (test == TM_Updated)
+				elog(ERROR, "earmark: unexpected table_tuple_lock status: %u", test);
+			return;
+		default:
+			elog(ERROR, "earmark: unexpected table_tuple_lock status: %u", test);
+	}
+}
+
+/*
  * Lock the first row snap sees by d's index as SELECT ... FOR UPDATE locks
  * it (ExecLockRows); the locked version is left in slot.  False when no
  * row is visible, or (READ COMMITTED) it was deleted, or its newest
@@ -749,21 +778,10 @@ lock_first_row(EmDirect *d, Relation rel, Datum *keys, Snapshot snap,
 				return false;
 			found_at(d, rel, &row, &slot->tts_tid);
 			return true;
-		case TM_SelfModified:
-			return false;		/* as ExecLockRows: treated as deleted */
-		case TM_Updated:
-		case TM_Deleted:
-			if (IsolationUsesXactSnapshot())
-				ereport(ERROR,
-						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-						 errmsg("could not serialize access due to concurrent update")));
-			if (test == TM_Updated)
-				elog(ERROR, "earmark: unexpected table_tuple_lock status: %u", test);
-			return false;
 		default:
-			elog(ERROR, "earmark: unexpected table_tuple_lock status: %u", test);
+			lock_failed(test);
+			return false;
 	}
-	return false;				/* keep compiler quiet */
 }
 
 /*
@@ -894,22 +912,10 @@ lock_or_skip(EmDirect *d, Relation rel, Snapshot snap, ItemPointer tid,
 			/* EvalPlanQual's re-check of every condition on the newest version */
 			return !tmfd.traversed ||
 				range_row_matches(d, locked, keyatts, keys, below, fn, arg);
-		case TM_WouldBlock:
-		case TM_SelfModified:
-			return false;		/* skipped, as ExecLockRows skips them */
-		case TM_Updated:
-		case TM_Deleted:
-			if (IsolationUsesXactSnapshot())
-				ereport(ERROR,
-						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-						 errmsg("could not serialize access due to concurrent update")));
-			if (test == TM_Updated)
-				elog(ERROR, "earmark: unexpected table_tuple_lock status: %u", test);
-			return false;
 		default:
-			elog(ERROR, "earmark: unexpected table_tuple_lock status: %u", test);
+			lock_failed(test);
+			return false;
 	}
-	return false;				/* keep compiler quiet */
 }
 
 /*
