@@ -572,6 +572,17 @@ static EmStatement slot_move_sql = {
 	6, {TEXTOID, INT8OID, INT4OID, INT8OID, INT8OID, INT8OID}
 };
 
+/*
+ * An admission's move in SQL: room and held only, so that an operator's
+ * trigger "UPDATE OF used" on the slots fires for a settlement, which
+ * charges, and not for an admission, as before the move was written from C
+ */
+static EmStatement slot_take_sql = {
+	"UPDATE earmark.budget_slot SET room = room + $4, held = held + $5 "
+	"WHERE account = $1 AND budget_id = $2 AND slot = $3",
+	5, {TEXTOID, INT8OID, INT4OID, INT8OID, INT8OID}
+};
+
 static bool
 move_fit(Datum *values, bool *nulls, void *arg)
 {
@@ -591,25 +602,42 @@ move_fit(Datum *values, bool *nulls, void *arg)
 	return true;
 }
 
+static bool
+slot_write(text *account, int64 budget_id, int32 slot, SlotMove *m,
+		   EmStatement *sql)
+{
+	Datum		args[6];
+	EmDirectWrite w;
+	int			i;
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	args[2] = Int32GetDatum(slot);
+	w = em_direct_update(&slot_move, args, move_fit, m);
+	if (w != EM_DIRECT_UNWRITABLE)
+		return w == EM_DIRECT_WRITTEN;
+	for (i = 3; i < sql->nargs; i++)
+		args[i] = Int64GetDatum(m->delta[i - 3]);
+	em_exec(sql, args, NULL, 0);
+	return SPI_processed > 0;
+}
+
 bool
 em_escrow_slot_move(text *account, int64 budget_id, int32 slot, int64 room,
 					int64 held, int64 used)
 {
 	SlotMove	m = {{room, held, used}};
-	Datum		args[6];
-	EmDirectWrite w;
 
-	args[0] = PointerGetDatum(account);
-	args[1] = Int64GetDatum(budget_id);
-	args[2] = Int32GetDatum(slot);
-	w = em_direct_update(&slot_move, args, move_fit, &m);
-	if (w != EM_DIRECT_UNWRITABLE)
-		return w == EM_DIRECT_WRITTEN;
-	args[3] = Int64GetDatum(room);
-	args[4] = Int64GetDatum(held);
-	args[5] = Int64GetDatum(used);
-	em_exec(&slot_move_sql, args, NULL, 0);
-	return SPI_processed > 0;
+	return slot_write(account, budget_id, slot, &m, &slot_move_sql);
+}
+
+/* an admission's: amount from room to held */
+static bool
+slot_take(text *account, int64 budget_id, int32 slot, int64 amount)
+{
+	SlotMove	m = {{-amount, amount, 0}};
+
+	return slot_write(account, budget_id, slot, &m, &slot_take_sql);
 }
 
 /*
@@ -650,7 +678,7 @@ take_direct(EmHold *h, const FastRead *f)
 	if (SPI_processed == 0)
 		return EM_ADMIT_KEY_TAKEN;	/* the slot stays as it was, locked */
 	h->job_id = em_get_int64(0, 1, 0);
-	if (!em_escrow_slot_move(h->account, f->budget_id, slot, -h->amount, h->amount, 0))
+	if (!slot_take(h->account, f->budget_id, slot, h->amount))
 		elog(ERROR, "earmark: escrow slot %d of budget " INT64_FORMAT " vanished",
 			 slot, f->budget_id);
 	return EM_ADMIT_OK;
