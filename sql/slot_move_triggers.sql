@@ -18,22 +18,16 @@ SELECT earmark_set_limit('st', 1000) IS NOT NULL AS made,
 SELECT admitted FROM earmark_reserve('st', 1, 'st-warm');
 
 CREATE TABLE pg_temp.fired (what text, slot int);
-CREATE FUNCTION pg_temp.note_used() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION pg_temp.note() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO pg_temp.fired VALUES ('update of used', NEW.slot);
-    RETURN NEW;
-END
-$$;
-CREATE FUNCTION pg_temp.note_any() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO pg_temp.fired VALUES ('update', NEW.slot);
+    INSERT INTO pg_temp.fired VALUES (TG_ARGV[0], NEW.slot);
     RETURN NEW;
 END
 $$;
 CREATE TRIGGER st_used AFTER UPDATE OF used ON earmark.budget_slot
-    FOR EACH ROW EXECUTE FUNCTION pg_temp.note_used();
+    FOR EACH ROW EXECUTE FUNCTION pg_temp.note('update of used');
 CREATE TRIGGER st_any AFTER UPDATE ON earmark.budget_slot
-    FOR EACH ROW EXECUTE FUNCTION pg_temp.note_any();
+    FOR EACH ROW EXECUTE FUNCTION pg_temp.note('update');
 
 -- an admission through a slot: the slot updated once, used not named
 SELECT admitted FROM earmark_reserve('st', 10, 'st-1');
