@@ -42,10 +42,23 @@ as_pg "$EM_PGBIN/initdb" -D "$HX/data" -U postgres -A trust -E UTF8 --locale=C.U
 } >>"$HX/data/postgresql.conf"
 start() { as_pg "$EM_PGBIN/pg_ctl" -D "$HX/data" -l "$HX/log" -w -t 120 ${EM_PG_WRAPPER:+-p "$EM_PG_WRAPPER"} start >/dev/null; }
 start
-hq -d postgres -c "UPDATE pg_database SET datallowconn = true WHERE datname = 'template0'" &&
+# pageinspect before the freeze, so that its own catalog rows are frozen too
+hq -d postgres -c "CREATE EXTENSION pageinspect" &&
+    hq -d postgres -c "UPDATE pg_database SET datallowconn = true WHERE datname = 'template0'" &&
     for db in template0 template1 postgres; do hq -d $db -c "VACUUM FREEZE" || exit 1; done &&
-    hq -d postgres -c "UPDATE pg_database SET datallowconn = false WHERE datname = 'template0'"
+    hq -d postgres -c "UPDATE pg_database SET datallowconn = false WHERE datname = 'template0'" &&
+    hq -d postgres -c "VACUUM FREEZE pg_database"
 ok $? "a cluster of its own, every row of every database frozen"
+# every live row of pg_database (shared, the one catalog written after the
+# freeze) is frozen: a row whose raw xmin is initdb's would, with a next xid
+# more than 2^31 past it, be in the future (NEXT_XID at 2^31 + 100 leaves a
+# margin of some 640 xids; at 2^31 + 2000 the UPDATE of pg_database below
+# never returns)
+unfrozen=$(hq -d postgres -c "
+    SELECT count(*) FROM generate_series(0, pg_relation_size('pg_database')::int / 8192 - 1) AS p,
+           LATERAL heap_page_items(get_raw_page('pg_database', p)) AS h
+     WHERE h.lp_flags = 1 AND h.t_xmax = '0'::xid AND (h.t_infomask & 768) <> 768")
+is "$unfrozen" "0" "no live row of pg_database left unfrozen before the move"
 as_pg "$EM_PGBIN/pg_ctl" -D "$HX/data" -w -t 120 stop >/dev/null
 # the commit log's segments around NEXT_XID: 4 xids a byte, 8192-byte
 # pages, 32 pages a segment (1,048,576 xids); pg_resetwal makes none
@@ -66,6 +79,7 @@ hq -d postgres -c "UPDATE pg_database SET datfrozenxid = '$NEXT_XID'" &&
         hq -d $db -c "UPDATE pg_class SET relfrozenxid = '$NEXT_XID' WHERE relkind IN ('r', 'm', 't')" || exit 1
     done
 ok $? "moved to next xid $NEXT_XID, started with earmark preloaded, frozen xids set"
+hq -d postgres -c "DROP EXTENSION pageinspect"
 
 xid=$(hq -d postgres -c "SELECT txid_current()")
 ok "$(( xid >= 2147483648 ? 0 : 1 ))" "its transactions' ids are past 2^31 ($xid)"
