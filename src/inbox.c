@@ -238,9 +238,12 @@ is_admin(Oid role)
  * committed delivery, or by one in progress, which the insert waits for)
  * nothing is written; if the delivery it waited for rolled back, this one
  * is stored.  (The key is on the receipt, written once, so that the
- * event's own updates write no entry in a key index: earmark.sql.)  No
- * row back: the key was taken, or a trigger of the user's skipped the
- * event's insert (key_is_ours tells, on that rare path only).
+ * event's own updates write no entry in a key index: earmark.sql.)  A row
+ * back when the receipt took the key; its column says whether the event
+ * was stored too (false: a trigger of the user's skipped its insert).  The
+ * statement says so itself: the receipt's row cannot tell later, as its
+ * xmin is 32 bits and an id can be dealt again after a restart of the
+ * identity.
  */
 static EmStatement store_first = {
 	"WITH r AS ("
@@ -248,24 +251,15 @@ static EmStatement store_first = {
 	"  VALUES ($8, true, $1, $2) "
 	"  ON CONFLICT (source, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING "
 	"  RETURNING r.event_id"
+	"), e AS ("
+	"  INSERT INTO earmark.inbox_event "
+	"      (event_id, source, dedupe_key, event_type, payload, occurred_at, account, verified_by) "
+	"    OVERRIDING SYSTEM VALUE "
+	"    SELECT r.event_id, $1, $2, $3, $4, $5, $6, $7 FROM r "
+	"  RETURNING event_id"
 	") "
-	"INSERT INTO earmark.inbox_event "
-	"    (event_id, source, dedupe_key, event_type, payload, occurred_at, account, verified_by) "
-	"  OVERRIDING SYSTEM VALUE "
-	"  SELECT r.event_id, $1, $2, $3, $4, $5, $6, $7 FROM r "
-	"RETURNING event_id",
+	"SELECT EXISTS (SELECT 1 FROM e) FROM r",
 	8, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, INT8OID}
-};
-
-/*
- * Whether the key's receipt is the one this delivery just wrote: its id,
- * and written by this transaction (an id can be dealt again after a
- * restart of the identity; xmin tells an old receipt from ours).
- */
-static EmStatement key_is_ours = {
-	"SELECT r.xmin FROM earmark.inbox_receipt r "
-	" WHERE r.source = $1 AND r.dedupe_key = $2 AND r.event_id = $3",
-	3, {TEXTOID, TEXTOID, INT8OID}
 };
 
 /*
@@ -323,22 +317,6 @@ report_skipped_insert(void)
 			 errhint("A BEFORE INSERT trigger on earmark.inbox_event must return the row.")));
 }
 
-/* after store_first and store_copy found nothing: did a trigger skip the event? */
-static void
-check_not_skipped(Datum *args, int64 id)
-{
-	Datum		kargs[3];
-	bool		isnull;
-
-	kargs[0] = args[0];
-	kargs[1] = args[1];
-	kargs[2] = Int64GetDatum(id);
-	em_exec(&key_is_ours, kargs, NULL, 1);
-	if (SPI_processed > 0 &&
-		TransactionIdIsCurrentTransactionId(DatumGetTransactionId(em_get(0, 1, &isnull))))
-		report_skipped_insert();
-}
-
 /*
  * Store the delivery (args: store_first's, whose $8 this fills): first, or
  * a copy.  Each round either stores, counts a copy, or frees a key whose
@@ -359,6 +337,10 @@ store_delivery(Datum *args, const char *nulls, int64 *event_id, bool *inserted)
 		em_exec(&store_first, args, nulls, 1);
 		if (SPI_processed == 1)
 		{
+			bool		isnull;
+
+			if (!DatumGetBool(em_get(0, 1, &isnull)))
+				report_skipped_insert();
 			*event_id = id;
 			*inserted = true;
 			return;
@@ -373,7 +355,6 @@ store_delivery(Datum *args, const char *nulls, int64 *event_id, bool *inserted)
 				report_skipped_insert();
 			return;
 		}
-		check_not_skipped(args, id);
 		em_exec(&free_stale_key, args, nulls, 0);
 	}
 	ereport(ERROR,
