@@ -606,10 +606,12 @@ static bool
 slot_write(text *account, int64 budget_id, int32 slot, SlotMove *m,
 		   EmStatement *sql)
 {
-	Datum		args[6];
+	Datum		args[3 + lengthof(m->delta)];
 	EmDirectWrite w;
 	int			i;
 
+	/* the statement's arguments past the key are the deltas, in order */
+	Assert(sql->nargs <= lengthof(args));
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
 	args[2] = Int32GetDatum(slot);
