@@ -122,8 +122,8 @@ for round in $(seq 1 "$ROUNDS"); do
     done
 done
 
-median() { tr ' ' '\n' | grep . | sort -g \
-    | awk -v f="$1" '{ v[NR] = $1 } END { printf f, NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# shellcheck disable=SC1091
+source "$HERE/stats.sh"
 col() { for x in $2; do echo "$x" | cut -d'|' -f"$1"; done | tr '\n' ' '; }
 
 echo

@@ -93,11 +93,12 @@ for r in $(seq 1 "$ROUNDS"); do
     Q -c "CHECKPOINT" >/dev/null
 done
 
-median() { python3 -c "import statistics, sys; print(f'{statistics.median(float(x) for x in sys.argv[1:]):.0f}')" "$@"; }
+# shellcheck disable=SC1091
+source "$EM_ROOT/test/bench/stats.sh"
 declare -A MED
 for s in "${SCEN[@]}"; do
     # shellcheck disable=SC2086
-    MED[$s]=$(median ${RESULTS[$s]})
+    MED[$s]=$(echo ${RESULTS[$s]} | median "%.0f")
 done
 ratio() { python3 -c "print(f'{$1 / max($2, 1):.1f}')"; }
 mark() { python3 -c "print('pass' if $1 >= $2 else 'MISS')"; }

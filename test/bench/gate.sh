@@ -109,8 +109,8 @@ for round in $(seq 1 "$ROUNDS"); do
     done
 done
 # jobs/s and CPU of a scenario: the median over the rounds
-median() { tr ' ' '\n' | grep . | sort -g \
-    | awk -v f="$1" '{ v[NR] = $1 } END { printf f, NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# shellcheck disable=SC1091
+source "$EM_ROOT/test/bench/stats.sh"
 for k in "${!ALL_TPS[@]}"; do
     TPS[$k]=$(echo ${ALL_TPS[$k]} | median "%.0f")
     CPU[$k]=$(echo ${CPU[$k]} | median "%.2f")

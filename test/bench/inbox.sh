@@ -70,7 +70,8 @@ q() { em_psql -d "$DB" -At -c "$1"; }
 now_ns() { date +%s%N; }
 rate() { awk -v n="$1" -v ns="$2" 'BEGIN { printf "%.0f", n / (ns / 1e9) }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
-median() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+# shellcheck disable=SC1091
+source "$EM_ROOT/test/bench/stats.sh"
 mark() { awk -v m="$1" -v t="$2" 'BEGIN { print (m + 0 >= t + 0) ? "pass" : "**MISS**" }'; }
 
 waiting() {
@@ -194,7 +195,7 @@ for c in $CLIENTS; do
     done
     for sys in plain earmark; do
         # shellcheck disable=SC2086
-        RECV[$sys,$c]=$(median ${R_RECV[$sys,$c]})
+        RECV[$sys,$c]=$(echo ${R_RECV[$sys,$c]} | median "%.0f")
     done
 done
 
@@ -225,7 +226,7 @@ for b in $BACKLOGS; do
         done
         for sys in plain earmark; do
             # shellcheck disable=SC2086
-            CONS[$sys,$b,$c]=$(median ${R_CONS[$sys,$b,$c]})
+            CONS[$sys,$b,$c]=$(echo ${R_CONS[$sys,$b,$c]} | median "%.0f")
         done
     done
 done

@@ -2,13 +2,15 @@
 """test/bench/profile.py: where a job's CPU goes, from `perf script` output.
 
     perf script -i DATA -F comm,ip,sym | python3 profile.py JOBS HZ
+    python3 profile.py --funcs
 
 JOBS is the number of jobs run while perf recorded, HZ perf's sampling
 frequency (samples a second of CPU).  Prints "name|ms" lines: the CPU
 milliseconds a job of the server's processes (comm postgres) in each phase
 of a call (the first phase whose function is on a sample's stack wins), and
 inclusive milliseconds a job of selected functions.  profile.sh turns them
-into tables.
+into tables.  --funcs prints the selected functions' names, one a line, in
+the order profile.sh lists them.
 """
 import collections
 import re
@@ -103,4 +105,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--funcs"]:
+        print("\n".join(FUNCS))
+    else:
+        main()

@@ -60,8 +60,8 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 [ -z "${BENCH_BOOKS_BAD:-}" ] || { em_log "books wrong: $BENCH_BOOKS_BAD"; exit 1; }
 
-median() { tr ' ' '\n' | grep . | sort -g \
-    | awk -v f="$1" '{ v[NR] = $1 } END { printf f, NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# shellcheck disable=SC1091
+source "$EM_ROOT/test/bench/stats.sh"
 row() {     # row LABEL KEY FORMAT
     local line="| $1 |" s
     for s in "${SCEN[@]}"; do line="$line $(echo ${VAL[$s,$2]:-} | median "$3") |"; done
@@ -83,9 +83,6 @@ while read -r k; do row "- $k" "phase:$k" "%.3f"; done < <(keys "phase:")
 echo
 echo "| inclusive CPU ms a job | ${TITLE[em_many]} | ${TITLE[ref_many]} | ${TITLE[floor_design]} |"
 echo "| --- | ---: | ---: | ---: |"
-for f in reserve_body charge_body settle_body em_budget_lock read_key_job_direct read_account_limit_direct \
-         read_limit_now em_budget_admit em_direct_update em_direct_get em_exec SPI_execute_plan_with_paramlist \
-         standard_ExecutorStart ExecInsertIndexTuples btinsert _bt_first heap_insert heap_update heap_lock_tuple \
-         heap_page_prune_opt XLogInsert asm_exc_page_fault; do
+while read -r f; do
     row "\`$f\`" "func:$f" "%.3f"
-done
+done < <(python3 "$EM_ROOT/test/bench/profile.py" --funcs)
