@@ -25,7 +25,10 @@
  *	  One look without a lock, em_direct_unclaimed: whether a row's newest
  *	  version is free of any running transaction's lock or update
  *	  (HeapTupleSatisfiesUpdate, as heap_lock_tuple asks before it waits),
- *	  for escrow's fast path, which must not wait on the budget row.
+ *	  for escrow's fast path, which must not wait on the budget row.  And
+ *	  em_direct_inserted_here: whether this transaction inserted a row it
+ *	  sees, by the tuple header's xmin, which tells a frozen version from a
+ *	  running transaction's (the inbox's key check).
  *
  *	  One write, em_direct_update: an UPDATE of one row's columns by its
  *	  keys, as ExecUpdate makes it: the version the statement's snapshot
@@ -473,6 +476,51 @@ bool
 em_direct_get(EmDirect *d, Datum *keys, Snapshot snap, Datum *values, bool *nulls)
 {
 	return scan_rows(d, keys, snap, NULL, NULL, values, nulls) > 0;
+}
+
+/*
+ * Whether a version that snap sees of a row with the keys, one that fn
+ * accepts (fn gets d's columns, as em_direct_scan's does; NULL: any), was
+ * inserted by this transaction or one of its subtransactions.  By the
+ * xmin the tuple header gives (HeapTupleHeaderGetXmin), which is
+ * FrozenTransactionId for a frozen version.  The system column xmin is the
+ * raw one, kept when the row is frozen, and 2^32 transactions later the
+ * same number is a running transaction's id again; a version that old is
+ * frozen, or VACUUM would have stopped new transaction ids first.
+ */
+bool
+em_direct_inserted_here(EmDirect *d, Datum *keys, Snapshot snap, EmDirectRow fn,
+						void *arg)
+{
+	Relation	rel = open_table(d, AccessShareLock);
+	Relation	idx = index_open(d->indexid, AccessShareLock);
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	IndexScanDesc scan = begin_scan(d, rel, idx, snap, keys);
+	Datum		values[EM_DIRECT_MAX_COLS];
+	bool		nulls[EM_DIRECT_MAX_COLS];
+	bool		here = false;
+	int			i;
+
+	while (!here && index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
+		HeapTuple	tuple;
+
+		for (i = 0; i < d->ncols; i++)
+			values[i] = column_value(slot, d->attnums[i], &nulls[i]);
+		if (fn != NULL && !fn(values, nulls, arg))
+			continue;
+		Assert(TTS_IS_BUFFERTUPLE(slot));
+		tuple = ExecFetchSlotHeapTuple(slot, false, NULL);
+		LockBuffer(bslot->buffer, BUFFER_LOCK_SHARE);
+		here = TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data));
+		LockBuffer(bslot->buffer, BUFFER_LOCK_UNLOCK);
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(idx, NoLock);
+	table_close(rel, NoLock);
+	return here;
 }
 
 /*

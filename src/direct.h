@@ -74,6 +74,8 @@ extern bool em_direct_get(EmDirect *d, Datum *keys, Snapshot snap,
 extern bool em_direct_lock(EmDirect *d, Datum *keys, Datum *values, bool *nulls);
 extern bool em_direct_unclaimed(EmDirect *d, Datum *keys, Datum *values,
 								bool *nulls);
+extern bool em_direct_inserted_here(EmDirect *d, Datum *keys, Snapshot snap,
+									EmDirectRow fn, void *arg);
 extern bool em_direct_lock_skip(EmDirect *d, Datum *keys, bool below,
 								EmDirectRow fn, void *arg, Datum *values,
 								bool *nulls);

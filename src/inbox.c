@@ -75,6 +75,7 @@
 #include "utils/tuplestore.h"
 
 #include "cluster.h"
+#include "direct.h"
 #include "earmark.h"
 #include "inbox.h"
 #include "settings.h"
@@ -238,12 +239,15 @@ is_admin(Oid role)
  * committed delivery, or by one in progress, which the insert waits for)
  * nothing is written; if the delivery it waited for rolled back, this one
  * is stored.  (The key is on the receipt, written once, so that the
- * event's own updates write no entry in a key index: earmark.sql.)  A row
- * back when the receipt took the key; its column says whether the event
- * was stored too (false: a trigger of the user's skipped its insert).  The
- * statement says so itself: the receipt's row cannot tell later, as its
- * xmin is 32 bits and an id can be dealt again after a restart of the
- * identity.
+ * event's own updates write no entry in a key index: earmark.sql.)  No
+ * row back: the key was taken, or a trigger of the user's skipped the
+ * event's insert (key_is_ours tells, on that rare path only).  The row
+ * back: the event's id, source and key, which must be the delivery's
+ * (same_text: bytes, as the columns' deterministic collation compares
+ * them for equality).  A trigger on the event that changed its key or its
+ * id (then the receipt names another id: receipt_names, on that rare path
+ * only) would leave a key that leads to no event; a trigger on the
+ * receipt may move the id the receipt names, and the event follows it.
  */
 static EmStatement store_first = {
 	"WITH r AS ("
@@ -251,15 +255,22 @@ static EmStatement store_first = {
 	"  VALUES ($8, true, $1, $2) "
 	"  ON CONFLICT (source, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING "
 	"  RETURNING r.event_id"
-	"), e AS ("
-	"  INSERT INTO earmark.inbox_event "
-	"      (event_id, source, dedupe_key, event_type, payload, occurred_at, account, verified_by) "
-	"    OVERRIDING SYSTEM VALUE "
-	"    SELECT r.event_id, $1, $2, $3, $4, $5, $6, $7 FROM r "
-	"  RETURNING event_id"
 	") "
-	"SELECT EXISTS (SELECT 1 FROM e) FROM r",
+	"INSERT INTO earmark.inbox_event "
+	"    (event_id, source, dedupe_key, event_type, payload, occurred_at, account, verified_by) "
+	"  OVERRIDING SYSTEM VALUE "
+	"  SELECT r.event_id, $1, $2, $3, $4, $5, $6, $7 FROM r "
+	"RETURNING event_id, source, dedupe_key",
 	8, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, INT8OID}
+};
+
+/*
+ * The key's receipt, read by index from C (key_is_ours): the event id it
+ * names.
+ */
+static EmDirect receipt_by_key = {
+	.table = "inbox_receipt", .nkeys = 2, .keys = {"dedupe_key", "source"},
+	.ncols = 1, .cols = {"event_id"}
 };
 
 /*
@@ -269,7 +280,8 @@ static EmStatement store_first = {
  * READ a key committed after the snapshot fails store_first with 40001).
  * The event must still carry the key: an event deleted without its
  * receipts, or one whose id was dealt again after a restart of the
- * identity, is not this key's.
+ * identity, is not this key's.  The id back is the event's (a trigger may
+ * change the receipt's).
  */
 static EmStatement store_copy = {
 	"WITH u AS ("
@@ -279,7 +291,7 @@ static EmStatement store_copy = {
 	"     AND e.source = $1 AND e.dedupe_key = $2 "
 	"  RETURNING e.event_id) "
 	"INSERT INTO earmark.inbox_receipt (event_id, inserted) SELECT event_id, false FROM u "
-	"RETURNING event_id",
+	"RETURNING (SELECT u.event_id FROM u)",
 	2, {TEXTOID, TEXTOID}
 };
 
@@ -313,8 +325,82 @@ report_skipped_insert(void)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
-			 errmsg("the event was not stored: a trigger on earmark.inbox_event skipped its insert"),
-			 errhint("A BEFORE INSERT trigger on earmark.inbox_event must return the row.")));
+			 errmsg("the event was not stored: a trigger skipped its insert"),
+			 errdetail("A receipt this transaction wrote for the delivery holds the key, and no event was stored with it."),
+			 errhint("A BEFORE INSERT trigger on earmark.inbox_event or earmark.inbox_receipt must return the row.")));
+}
+
+static void
+report_changed_insert(void)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+			 errmsg("the event was not stored under its key: a trigger changed its id or its key"),
+			 errdetail("The event's id, source or dedupe key differs from what its receipt names, "
+					   "so its key would lead to no event."),
+			 errhint("A BEFORE INSERT trigger on earmark.inbox_event or earmark.inbox_receipt "
+					 "must not change event_id, source or dedupe_key.")));
+}
+
+/* the receipt names event id *arg (em_direct_inserted_here's filter) */
+static bool
+names_event(Datum *values, bool *nulls, void *arg)
+{
+	return !nulls[0] && DatumGetInt64(values[0]) == *(int64 *) arg;
+}
+
+/* whether column col of the result's first row is the text t, byte for byte */
+static bool
+same_text(int col, Datum t)
+{
+	bool		isnull;
+	Datum		v = em_get(0, col, &isnull);
+	text	   *a;
+	text	   *b = DatumGetTextPP(t);
+
+	if (isnull)
+		return false;
+	a = DatumGetTextPP(v);
+	return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
+		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
+}
+
+/* whether the receipt that holds the key names event id */
+static bool
+receipt_names(Datum *args, int64 id)
+{
+	Snapshot	snap = em_direct_statement_snapshot();
+	Datum		keys[2];
+	Datum		v[1];
+	bool		n[1];
+	bool		names;
+
+	keys[0] = args[1];			/* dedupe_key */
+	keys[1] = args[0];			/* source */
+	names = em_direct_get(&receipt_by_key, keys, snap, v, n) && names_event(v, n, &id);
+	em_direct_release(snap);
+	return names;
+}
+
+/*
+ * Whether the key's receipt is the one this delivery just wrote: it names
+ * this round's event id, and this transaction inserted it (an id can be
+ * dealt again after a restart of the identity).  Not by the receipt's
+ * xmin column: a frozen row keeps its raw xmin, which 2^32 transactions
+ * later is this transaction's id (em_direct_inserted_here).
+ */
+static bool
+key_is_ours(Datum *args, int64 id)
+{
+	Snapshot	snap = em_direct_statement_snapshot();
+	Datum		keys[2];
+	bool		ours;
+
+	keys[0] = args[1];			/* dedupe_key */
+	keys[1] = args[0];			/* source */
+	ours = em_direct_inserted_here(&receipt_by_key, keys, snap, names_event, &id);
+	em_direct_release(snap);
+	return ours;
 }
 
 /*
@@ -334,34 +420,37 @@ store_delivery(Datum *args, const char *nulls, int64 *event_id, bool *inserted)
 	{
 		id = next_event_id();
 		args[7] = Int64GetDatum(id);
-		em_exec(&store_first, args, nulls, 1);
+		em_exec(&store_first, args, nulls, 0);
 		if (SPI_processed == 1)
 		{
-			bool		isnull;
-
-			if (!DatumGetBool(em_get(0, 1, &isnull)))
-				report_skipped_insert();
-			*event_id = id;
+			*event_id = em_get_int64(0, 1, 0);
+			if (!same_text(2, args[0]) || !same_text(3, args[1]) ||
+				(*event_id != id && !receipt_names(args, *event_id)))
+				report_changed_insert();
 			*inserted = true;
 			return;
 		}
-		em_exec(&store_copy, args, nulls, 1);
+		em_exec(&store_copy, args, nulls, 0);
 		if (SPI_processed == 1)
 		{
 			*event_id = em_get_int64(0, 1, 0);
 			*inserted = false;
 			/* this round's receipt: a trigger stored the event its own way */
-			if (*event_id == id)
+			if (*event_id == id && key_is_ours(args, id))
 				report_skipped_insert();
 			return;
 		}
+		/* this round's receipt, and no event: a trigger skipped its insert */
+		if (key_is_ours(args, id))
+			report_skipped_insert();
 		em_exec(&free_stale_key, args, nulls, 0);
 	}
 	ereport(ERROR,
 			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 			 errmsg("could not store the event: its key changed hands during the delivery"),
 			 errdetail("Concurrent deliveries and deletions of events with this key kept taking and freeing it, "
-					   "or a trigger on earmark.inbox_event skipped the copy's update."),
+					   "or a trigger on earmark.inbox_event skipped the copy's update, "
+					   "or one on earmark.inbox_receipt skipped the receipt's insert."),
 			 errhint("Retry the delivery.")));
 }
 

@@ -6,7 +6,7 @@
 # without its receipts, with the event's id dealt again (identity
 # restarted), delivered in the transaction whose 32-bit id equals the old
 # receipt's xmin, must still have its stale key freed and the event stored,
-# not be refused with "a trigger on earmark.inbox_event skipped its insert"
+# not be refused with 09000, "a trigger skipped its insert"
 # (as it was while the inbox asked the receipt's xmin whose it was).
 #
 # A cluster of its own: one delivery, its event deleted, the identity
