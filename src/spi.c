@@ -28,6 +28,7 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
+#include "utils/plancache.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 #include "utils/snapmgr.h"
@@ -342,13 +343,45 @@ em_plan(EmStatement *stmt)
 	return stmt->plan;
 }
 
+/*
+ * The row count to run plan with.  A count stops the executor after that
+ * many returned rows, and for an INSERT, UPDATE, DELETE or MERGE at the
+ * statement's top level (with RETURNING) that is before its ModifyTable
+ * node sees the end of its input: the statement's AFTER STATEMENT
+ * triggers (an operator's audit with transition tables) would not fire,
+ * and rows past the count would not be written.  earmark's writes name
+ * their rows by key, so none returns more rows than its caller counts on:
+ * such a statement runs to its end.  (A SELECT's data-modifying WITH parts
+ * run to their end anyway, in ExecutorFinish.)
+ */
+static long
+run_count(SPIPlanPtr plan, long count)
+{
+	CachedPlanSource *source;
+
+	if (count == 0)
+		return 0;
+	source = linitial(SPI_plan_get_plan_sources(plan));
+	switch (source->commandTag)
+	{
+		case CMDTAG_INSERT:
+		case CMDTAG_UPDATE:
+		case CMDTAG_DELETE:
+		case CMDTAG_MERGE:
+			return 0;
+		default:
+			return count;
+	}
+}
+
 int
 em_exec(EmStatement *stmt, Datum *values, const char *nulls, long count)
 {
 	MemoryContext cxt = CurrentMemoryContext;
+	SPIPlanPtr	plan = em_plan(stmt);
 	int			rc;
 
-	rc = SPI_execute_plan(em_plan(stmt), values, nulls, false, count);
+	rc = SPI_execute_plan(plan, values, nulls, false, run_count(plan, count));
 	/* SPI leaves its own context current; give the caller's back */
 	MemoryContextSwitchTo(cxt);
 	if (rc < 0)
