@@ -341,6 +341,24 @@ open_table(EmDirect *d, LOCKMODE mode)
 	return NULL;				/* keep compiler quiet */
 }
 
+/*
+ * open_table for a reader of the tuple header (its xmin, cmin and lock
+ * bits), which only a heap table has: a table an operator moved to
+ * another access method (ALTER TABLE ... SET ACCESS METHOD) is refused.
+ */
+static Relation
+open_heap_table(EmDirect *d, LOCKMODE mode)
+{
+	Relation	rel = open_table(d, mode);
+
+	if (rel->rd_rel->relam != HEAP_TABLE_AM_OID)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("earmark.%s must be a heap table", d->table),
+				 errhint("ALTER TABLE earmark.%s SET ACCESS METHOD heap", d->table)));
+	return rel;
+}
+
 /* the last snapshot's count of ended transactions (em_direct_completions) */
 static uint64 last_completions = 0;
 
@@ -479,41 +497,36 @@ em_direct_get(EmDirect *d, Datum *keys, Snapshot snap, Datum *values, bool *null
 }
 
 /*
- * Whether a version that snap sees of a row with the keys, one that fn
- * accepts (fn gets d's columns, as em_direct_scan's does; NULL: any), was
- * inserted by this transaction or one of its subtransactions.  By the
- * xmin the tuple header gives (HeapTupleHeaderGetXmin), which is
- * FrozenTransactionId for a frozen version.  The system column xmin is the
- * raw one, kept when the row is frozen, and 2^32 transactions later the
- * same number is a running transaction's id again; a version that old is
- * frozen, or VACUUM would have stopped new transaction ids first.
+ * Whether the version that snap sees of a row with the keys was written
+ * (inserted, or made by an update) by this transaction or one of its
+ * subtransactions at command id since or later.  By the xmin the tuple
+ * header gives (HeapTupleHeaderGetXmin), which is FrozenTransactionId for
+ * a frozen version.  The system column xmin is the raw one, kept when the
+ * row is frozen, and 2^32 transactions later the same number is a running
+ * transaction's id again; a version that old is frozen, or VACUUM would
+ * have stopped new transaction ids first.  The command id tells a version
+ * written by the caller's statement from one an earlier statement of the
+ * transaction wrote.
  */
 bool
-em_direct_inserted_here(EmDirect *d, Datum *keys, Snapshot snap, EmDirectRow fn,
-						void *arg)
+em_direct_inserted_here(EmDirect *d, Datum *keys, Snapshot snap, CommandId since)
 {
-	Relation	rel = open_table(d, AccessShareLock);
+	Relation	rel = open_heap_table(d, AccessShareLock);
 	Relation	idx = index_open(d->indexid, AccessShareLock);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
 	IndexScanDesc scan = begin_scan(d, rel, idx, snap, keys);
-	Datum		values[EM_DIRECT_MAX_COLS];
-	bool		nulls[EM_DIRECT_MAX_COLS];
 	bool		here = false;
-	int			i;
 
 	while (!here && index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
 		BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
 		HeapTuple	tuple;
 
-		for (i = 0; i < d->ncols; i++)
-			values[i] = column_value(slot, d->attnums[i], &nulls[i]);
-		if (fn != NULL && !fn(values, nulls, arg))
-			continue;
 		Assert(TTS_IS_BUFFERTUPLE(slot));
 		tuple = ExecFetchSlotHeapTuple(slot, false, NULL);
 		LockBuffer(bslot->buffer, BUFFER_LOCK_SHARE);
-		here = TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data));
+		here = TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data)) &&
+			HeapTupleHeaderGetCmin(tuple->t_data) >= since;
 		LockBuffer(bslot->buffer, BUFFER_LOCK_UNLOCK);
 	}
 	index_endscan(scan);
@@ -538,7 +551,7 @@ bool
 em_direct_unclaimed(EmDirect *d, Datum *keys, Datum *values, bool *nulls)
 {
 	Snapshot	snap = em_direct_latest_snapshot();
-	Relation	rel = open_table(d, AccessShareLock);
+	Relation	rel = open_heap_table(d, AccessShareLock);
 	Relation	idx = index_open(d->indexid, AccessShareLock);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
 	IndexScanDesc scan = begin_scan(d, rel, idx, snap, keys);

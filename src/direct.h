@@ -75,7 +75,7 @@ extern bool em_direct_lock(EmDirect *d, Datum *keys, Datum *values, bool *nulls)
 extern bool em_direct_unclaimed(EmDirect *d, Datum *keys, Datum *values,
 								bool *nulls);
 extern bool em_direct_inserted_here(EmDirect *d, Datum *keys, Snapshot snap,
-									EmDirectRow fn, void *arg);
+									CommandId since);
 extern bool em_direct_lock_skip(EmDirect *d, Datum *keys, bool below,
 								EmDirectRow fn, void *arg, Datum *values,
 								bool *nulls);

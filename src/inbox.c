@@ -241,25 +241,27 @@ is_admin(Oid role)
  * is stored.  (The key is on the receipt, written once, so that the
  * event's own updates write no entry in a key index: earmark.sql.)  No
  * row back: the key was taken, or a trigger of the user's skipped the
- * event's insert (key_is_ours tells, on that rare path only).  The row
- * back: the event's id, source and key, which must be the delivery's
- * (same_text: bytes, as the columns' deterministic collation compares
- * them for equality).  A trigger on the event that changed its key or its
- * id (then the receipt names another id: receipt_names, on that rare path
- * only) would leave a key that leads to no event; a trigger on the
- * receipt may move the id the receipt names, and the event follows it.
+ * event's insert (key_is_ours tells, on that rare path only).  The event
+ * takes its id and key from the receipt's row, and the row back is the
+ * event's id, source and key, which must be the delivery's (same_text:
+ * bytes, as the columns' deterministic collation compares them for
+ * equality).  So a trigger on either table that changed the key, or one
+ * on the event that changed its id (then the receipt names another id:
+ * receipt_names, on that rare path only), which would leave a key that
+ * leads to no event, is refused; a trigger on the receipt may move the id
+ * the receipt names, and the event follows it.
  */
 static EmStatement store_first = {
 	"WITH r AS ("
 	"  INSERT INTO earmark.inbox_receipt AS r (event_id, inserted, source, dedupe_key) "
 	"  VALUES ($8, true, $1, $2) "
 	"  ON CONFLICT (source, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING "
-	"  RETURNING r.event_id"
+	"  RETURNING r.event_id, r.source, r.dedupe_key"
 	") "
 	"INSERT INTO earmark.inbox_event "
 	"    (event_id, source, dedupe_key, event_type, payload, occurred_at, account, verified_by) "
 	"  OVERRIDING SYSTEM VALUE "
-	"  SELECT r.event_id, $1, $2, $3, $4, $5, $6, $7 FROM r "
+	"  SELECT r.event_id, coalesce(r.source, ''), coalesce(r.dedupe_key, ''), $3, $4, $5, $6, $7 FROM r "
 	"RETURNING event_id, source, dedupe_key",
 	8, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, INT8OID}
 };
@@ -326,7 +328,7 @@ report_skipped_insert(void)
 	ereport(ERROR,
 			(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
 			 errmsg("the event was not stored: a trigger skipped its insert"),
-			 errdetail("A receipt this transaction wrote for the delivery holds the key, and no event was stored with it."),
+			 errdetail("The receipt this delivery wrote holds the key, and the delivery's statement did not store the event."),
 			 errhint("A BEFORE INSERT trigger on earmark.inbox_event or earmark.inbox_receipt must return the row.")));
 }
 
@@ -342,7 +344,7 @@ report_changed_insert(void)
 					 "must not change event_id, source or dedupe_key.")));
 }
 
-/* the receipt names event id *arg (em_direct_inserted_here's filter) */
+/* the receipt names event id *arg (receipt_names) */
 static bool
 names_event(Datum *values, bool *nulls, void *arg)
 {
@@ -383,14 +385,15 @@ receipt_names(Datum *args, int64 id)
 }
 
 /*
- * Whether the key's receipt is the one this delivery just wrote: it names
- * this round's event id, and this transaction inserted it (an id can be
- * dealt again after a restart of the identity).  Not by the receipt's
- * xmin column: a frozen row keeps its raw xmin, which 2^32 transactions
- * later is this transaction's id (em_direct_inserted_here).
+ * Whether the key's receipt is the one this round wrote: this transaction
+ * wrote its visible version at command id since (the round's start) or
+ * later.  Not by the event id it names (a receipt trigger may move it, and
+ * an id can be dealt again after a restart of the identity), nor by the
+ * receipt's xmin column: a frozen row keeps its raw xmin, which 2^32
+ * transactions later is this transaction's id (em_direct_inserted_here).
  */
 static bool
-key_is_ours(Datum *args, int64 id)
+key_is_ours(Datum *args, CommandId since)
 {
 	Snapshot	snap = em_direct_statement_snapshot();
 	Datum		keys[2];
@@ -398,7 +401,7 @@ key_is_ours(Datum *args, int64 id)
 
 	keys[0] = args[1];			/* dedupe_key */
 	keys[1] = args[0];			/* source */
-	ours = em_direct_inserted_here(&receipt_by_key, keys, snap, names_event, &id);
+	ours = em_direct_inserted_here(&receipt_by_key, keys, snap, since);
 	em_direct_release(snap);
 	return ours;
 }
@@ -418,6 +421,8 @@ store_delivery(Datum *args, const char *nulls, int64 *event_id, bool *inserted)
 
 	for (round = 0; round < 3; round++)
 	{
+		CommandId	since = GetCurrentCommandId(false);
+
 		id = next_event_id();
 		args[7] = Int64GetDatum(id);
 		em_exec(&store_first, args, nulls, 0);
@@ -436,12 +441,12 @@ store_delivery(Datum *args, const char *nulls, int64 *event_id, bool *inserted)
 			*event_id = em_get_int64(0, 1, 0);
 			*inserted = false;
 			/* this round's receipt: a trigger stored the event its own way */
-			if (*event_id == id && key_is_ours(args, id))
+			if (key_is_ours(args, since))
 				report_skipped_insert();
 			return;
 		}
 		/* this round's receipt, and no event: a trigger skipped its insert */
-		if (key_is_ours(args, id))
+		if (key_is_ours(args, since))
 			report_skipped_insert();
 		em_exec(&free_stale_key, args, nulls, 0);
 	}

@@ -69,6 +69,7 @@ got=$(xq -c "BEGIN" -c "SELECT pg_current_xact_id()" \
          -c "ROLLBACK" 2>&1)
 echo "$got" | sed "s/^/# /"
 xid=$(echo "$got" | head -1)
-ok "$(( xid == (1 << 32) + xmin ? 0 : 1 ))" "the delivery's transaction is $xid: 2^32 past the receipt's xmin $xmin"
+if [[ $xid =~ ^[0-9]+$ ]] && (( xid == (1 << 32) + xmin )); then r=0; else r=1; fi
+ok "$r" "the delivery's transaction is $xid: 2^32 past the receipt's xmin $xmin"
 is "$(echo "$got" | tail -1)" "t" "the same delivery 2^32 transactions later frees the stale key and stores the event"
 done_testing
