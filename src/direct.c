@@ -342,21 +342,16 @@ open_table(EmDirect *d, LOCKMODE mode)
 }
 
 /*
- * open_table for a reader of the tuple header (its xmin, cmin and lock
- * bits), which only a heap table has: a table an operator moved to
- * another access method (ALTER TABLE ... SET ACCESS METHOD) is refused.
+ * Whether rel's rows are heap tuples (its access method is heap's, under
+ * whatever name it was created): the readers of the tuple header below
+ * (its xmin, cmin and lock bits) need them.  For a table an operator moved
+ * to another access method (ALTER TABLE ... SET ACCESS METHOD) they give
+ * the answer that is safe for their callers: false.
  */
-static Relation
-open_heap_table(EmDirect *d, LOCKMODE mode)
+static bool
+heap_rows(Relation rel)
 {
-	Relation	rel = open_table(d, mode);
-
-	if (rel->rd_rel->relam != HEAP_TABLE_AM_OID)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("earmark.%s must be a heap table", d->table),
-				 errhint("ALTER TABLE earmark.%s SET ACCESS METHOD heap", d->table)));
-	return rel;
+	return rel->rd_tableam == GetHeapamTableAmRoutine();
 }
 
 /* the last snapshot's count of ended transactions (em_direct_completions) */
@@ -506,17 +501,26 @@ em_direct_get(EmDirect *d, Datum *keys, Snapshot snap, Datum *values, bool *null
  * transaction's id again; a version that old is frozen, or VACUUM would
  * have stopped new transaction ids first.  The command id tells a version
  * written by the caller's statement from one an earlier statement of the
- * transaction wrote.
+ * transaction wrote.  False for a table whose rows are not heap tuples
+ * (heap_rows).
  */
 bool
 em_direct_inserted_here(EmDirect *d, Datum *keys, Snapshot snap, CommandId since)
 {
-	Relation	rel = open_heap_table(d, AccessShareLock);
-	Relation	idx = index_open(d->indexid, AccessShareLock);
-	TupleTableSlot *slot = table_slot_create(rel, NULL);
-	IndexScanDesc scan = begin_scan(d, rel, idx, snap, keys);
+	Relation	rel = open_table(d, AccessShareLock);
+	Relation	idx;
+	TupleTableSlot *slot;
+	IndexScanDesc scan;
 	bool		here = false;
 
+	if (!heap_rows(rel))
+	{
+		table_close(rel, NoLock);
+		return false;
+	}
+	idx = index_open(d->indexid, AccessShareLock);
+	slot = table_slot_create(rel, NULL);
+	scan = begin_scan(d, rel, idx, snap, keys);
 	while (!here && index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
 		BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
@@ -541,7 +545,8 @@ em_direct_inserted_here(EmDirect *d, Datum *keys, Snapshot snap, CommandId since
  * d's index, when no transaction that is still running (another's, or
  * this one's own lock) locks or updates it and none that committed after
  * the snapshot did: its columns into values and nulls.  False otherwise,
- * or when no version is visible.  A read, not a lock: it leaves the row
+ * or when no version is visible, or the table's rows are not heap tuples
+ * (heap_rows).  A read, not a lock: it leaves the row
  * free for the next writer, and it may set hint bits, as any read does.
  * Locks: AccessShareLock on the table and the index, and the buffer's
  * content lock shared while HeapTupleSatisfiesUpdate reads the version's
@@ -550,13 +555,22 @@ em_direct_inserted_here(EmDirect *d, Datum *keys, Snapshot snap, CommandId since
 bool
 em_direct_unclaimed(EmDirect *d, Datum *keys, Datum *values, bool *nulls)
 {
-	Snapshot	snap = em_direct_latest_snapshot();
-	Relation	rel = open_heap_table(d, AccessShareLock);
-	Relation	idx = index_open(d->indexid, AccessShareLock);
-	TupleTableSlot *slot = table_slot_create(rel, NULL);
-	IndexScanDesc scan = begin_scan(d, rel, idx, snap, keys);
+	Relation	rel = open_table(d, AccessShareLock);
+	Snapshot	snap;
+	Relation	idx;
+	TupleTableSlot *slot;
+	IndexScanDesc scan;
 	bool		unclaimed = false;
 
+	if (!heap_rows(rel))
+	{
+		table_close(rel, NoLock);
+		return false;
+	}
+	snap = em_direct_latest_snapshot();
+	idx = index_open(d->indexid, AccessShareLock);
+	slot = table_slot_create(rel, NULL);
+	scan = begin_scan(d, rel, idx, snap, keys);
 	if (index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
 		BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;

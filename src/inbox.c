@@ -421,8 +421,16 @@ store_delivery(Datum *args, const char *nulls, int64 *event_id, bool *inserted)
 
 	for (round = 0; round < 3; round++)
 	{
-		CommandId	since = GetCurrentCommandId(false);
+		CommandId	since;
 
+		/*
+		 * Past every command id written at so far, the caller's statement's
+		 * own too (a writable WITH of the statement that calls this): SPI
+		 * advances the counter before store_first anyway, so this costs
+		 * nothing.
+		 */
+		CommandCounterIncrement();
+		since = GetCurrentCommandId(false);
 		id = next_event_id();
 		args[7] = Int64GetDatum(id);
 		em_exec(&store_first, args, nulls, 0);
