@@ -11,7 +11,9 @@
  *	  delivery's receipt, INSERT ... ON CONFLICT DO NOTHING (a copy waits
  *	  for a concurrent first delivery of the same key, then, in a
  *	  statement of its own, only counts itself under the event's row
- *	  lock).  Claims lock due rows FOR UPDATE SKIP LOCKED, so
+ *	  lock; a copy, and the rare round that neither stores nor counts,
+ *	  then read the key's receipt by index from C, direct.c, with
+ *	  AccessShareLock).  Claims lock due rows FOR UPDATE SKIP LOCKED, so
  *	  two consumers never wait for each other and never get the same event;
  *	  an event whose lease passed on its last attempt is marked dead under
  *	  the same lock, by the claim whose walk meets it.  inbox_event has no
