@@ -26,9 +26,11 @@
  *	  version is free of any running transaction's lock or update
  *	  (HeapTupleSatisfiesUpdate, as heap_lock_tuple asks before it waits),
  *	  for escrow's fast path, which must not wait on the budget row.  And
- *	  em_direct_inserted_here: whether this transaction inserted a row it
- *	  sees, by the tuple header's xmin, which tells a frozen version from a
- *	  running transaction's (the inbox's key check).
+ *	  em_direct_inserted_here: whether this transaction wrote the version
+ *	  of a row it sees, at or after a given command id, by the tuple
+ *	  header's xmin, which tells a frozen version from a running
+ *	  transaction's (the inbox's check of which receipt is a delivery's).
+ *	  Both read heap tuples only (heap_rows).
  *
  *	  One write, em_direct_update: an UPDATE of one row's columns by its
  *	  keys, as ExecUpdate makes it: the version the statement's snapshot
