@@ -494,6 +494,74 @@ em_direct_get(EmDirect *d, Datum *keys, Snapshot snap, Datum *values, bool *null
 }
 
 /*
+ * An index scan of d's table for callers that read the tuple header of
+ * each version it returns (em_direct_inserted_here, em_direct_unclaimed).
+ */
+typedef struct HeaderScan
+{
+	Relation	rel;
+	Relation	idx;
+	TupleTableSlot *slot;
+	IndexScanDesc scan;
+} HeaderScan;
+
+/*
+ * Open d's table for a header scan: false, with the table closed again,
+ * when its rows are not heap tuples (heap_rows).
+ */
+static bool
+header_scan_open(EmDirect *d, HeaderScan *hs)
+{
+	hs->rel = open_table(d, AccessShareLock);
+	if (heap_rows(hs->rel))
+		return true;
+	table_close(hs->rel, NoLock);
+	return false;
+}
+
+/* start the scan for the rows whose keys equal keys, under snap */
+static void
+header_scan_begin(EmDirect *d, HeaderScan *hs, Snapshot snap, Datum *keys)
+{
+	hs->idx = index_open(d->indexid, AccessShareLock);
+	hs->slot = table_slot_create(hs->rel, NULL);
+	hs->scan = begin_scan(d, hs->rel, hs->idx, snap, keys);
+}
+
+static Buffer
+header_buffer(HeaderScan *hs)
+{
+	return ((BufferHeapTupleTableSlot *) hs->slot)->buffer;
+}
+
+/*
+ * The next version the scan returns, with its buffer's content lock held
+ * shared (the caller releases it) while its header is read; NULL at the
+ * end of the scan.
+ */
+static HeapTuple
+header_scan_next(HeaderScan *hs)
+{
+	HeapTuple	tuple;
+
+	if (!index_getnext_slot(hs->scan, ForwardScanDirection, hs->slot))
+		return NULL;
+	Assert(TTS_IS_BUFFERTUPLE(hs->slot));
+	tuple = ExecFetchSlotHeapTuple(hs->slot, false, NULL);
+	LockBuffer(header_buffer(hs), BUFFER_LOCK_SHARE);
+	return tuple;
+}
+
+static void
+header_scan_end(HeaderScan *hs)
+{
+	index_endscan(hs->scan);
+	ExecDropSingleTupleTableSlot(hs->slot);
+	index_close(hs->idx, NoLock);
+	table_close(hs->rel, NoLock);
+}
+
+/*
  * Whether the version that snap sees of a row with the keys was written
  * (inserted, or made by an update) by this transaction or one of its
  * subtransactions at command id since or later.  By the xmin the tuple
@@ -509,36 +577,20 @@ em_direct_get(EmDirect *d, Datum *keys, Snapshot snap, Datum *values, bool *null
 bool
 em_direct_inserted_here(EmDirect *d, Datum *keys, Snapshot snap, CommandId since)
 {
-	Relation	rel = open_table(d, AccessShareLock);
-	Relation	idx;
-	TupleTableSlot *slot;
-	IndexScanDesc scan;
+	HeaderScan	hs;
+	HeapTuple	tuple;
 	bool		here = false;
 
-	if (!heap_rows(rel))
-	{
-		table_close(rel, NoLock);
+	if (!header_scan_open(d, &hs))
 		return false;
-	}
-	idx = index_open(d->indexid, AccessShareLock);
-	slot = table_slot_create(rel, NULL);
-	scan = begin_scan(d, rel, idx, snap, keys);
-	while (!here && index_getnext_slot(scan, ForwardScanDirection, slot))
+	header_scan_begin(d, &hs, snap, keys);
+	while (!here && (tuple = header_scan_next(&hs)) != NULL)
 	{
-		BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
-		HeapTuple	tuple;
-
-		Assert(TTS_IS_BUFFERTUPLE(slot));
-		tuple = ExecFetchSlotHeapTuple(slot, false, NULL);
-		LockBuffer(bslot->buffer, BUFFER_LOCK_SHARE);
 		here = TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data)) &&
 			HeapTupleHeaderGetCmin(tuple->t_data) >= since;
-		LockBuffer(bslot->buffer, BUFFER_LOCK_UNLOCK);
+		LockBuffer(header_buffer(&hs), BUFFER_LOCK_UNLOCK);
 	}
-	index_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
-	index_close(idx, NoLock);
-	table_close(rel, NoLock);
+	header_scan_end(&hs);
 	return here;
 }
 
@@ -552,45 +604,31 @@ em_direct_inserted_here(EmDirect *d, Datum *keys, Snapshot snap, CommandId since
  * free for the next writer, and it may set hint bits, as any read does.
  * Locks: AccessShareLock on the table and the index, and the buffer's
  * content lock shared while HeapTupleSatisfiesUpdate reads the version's
- * xmax (as heap_lock_tuple reads it, without taking the row lock).
+ * xmax (as heap_lock_tuple reads it, without taking the row lock).  The
+ * snapshot is taken once the table is locked, so that it sees what a
+ * TRUNCATE or ALTER it waited for did.
  */
 bool
 em_direct_unclaimed(EmDirect *d, Datum *keys, Datum *values, bool *nulls)
 {
-	Relation	rel = open_table(d, AccessShareLock);
+	HeaderScan	hs;
+	HeapTuple	tuple;
 	Snapshot	snap;
-	Relation	idx;
-	TupleTableSlot *slot;
-	IndexScanDesc scan;
 	bool		unclaimed = false;
 
-	if (!heap_rows(rel))
-	{
-		table_close(rel, NoLock);
+	if (!header_scan_open(d, &hs))
 		return false;
-	}
 	snap = em_direct_latest_snapshot();
-	idx = index_open(d->indexid, AccessShareLock);
-	slot = table_slot_create(rel, NULL);
-	scan = begin_scan(d, rel, idx, snap, keys);
-	if (index_getnext_slot(scan, ForwardScanDirection, slot))
+	header_scan_begin(d, &hs, snap, keys);
+	if ((tuple = header_scan_next(&hs)) != NULL)
 	{
-		BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
-		HeapTuple	tuple;
-
-		Assert(TTS_IS_BUFFERTUPLE(slot));
-		tuple = ExecFetchSlotHeapTuple(slot, false, NULL);
-		LockBuffer(bslot->buffer, BUFFER_LOCK_SHARE);
 		unclaimed = HeapTupleSatisfiesUpdate(tuple, GetCurrentCommandId(false),
-											 bslot->buffer) == TM_Ok;
-		LockBuffer(bslot->buffer, BUFFER_LOCK_UNLOCK);
+											 header_buffer(&hs)) == TM_Ok;
+		LockBuffer(header_buffer(&hs), BUFFER_LOCK_UNLOCK);
 		if (unclaimed)
-			copy_columns(d, rel, slot, values, nulls);
+			copy_columns(d, hs.rel, hs.slot, values, nulls);
 	}
-	index_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
-	index_close(idx, NoLock);
-	table_close(rel, NoLock);
+	header_scan_end(&hs);
 	em_direct_release(snap);
 	return unclaimed;
 }
