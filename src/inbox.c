@@ -346,13 +346,6 @@ report_changed_insert(void)
 					 "must not change event_id, source or dedupe_key.")));
 }
 
-/* the receipt names event id *arg (receipt_names) */
-static bool
-names_event(Datum *values, bool *nulls, void *arg)
-{
-	return !nulls[0] && DatumGetInt64(values[0]) == *(int64 *) arg;
-}
-
 /* whether column col of the result's first row is the text t, byte for byte */
 static bool
 same_text(int col, Datum t)
@@ -369,6 +362,14 @@ same_text(int col, Datum t)
 		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
 }
 
+/* the delivery's key (args: store_first's) in receipt_by_key's order */
+static void
+receipt_key(Datum *args, Datum *keys)
+{
+	keys[0] = args[1];			/* dedupe_key */
+	keys[1] = args[0];			/* source */
+}
+
 /* whether the receipt that holds the key names event id */
 static bool
 receipt_names(Datum *args, int64 id)
@@ -379,9 +380,9 @@ receipt_names(Datum *args, int64 id)
 	bool		n[1];
 	bool		names;
 
-	keys[0] = args[1];			/* dedupe_key */
-	keys[1] = args[0];			/* source */
-	names = em_direct_get(&receipt_by_key, keys, snap, v, n) && names_event(v, n, &id);
+	receipt_key(args, keys);
+	names = em_direct_get(&receipt_by_key, keys, snap, v, n) &&
+		!n[0] && DatumGetInt64(v[0]) == id;
 	em_direct_release(snap);
 	return names;
 }
@@ -401,8 +402,7 @@ key_is_ours(Datum *args, CommandId since)
 	Datum		keys[2];
 	bool		ours;
 
-	keys[0] = args[1];			/* dedupe_key */
-	keys[1] = args[0];			/* source */
+	receipt_key(args, keys);
 	ours = em_direct_inserted_here(&receipt_by_key, keys, snap, since);
 	em_direct_release(snap);
 	return ours;
