@@ -27,6 +27,11 @@
 # key each) against test/bench/inbox's plain queue's send:
 #   receive   SELECT * FROM earmark_inbox_receive('bench', $1, 'invoice.paid', <payload>)
 #             | SELECT plain_send(<payload with the key>)
+# and, with CG_ONLY="earmark_receive earmark_receive_copy", a first delivery
+# against a copy (the same call with a key delivered before: the copy's
+# count on the event and a receipt without the key; the plain queue has no
+# dedupe, so there is nothing of its to set beside it):
+#   copy      SELECT * FROM earmark_inbox_receive('bench', <a delivered key>, ...)
 # Each also reports the instructions inside the function call itself
 # (inclusive): fmgr_security_definer for earmark's gate (its functions are
 # SECURITY DEFINER with a pinned search_path, so this wraps the C function
@@ -58,6 +63,13 @@ CREATE EXTENSION earmark;
 SELECT earmark_set_limit('cg', $LIMIT);
 ${CG_ESCROW:+SELECT earmark_set_escrow('cg', $CG_ESCROW);}
 SELECT ref.set_limit('cg', $LIMIT);
+-- the keys each call of earmark_receive_copy delivers again (arg below)
+SELECT count(*) FROM (
+    SELECT earmark_inbox_receive('bench', k, 'invoice.paid', '{}')
+      FROM (SELECT 'earmark_receive_copy-1-1' AS k
+            UNION ALL
+            SELECT 'earmark_receive_copy-$((CALLS + 1))-' || g FROM generate_series(1, $((CALLS + 1))) g) keys
+     WHERE ' ${CG_ONLY:-} ' LIKE '% earmark_receive_copy %') s;
 -- the cycle's budget row exists before any measurement
 SELECT * FROM earmark_settle('cg', (SELECT job_id FROM earmark_reserve('cg', 1, 'warm-up')), 0);
 -- pools of open jobs for charge and settle: 1 + 1 + CALLS + 1 a pool, ids
@@ -91,6 +103,7 @@ declare -A PREP=(
     [reference_settle]="PREPARE q(bigint) AS SELECT ref.settle(\$1, 5);"
     # (one line each: a single-user backend reads a statement a line)
     [earmark_receive]="PREPARE q(text) AS SELECT * FROM earmark_inbox_receive('bench', \$1, 'invoice.paid', jsonb_build_object('type', 'invoice.paid', 'data', jsonb_build_object('customer_id', 'customer_1', 'plan', jsonb_build_object('key', 'pro'))));"
+    [earmark_receive_copy]="PREPARE q(text) AS SELECT * FROM earmark_inbox_receive('bench', \$1, 'invoice.paid', jsonb_build_object('type', 'invoice.paid', 'data', jsonb_build_object('customer_id', 'customer_1', 'plan', jsonb_build_object('key', 'pro'))));"
     [earmark_usage]="PREPARE q(text) AS SELECT earmark_record_usage('cg', 1, \$1);"
     [earmark_usage_many]="PREPARE q(text) AS SELECT count(*) FROM earmark_record_usage_many('cg', array_fill(1::bigint, ARRAY[100]), ARRAY(SELECT \$1 || '-' || g FROM generate_series(1, 100) g));"
     [plain_send]="PREPARE q(text) AS SELECT plain_send(jsonb_build_object('type', 'invoice.paid', 'key', \$1, 'data', jsonb_build_object('customer_id', 'customer_1', 'plan', jsonb_build_object('key', 'pro'))));"
@@ -103,7 +116,7 @@ declare -A PREP=(
 arg() {
     local name=$1 n=$2 i=$3 first off
     case $name in
-        *_reserve | *_receive | *_send | *_usage | *_usage_many) echo "'$name-$n-$i'"; return ;;
+        *_reserve | *_receive | *_receive_copy | *_send | *_usage | *_usage_many) echo "'$name-$n-$i'"; return ;;
         earmark_*) first=$EM_FIRST ;;
         *) first=$REF_FIRST ;;
     esac
@@ -131,7 +144,7 @@ measure() {
     local f=fmgr_security_definer
     case $name in
         reference_* | plain_*) f=plpgsql_call_handler ;;
-        earmark_receive) f=em_call_pinned ;;
+        earmark_receive*) f=em_call_pinned ;;
     esac
     fn=$(callgrind_annotate --inclusive=yes --threshold=100 "$out" 2>/dev/null \
         | awk -v f="$f" '!done && ($0 ~ (":" f " ") || $0 ~ (":" f "$")) { gsub(",", "", $1); print $1; done = 1 }')
@@ -184,4 +197,12 @@ if [ -n "$e" ] && [ -n "$r" ]; then
     echo "| call | earmark: statement | earmark: inside the function | plain queue: statement | plain queue: inside the function | earmark / plain (statement) |"
     echo "| --- | ---: | ---: | ---: | ---: | ---: |"
     echo "| a delivery (receive / send) | $(fmt "$e") | $(fmt "${FNPER[earmark_receive]}") | $(fmt "$r") | $(fmt "${FNPER[plain_send]}") | $(ratio "$e" "$r") |"
+fi
+c=${PER[earmark_receive_copy]:-}
+if [ -n "$e" ] && [ -n "$c" ]; then
+    echo
+    echo "| call | statement | inside the function | / a first delivery (statement) |"
+    echo "| --- | ---: | ---: | ---: |"
+    echo "| a first delivery | $(fmt "$e") | $(fmt "${FNPER[earmark_receive]}") | 1.00 |"
+    echo "| a copy (its key delivered before) | $(fmt "$c") | $(fmt "${FNPER[earmark_receive_copy]}") | $(ratio "$c" "$e") |"
 fi
