@@ -70,6 +70,8 @@ SELECT count(*) FROM (
             UNION ALL
             SELECT 'earmark_receive_copy-$((CALLS + 1))-' || g FROM generate_series(1, $((CALLS + 1))) g) keys
      WHERE ' ${CG_ONLY:-} ' LIKE '% earmark_receive_copy %') s;
+-- their rows' hint bits set now, not by whichever call reads them first
+VACUUM earmark.inbox_event, earmark.inbox_receipt;
 -- the cycle's budget row exists before any measurement
 SELECT * FROM earmark_settle('cg', (SELECT job_id FROM earmark_reserve('cg', 1, 'warm-up')), 0);
 -- pools of open jobs for charge and settle: 1 + 1 + CALLS + 1 a pool, ids
