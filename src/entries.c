@@ -24,9 +24,10 @@
  *	  usage it has not seen).
  *
  *	  Every statement names the account (account = $1 on every relation),
- *	  so that on Citus it runs on the account's shard alone; the statements
- *	  of several writes run where their callers say (the settlement only
- *	  on a single node).
+ *	  so that on Citus each write reaches the account's shard alone.  A
+ *	  statement of one write runs there as it is; Citus runs key_rows, a
+ *	  statement of several, as steps whose intermediate results it sends
+ *	  to the workers; the settlement's runs only on a single node.
  *
  *-------------------------------------------------------------------------
  */
@@ -53,9 +54,9 @@ static EmStatement key_row = {
 
 /*
  * The keys' rows, one counter row per cycle and the cycles' marks, in one
- * statement: key_row for many rows.  It returns the position (in the
- * arrays) of each row it wrote; a key another transaction wrote meanwhile
- * is waited for and skipped.  A cycle's mark is inserted unless the
+ * statement: key_row for many rows.  It returns the key of each row it
+ * wrote (em_entry_keys finds its position in the arrays); a key another
+ * transaction wrote meanwhile is waited for and skipped.  A cycle's mark is inserted unless the
  * caller saw it marked ($9: em_mark_seen, on a single node) or the
  * statement's snapshot shows a mark ($8, under READ COMMITTED: that
  * snapshot is taken after the caller's mark locks, while a transaction's
@@ -78,7 +79,7 @@ static EmStatement key_rows = {
 	" m AS (INSERT INTO earmark.meter_mark (account, budget_id)"
 	"       SELECT $1, c.budget_id FROM c WHERE c.budget_id <> ALL ($9) AND NOT ($8 AND EXISTS ("
 	"         SELECT 1 FROM earmark.meter_mark x WHERE x.account = $1 AND x.budget_id = c.budget_id))) "
-	"SELECT e.n FROM e JOIN l ON l.entry_key = e.entry_key",
+	"SELECT l.entry_key FROM l",
 	9, {TEXTOID, INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, INT4OID,
 	TIMESTAMPTZOID, BOOLOID, INT8ARRAYOID}
 };
@@ -117,6 +118,56 @@ em_entry_key(text *account, int64 budget_id, int64 units, text *key,
 	return SPI_processed > 0;
 }
 
+/* whether the texts a and b are the same bytes (texteq under a deterministic collation) */
+static bool
+same_bytes(text *a, text *b)
+{
+	return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
+		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
+}
+
+/*
+ * Mark the position of each key key_rows returned as written.  The keys
+ * of one call are distinct (batch.c sends a repeated key through the
+ * single call's steps), and the rows come back in the order they were
+ * inserted, which is the arrays' order: each search starts after the last
+ * key found, and goes round once whatever the order.  A key an operator's
+ * trigger changed (or set to NULL) matches no position, as it matched no
+ * event in the join this replaces: that event's row is then looked for by
+ * its own key (batch.c).
+ */
+static void
+mark_written(int n, Datum *keys, bool *written)
+{
+	uint64		r;
+	int			next = 0;
+	int			i;
+
+	for (i = 0; i < n; i++)
+		written[i] = false;
+	for (r = 0; r < SPI_processed; r++)
+	{
+		bool		isnull;
+		Datum		d = em_get((int) r, 1, &isnull);
+		text	   *key;
+		int			k;
+
+		if (isnull)
+			continue;
+		key = DatumGetTextPP(d);
+		for (k = 0; k < n; k++)
+		{
+			i = (next + k) % n;
+			if (!written[i] && same_bytes(key, DatumGetTextPP(keys[i])))
+			{
+				written[i] = true;
+				next = i + 1;
+				break;
+			}
+		}
+	}
+}
+
 /* a one-dimensional array of n Datums of a fixed-length, by-value type */
 static Datum
 int8_like_array(Datum *values, int n, Oid type)
@@ -131,8 +182,6 @@ em_entry_keys(text *account, int n, Datum *budget_ids, Datum *units,
 			  int32 shard, TimestampTz recorded_at, bool *written)
 {
 	Datum		args[9];
-	uint64		r;
-	int			i;
 
 	args[0] = PointerGetDatum(account);
 	args[1] = int8_like_array(budget_ids, n, INT8OID);
@@ -144,10 +193,7 @@ em_entry_keys(text *account, int n, Datum *budget_ids, Datum *units,
 	args[7] = BoolGetDatum(!IsolationUsesXactSnapshot());
 	args[8] = int8_like_array(marked, nmarked, INT8OID);
 	em_exec(&key_rows, args, NULL, 0);
-	for (i = 0; i < n; i++)
-		written[i] = false;
-	for (r = 0; r < SPI_processed; r++)
-		written[em_get_int64((int) r, 1, 0) - 1] = true;
+	mark_written(n, keys, written);
 }
 
 void
