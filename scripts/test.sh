@@ -16,8 +16,9 @@
 #             workers (test/citus/earmark.sh; one "skipped" line when Citus
 #             is not installed), the libFuzzer targets (test/fuzz), the same
 #             pg_regress, isolation, pgTAP and most integration scripts
-#             again with every server process under valgrind memcheck, and
-#             pg_regress and the isolation specs at faked dates ("dates")
+#             again with every server process under valgrind memcheck (on
+#             two clusters side by side), and pg_regress and the isolation
+#             specs at faked dates ("dates")
 #
 # Ends with a table of the layers (time, passed, failed) and one line
 # "N passed, N failed", and a non-zero exit status on any failure.
@@ -354,42 +355,100 @@ fi
 # escrow_stress.sh (about 15; 10 clients, a limit of 2,000 and leases of
 # 60 s when it runs), lab.sh and hunt.sh.
 VG_SCRIPTS=${EM_VALGRIND_SCRIPTS:-meter reconcile inbox_worker jwt worker fuzz_sql engine_room}
-if [ "${EM_VALGRIND:-1}" = 1 ] && layer valgrind; then
-    t_begin "valgrind: start"
-    em_log "valgrind: pg_regress, the isolation specs, pgTAP and integration ($VG_SCRIPTS) under memcheck"
-    VG=$OUT/valgrind
-    mkdir -p "$VG"
-    chmod 777 "$VG"
-    printf '#!/bin/sh\nexec valgrind --quiet --num-callers=40 --log-file=%s/vg.%%p.log %s/postgres "$@"\n' \
-        "$VG" "$EM_PGBIN" >"$VG/postgres"
-    chmod 755 "$VG/postgres"
-    if EM_PG_WRAPPER=$VG/postgres start_test_cluster; then
+
+# The layer runs as two streams side by side, each on a cluster of its own
+# under memcheck: "sql" (pg_regress, the isolation specs, pgTAP) and "int"
+# (the integration scripts), each about half of the 38 minutes the layer
+# took when they ran one after the other.  Each stream is a subshell: it counts from zero,
+# writes its output to $OUT/valgrind-TAG.log and its counts, table rows
+# and failure notes to $OUT/valgrind-TAG/state.sh, which the runner adds to
+# its own once both have ended.  The clusters' sockets are in directories of
+# their own, and their ports differ by 20, past the ports that integration
+# scripts derive from theirs (PGPORT + 7 to + 11).
+
+# vg_stream TAG PORT PARTS...: one stream; a part is regress, isolation,
+# pgtap or int:SCRIPT
+vg_stream() {
+    local tag=$1 port=$2 vg=$OUT/valgrind-$1 part s
+    shift 2
+    PASSED=0 FAILED=0 TABLE=() FAIL_NOTES=() FAIL_DIFFS=() SERVER_LOGS=()
+    mkdir -p "$vg"
+    chmod 777 "$vg"
+    # --leak-check=no: a backend's exit would otherwise scan its memory,
+    # shared buffers included, for a leak summary that --quiet does not
+    # print (0.2 to 0.5 s a connection here; PostgreSQL frees by memory
+    # context, not by pointer, so its leak reports say nothing anyway)
+    printf '#!/bin/sh\nexec valgrind --quiet --leak-check=no --num-callers=40 --log-file=%s/vg.%%p.log %s/postgres "$@"\n' \
+        "$vg" "$EM_PGBIN" >"$vg/postgres"
+    chmod 755 "$vg/postgres"
+    t_begin "valgrind: start ($tag)"
+    if EM_TEST_PORT=$port EM_PG_WRAPPER=$vg/postgres start_test_cluster; then
         t_end
-        t_begin "valgrind: pg_regress"; run_regress "valgrind pg_regress" "$VG"; t_end
-        t_begin "valgrind: isolation"; run_isolation "valgrind isolation" "$VG"; t_end
-        t_begin "valgrind: pgTAP"; run_pgtap "valgrind pgTAP" "$VG"; t_end
-        for s in $VG_SCRIPTS; do
-            t_begin "valgrind: integration $s"
-            run_integration "valgrind integration" "$VG" "$s" \
-                EM_PG_WRAPPER="$VG/postgres" EM_FUZZ_CALLS=5000 ESCROW_STRESS_CLIENTS=10 \
-                ESCROW_STRESS_SECONDS=20 ESCROW_STRESS_LIMIT=2000 ESCROW_STRESS_LEASE=60 \
-                ESCROW_STRESS_PAIR_CLIENTS=5 ESCROW_STRESS_PAIR_SECONDS=5
+        for part in "$@"; do
+            case $part in
+                regress) t_begin "valgrind: pg_regress"; run_regress "valgrind pg_regress" "$vg" ;;
+                isolation) t_begin "valgrind: isolation"; run_isolation "valgrind isolation" "$vg" ;;
+                pgtap) t_begin "valgrind: pgTAP"; run_pgtap "valgrind pgTAP" "$vg" ;;
+                int:*)
+                    s=${part#int:}
+                    t_begin "valgrind: integration $s"
+                    run_integration "valgrind integration" "$vg" "$s" \
+                        EM_PG_WRAPPER="$vg/postgres" EM_FUZZ_CALLS=5000 ESCROW_STRESS_CLIENTS=10 \
+                        ESCROW_STRESS_SECONDS=20 ESCROW_STRESS_LIMIT=2000 ESCROW_STRESS_LEASE=60 \
+                        ESCROW_STRESS_PAIR_CLIENTS=5 ESCROW_STRESS_PAIR_SECONDS=5 ;;
+            esac
             t_end
         done
-        t_begin "valgrind: memcheck"
-        stop_test_cluster valgrind
-        logs=$(ls "$VG"/vg.*.log 2>/dev/null | wc -l)
-        if [ "$logs" -gt 100 ]; then echo "ok - valgrind: $logs processes ran under memcheck"; count 1 0
-        else not_ok "valgrind: only $logs processes ran under memcheck"; fi
-        if python3 test/valgrind/check.py "$VG"/vg.*.log >"$VG/ours.txt"; then
-            echo "ok - valgrind: no memcheck error in earmark's code"; count 1 0
-        else
-            not_ok "valgrind: memcheck errors in earmark's code"
-            head -120 "$VG/ours.txt"
-        fi
     else
-        not_ok "valgrind: the server did not start under memcheck"
-        stop_test_cluster valgrind
+        not_ok "valgrind $tag: the server did not start under memcheck"
+        t_end
+    fi
+    stop_test_cluster "valgrind-$tag"
+    declare -p PASSED FAILED TABLE FAIL_NOTES FAIL_DIFFS SERVER_LOGS >"$vg/state.sh"
+}
+
+# vg_merge TAG: print a stream's output and add its state to the runner's
+vg_merge() {
+    local log=$OUT/valgrind-$1.log state=$OUT/valgrind-$1/state.sh
+    cat "$log"
+    if [ ! -f "$state" ]; then
+        not_ok "valgrind $1: the stream ended without its counts (see $log)"
+        return
+    fi
+    local PASSED0=$PASSED FAILED0=$FAILED TABLE0=("${TABLE[@]}") NOTES0=("${FAIL_NOTES[@]}") \
+        DIFFS0=("${FAIL_DIFFS[@]}") LOGS0=("${SERVER_LOGS[@]}")
+    # declare -p wrote "declare"; inside this function that would make
+    # locals, so the state is read as globals
+    source <(sed 's/^declare /declare -g /' "$state")
+    PASSED=$((PASSED0 + PASSED))
+    FAILED=$((FAILED0 + FAILED))
+    TABLE=("${TABLE0[@]}" "${TABLE[@]}")
+    FAIL_NOTES=("${NOTES0[@]}" "${FAIL_NOTES[@]}")
+    FAIL_DIFFS=("${DIFFS0[@]}" "${FAIL_DIFFS[@]}")
+    SERVER_LOGS=("${LOGS0[@]}" "${SERVER_LOGS[@]}")
+}
+
+if [ "${EM_VALGRIND:-1}" = 1 ] && layer valgrind; then
+    em_log "valgrind: pg_regress, the isolation specs and pgTAP on one cluster, integration ($VG_SCRIPTS) on another, side by side under memcheck; output at the end"
+    VG_PORT=${EM_TEST_PORT:-55432}
+    VG_START=$(date +%s)
+    vg_stream sql "$VG_PORT" regress isolation pgtap >"$OUT/valgrind-sql.log" 2>&1 &
+    VG_SQL=$!
+    vg_stream int $((VG_PORT + 20)) $(printf 'int:%s ' $VG_SCRIPTS) >"$OUT/valgrind-int.log" 2>&1 &
+    VG_INT=$!
+    wait "$VG_SQL" "$VG_INT"
+    TABLE+=("$(printf '%-34s %7s %7s %7s' "valgrind: both streams, wall time" "$(( $(date +%s) - VG_START ))" "" "")")
+    vg_merge sql
+    vg_merge int
+    t_begin "valgrind: memcheck"
+    logs=$(ls "$OUT"/valgrind-*/vg.*.log 2>/dev/null | wc -l)
+    if [ "$logs" -gt 100 ]; then echo "ok - valgrind: $logs processes ran under memcheck"; count 1 0
+    else not_ok "valgrind: only $logs processes ran under memcheck"; fi
+    if python3 test/valgrind/check.py "$OUT"/valgrind-*/vg.*.log >"$OUT/valgrind-ours.txt"; then
+        echo "ok - valgrind: no memcheck error in earmark's code"; count 1 0
+    else
+        not_ok "valgrind: memcheck errors in earmark's code"
+        head -120 "$OUT/valgrind-ours.txt"
     fi
     t_end
 fi
