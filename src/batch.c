@@ -205,16 +205,6 @@ typedef struct UsageBatch
 	BatchContext *ctx;
 } UsageBatch;
 
-static int
-text_cmp(text *a, text *b)
-{
-	int			la = VARSIZE_ANY_EXHDR(a);
-	int			lb = VARSIZE_ANY_EXHDR(b);
-	int			c = memcmp(VARDATA_ANY(a), VARDATA_ANY(b), Min(la, lb));
-
-	return c != 0 ? c : (la > lb) - (la < lb);
-}
-
 static UsageEvent *sort_events;
 
 static int
@@ -222,7 +212,7 @@ cmp_event_keys(const void *a, const void *b)
 {
 	int			ia = *(const int *) a;
 	int			ib = *(const int *) b;
-	int			c = text_cmp(sort_events[ia].key, sort_events[ib].key);
+	int			c = em_text_cmp(sort_events[ia].key, sort_events[ib].key);
 
 	return c != 0 ? c : (ia > ib) - (ia < ib);
 }
@@ -246,7 +236,7 @@ mark_repeated_keys(UsageBatch *ub)
 	qsort(order, ub->n, sizeof(int), cmp_event_keys);
 	for (i = 1; i < ub->n; i++)
 	{
-		if (text_cmp(ub->ev[order[i - 1]].key, ub->ev[order[i]].key) == 0)
+		if (em_text_eq(ub->ev[order[i - 1]].key, ub->ev[order[i]].key))
 			ub->ev[order[i]].seen = true;
 	}
 	pfree(order);
@@ -349,7 +339,7 @@ known_cycle(UsageBatch *ub, text *feature, TimestampTz start)
 	{
 		UsageBudget *b = &ub->budgets[i];
 
-		if (b->start == start && text_cmp(b->feature, feature) == 0)
+		if (b->start == start && em_text_eq(b->feature, feature))
 			return b;
 	}
 	if (!em_usage_existing_budget(ub->account, feature, start, &budget_id))

@@ -118,14 +118,6 @@ em_entry_key(text *account, int64 budget_id, int64 units, text *key,
 	return SPI_processed > 0;
 }
 
-/* whether the texts a and b are the same bytes (texteq under a deterministic collation) */
-static bool
-same_bytes(text *a, text *b)
-{
-	return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
-		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
-}
-
 /*
  * Mark the position of each key key_rows returned as written.  The keys
  * of one call are distinct (batch.c sends a repeated key through the
@@ -158,7 +150,7 @@ mark_written(int n, Datum *keys, bool *written)
 		for (k = 0; k < n; k++)
 		{
 			i = (next + k) % n;
-			if (!written[i] && same_bytes(key, DatumGetTextPP(keys[i])))
+			if (!written[i] && em_text_eq(key, DatumGetTextPP(keys[i])))
 			{
 				written[i] = true;
 				next = i + 1;

@@ -62,6 +62,15 @@ extern int64 em_arg_int64(FunctionCallInfo fcinfo, int argno, const char *what);
 extern text *em_check_name(text *t, const char *what);
 
 /*
+ * Texts ordered and compared byte for byte.  Keys, accounts and features
+ * are columns of the database's deterministic collation, where equal means
+ * the same bytes, so these answer texteq without a collation lookup; the
+ * order is memcmp's, not the collation's (for a sort that only groups).
+ */
+extern int	em_text_cmp(text *a, text *b);
+extern bool em_text_eq(text *a, text *b);
+
+/*
  * t + i on the UTC calendar: every lease end (a job's, an inbox claim's)
  * is the same instant whatever the caller's TimeZone.  timestamptz +
  * interval would add a day or a month in the session's time zone, an hour
