@@ -286,6 +286,7 @@ resolve(EmDirect *d, Relation rel)
 	}
 	list_free(indexes);
 	d->write_checked = false;
+	d->insert_checked = false;
 	if (!OidIsValid(d->indexid))
 		elog(ERROR, "earmark: no index of earmark.%s leads with the columns it is read by",
 			 d->table);
@@ -1200,6 +1201,35 @@ writable(EmDirect *d, Relation rel)
 	}
 	list_free(indexes);
 	return ok;
+}
+
+/*
+ * Whether an INSERT into d's table stores each row it is given, so that
+ * its RETURNING returns one row for each: a plain table without rules and
+ * without BEFORE INSERT row triggers, enabled or not (a disabled one may
+ * fire under another session_replication_role, and the answer is kept
+ * across transactions).  Such a trigger may skip the row or store it its
+ * own way; a rule may do anything.  Computed once after d is resolved:
+ * CREATE TRIGGER, CREATE RULE and ALTER TABLE send the relcache
+ * invalidation that resolves it again.  The caller must hold a lock on the
+ * table that those conflict with (an INSERT's RowExclusiveLock): the
+ * invalidations were then taken in when it was acquired, and none can come
+ * until the transaction ends, so the answer kept is the table's now.
+ */
+bool
+em_direct_insert_stores(EmDirect *d)
+{
+	Relation	rel;
+
+	if (d->resolved && d->insert_checked)
+		return d->insert_stores;
+	rel = open_table(d, AccessShareLock);
+	d->insert_stores = rel->rd_rel->relkind == RELKIND_RELATION &&
+		rel->rd_rules == NULL &&
+		!(rel->trigdesc != NULL && rel->trigdesc->trig_insert_before_row);
+	d->insert_checked = true;
+	table_close(rel, NoLock);
+	return d->insert_stores;
 }
 
 /*

@@ -47,6 +47,8 @@ typedef struct EmDirect
 	AttrNumber	attnums[EM_DIRECT_MAX_COLS];
 	bool		write_checked;	/* writable is known */
 	bool		writable;		/* em_direct_update may write it (direct.c) */
+	bool		insert_checked; /* insert_stores is known */
+	bool		insert_stores;	/* em_direct_insert_stores' answer */
 	RegProcedure eqproc[EM_DIRECT_MAX_KEYS];
 	Oid			collation[EM_DIRECT_MAX_KEYS];
 	RegProcedure geproc;		/* the last key's >= (em_direct_lock_skip) */
@@ -76,6 +78,7 @@ extern bool em_direct_unclaimed(EmDirect *d, Datum *keys, Datum *values,
 								bool *nulls);
 extern bool em_direct_inserted_here(EmDirect *d, Datum *keys, Snapshot snap,
 									CommandId since);
+extern bool em_direct_insert_stores(EmDirect *d);
 extern bool em_direct_lock_skip(EmDirect *d, Datum *keys, bool below,
 								EmDirectRow fn, void *arg, Datum *values,
 								bool *nulls);

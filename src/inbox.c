@@ -277,6 +277,12 @@ static EmDirect receipt_by_key = {
 	.ncols = 1, .cols = {"event_id"}
 };
 
+/* the event table, for em_direct_insert_stores (key_is_ours) */
+static EmDirect event_by_id = {
+	.table = "inbox_event", .nkeys = 1, .keys = {"event_id"},
+	.ncols = 1, .cols = {"event_id"}
+};
+
 /*
  * A copy: one more on the event's seen_count (a HOT update), and a receipt
  * without the key.  A separate statement, so that under READ COMMITTED its
@@ -352,14 +358,8 @@ same_text(int col, Datum t)
 {
 	bool		isnull;
 	Datum		v = em_get(0, col, &isnull);
-	text	   *a;
-	text	   *b = DatumGetTextPP(t);
 
-	if (isnull)
-		return false;
-	a = DatumGetTextPP(v);
-	return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
-		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
+	return !isnull && em_text_eq(DatumGetTextPP(v), DatumGetTextPP(t));
 }
 
 /* the delivery's key (args: store_first's) in receipt_by_key's order */
@@ -388,8 +388,14 @@ receipt_names(Datum *args, int64 id)
 }
 
 /*
- * Whether the key's receipt is the one this round wrote: this transaction
- * wrote its visible version at command id since (the round's start) or
+ * After store_first returned no row: whether the key's receipt is the one
+ * this round wrote, so that a trigger or a rule of the user's, not an
+ * earlier delivery, kept the event from coming back.  Without a rule or a
+ * BEFORE INSERT row trigger on either table (em_direct_insert_stores; both
+ * are locked by store_first's insert) each receipt the insert writes
+ * comes back as an event: no row back means it wrote none, and the
+ * receipt is not looked up.  Otherwise: this transaction wrote the
+ * receipt's visible version at command id since (the round's start) or
  * later.  Not by the event id it names (a receipt trigger may move it, and
  * an id can be dealt again after a restart of the identity), nor by the
  * receipt's xmin column: a frozen row keeps its raw xmin, which 2^32
@@ -398,10 +404,14 @@ receipt_names(Datum *args, int64 id)
 static bool
 key_is_ours(Datum *args, CommandId since)
 {
-	Snapshot	snap = em_direct_statement_snapshot();
+	Snapshot	snap;
 	Datum		keys[2];
 	bool		ours;
 
+	if (em_direct_insert_stores(&receipt_by_key) &&
+		em_direct_insert_stores(&event_by_id))
+		return false;
+	snap = em_direct_statement_snapshot();
 	receipt_key(args, keys);
 	ours = em_direct_inserted_here(&receipt_by_key, keys, snap, since);
 	em_direct_release(snap);
