@@ -30,7 +30,10 @@
  *	  of a row it sees, at or after a given command id, by the tuple
  *	  header's xmin, which tells a frozen version from a running
  *	  transaction's (the inbox's check of which receipt is a delivery's).
- *	  Both read heap tuples only (heap_rows).
+ *	  Both read heap tuples only (heap_rows).  One question about a table
+ *	  rather than its rows, em_direct_insert_stores: whether an INSERT
+ *	  stores each row it is given (no rule, no BEFORE INSERT row trigger),
+ *	  kept with the table's other resolved facts.
  *
  *	  One write, em_direct_update: an UPDATE of one row's columns by its
  *	  keys, as ExecUpdate makes it: the version the statement's snapshot
@@ -256,9 +259,12 @@ index_rank(Relation rel, Relation idx, AttrNumber *keyatts, int nkeys)
 	return form->indisunique && form->indimmediate && form->indnkeyatts == nkeys ? 2 : 1;
 }
 
-/* the table's and the index's oids and the columns, from the catalogs */
+/*
+ * The index the read goes by (index_rank's best), and its keys' equality
+ * procedures and collations.
+ */
 static void
-resolve(EmDirect *d, Relation rel)
+choose_index(EmDirect *d, Relation rel)
 {
 	AttrNumber	keyatts[EM_DIRECT_MAX_KEYS];
 	List	   *indexes = RelationGetIndexList(rel);
@@ -269,9 +275,6 @@ resolve(EmDirect *d, Relation rel)
 
 	for (i = 0; i < d->nkeys; i++)
 		keyatts[i] = column(d, d->keys[i]);
-	for (i = 0; i < d->ncols; i++)
-		d->attnums[i] = column(d, d->cols[i]);
-	d->indexid = InvalidOid;
 	foreach(lc, indexes)
 	{
 		Relation	idx = index_open(lfirst_oid(lc), AccessShareLock);
@@ -285,14 +288,32 @@ resolve(EmDirect *d, Relation rel)
 		}
 	}
 	list_free(indexes);
-	d->write_checked = false;
-	d->insert_checked = false;
 	if (!OidIsValid(d->indexid))
 		elog(ERROR, "earmark: no index of earmark.%s leads with the columns it is read by",
 			 d->table);
 	chosen = index_open(d->indexid, AccessShareLock);
 	resolve_keys(d, chosen);
 	index_close(chosen, NoLock);
+}
+
+/*
+ * The table's and the index's oids and the columns, from the catalogs.  A
+ * table named with no keys is only asked about (em_direct_insert_stores):
+ * it needs no index, and an operator's table without the one a read would
+ * take is not refused for it.
+ */
+static void
+resolve(EmDirect *d, Relation rel)
+{
+	int			i;
+
+	for (i = 0; i < d->ncols; i++)
+		d->attnums[i] = column(d, d->cols[i]);
+	d->indexid = InvalidOid;
+	d->write_checked = false;
+	d->insert_checked = false;
+	if (d->nkeys > 0)
+		choose_index(d, rel);
 	if (!callback_registered)
 	{
 		CacheRegisterRelcacheCallback(forget_reads, (Datum) 0);

@@ -277,11 +277,11 @@ static EmDirect receipt_by_key = {
 	.ncols = 1, .cols = {"event_id"}
 };
 
-/* the event table, for em_direct_insert_stores (key_is_ours) */
-static EmDirect event_by_id = {
-	.table = "inbox_event", .nkeys = 1, .keys = {"event_id"},
-	.ncols = 1, .cols = {"event_id"}
-};
+/*
+ * The event table, for em_direct_insert_stores (key_is_ours) only: no keys,
+ * so no index of the table is needed.
+ */
+static EmDirect event_table = {.table = "inbox_event"};
 
 /*
  * A copy: one more on the event's seen_count (a HOT update), and a receipt
@@ -393,8 +393,11 @@ receipt_names(Datum *args, int64 id)
  * earlier delivery, kept the event from coming back.  Without a rule or a
  * BEFORE INSERT row trigger on either table (em_direct_insert_stores; both
  * are locked by store_first's insert) each receipt the insert writes
- * comes back as an event: no row back means it wrote none, and the
- * receipt is not looked up.  Otherwise: this transaction wrote the
+ * comes back as an event: no row back means it wrote none, the key being
+ * taken before its insert (by an earlier delivery, or by the user's code
+ * that ran in the statement and delivered the key itself: a statement
+ * trigger, a default; then the event it stored is the one counted), and
+ * the receipt is not looked up.  Otherwise: this transaction wrote the
  * receipt's visible version at command id since (the round's start) or
  * later.  Not by the event id it names (a receipt trigger may move it, and
  * an id can be dealt again after a restart of the identity), nor by the
@@ -409,7 +412,7 @@ key_is_ours(Datum *args, CommandId since)
 	bool		ours;
 
 	if (em_direct_insert_stores(&receipt_by_key) &&
-		em_direct_insert_stores(&event_by_id))
+		em_direct_insert_stores(&event_table))
 		return false;
 	snap = em_direct_statement_snapshot();
 	receipt_key(args, keys);
