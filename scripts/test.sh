@@ -364,7 +364,10 @@ VG_SCRIPTS=${EM_VALGRIND_SCRIPTS:-meter reconcile inbox_worker jwt worker fuzz_s
 # and failure notes to $OUT/valgrind-TAG/state.sh, which the runner adds to
 # its own once both have ended.  The clusters' sockets are in directories of
 # their own, and their ports differ by 20, past the ports that integration
-# scripts derive from theirs (PGPORT + 7 to + 11).
+# scripts derive from theirs (PGPORT + 1 to + 11).  What a run before left
+# in $OUT (its counts, its memcheck logs) is removed first: a stream that
+# dies before writing its counts must not pass with the old ones.  An
+# interrupt of the runner ends both streams, whose clusters stop on exit.
 
 # vg_stream TAG PORT PARTS...: one stream; a part is regress, isolation,
 # pgtap or int:SCRIPT
@@ -432,11 +435,14 @@ if [ "${EM_VALGRIND:-1}" = 1 ] && layer valgrind; then
     em_log "valgrind: pg_regress, the isolation specs and pgTAP on one cluster, integration ($VG_SCRIPTS) on another, side by side under memcheck; output at the end"
     VG_PORT=${EM_TEST_PORT:-55432}
     VG_START=$(date +%s)
+    rm -rf "$OUT"/valgrind-sql "$OUT"/valgrind-int "$OUT"/valgrind-sql.log "$OUT"/valgrind-int.log
     vg_stream sql "$VG_PORT" regress isolation pgtap >"$OUT/valgrind-sql.log" 2>&1 &
     VG_SQL=$!
     vg_stream int $((VG_PORT + 20)) $(printf 'int:%s ' $VG_SCRIPTS) >"$OUT/valgrind-int.log" 2>&1 &
     VG_INT=$!
+    trap 'kill "$VG_SQL" "$VG_INT" 2>/dev/null; wait; exit 130' INT TERM
     wait "$VG_SQL" "$VG_INT"
+    trap - INT TERM
     TABLE+=("$(printf '%-34s %7s %7s %7s' "valgrind: both streams, wall time" "$(( $(date +%s) - VG_START ))" "" "")")
     vg_merge sql
     vg_merge int

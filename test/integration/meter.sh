@@ -198,7 +198,7 @@ is "$got $(meter agr_m)" "0 52" "released, the send was answered and the total i
 # The cycle is marked again (the same total); the send times out after 3 s
 # (the fake then applies what it got, the same total again), is logged as a
 # failure, and the cycle is sent again on a later pass.
-set_conf earmark.http_timeout 3000
+set_conf earmark.http_timeout $((3000 * EM_WAIT_SCALE))
 control '{"hang": {"count": 1, "seconds": 600, "path": "/api/v1/billing/meter_usage"}}'
 q -c "INSERT INTO earmark.meter_mark (account, budget_id) SELECT account, budget_id FROM earmark.budget WHERE account = 'm_acct'" >/dev/null
 got=$(wait_for 60 "SELECT string_agg(coalesce(http_status::text, '-') || ':' || ok, ',' ORDER BY send_id) FROM earmark.send_log WHERE account = 'm_acct' AND total = 52 AND send_id > $sends_from" \
@@ -209,7 +209,7 @@ is "$(q -c "SELECT count(*) FROM earmark.send_log WHERE ok = false AND error ILI
 # the next step writes another
 got=$(wait_state 60 "len([r for r in d['requests'] if r['path'] == '$METER' and r['disconnected']])" 1)
 is "$got $(meter agr_m)" "1 52" "the fake applied the abandoned request: the meter still reads 52"
-set_conf earmark.http_timeout 5000
+set_conf earmark.http_timeout $((5000 * EM_WAIT_SCALE))
 
 # --- kill -9 of the worker in the middle of a report --------------------------
 # (the send hangs until the worker is killed: the fake then applies it, the
@@ -320,7 +320,7 @@ is "$(q -c "SELECT lim FROM earmark.account_limit WHERE account = 'h_ans'")" 8 "
 # failed read of one account, recorded and logged; the worker keeps running
 # and reads the other accounts' limits
 secrets_file 600 "client_secret = $SECRET" "token = btok" "hmac_secret = $HMAC"
-set_conf earmark.provider kinde earmark.kinde_domain "$BASE" earmark.http_timeout 5000
+set_conf earmark.provider kinde earmark.kinde_domain "$BASE" earmark.http_timeout $((5000 * EM_WAIT_SCALE))
 worker() { q -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'earmark worker'"; }
 log_from=$(stat -c %s "$EM_BASE/server.log")
 log_since() { tail -c +$((log_from + 1)) "$EM_BASE/server.log"; }
@@ -411,7 +411,7 @@ is "$got $(in_flight /api/v1/billing/entitlements)" "expired 1" "a lease that pa
 control '{"release": true}'
 got=$(wait_for 60 "SELECT limits_fetched_at IS NOT NULL FROM earmark.account WHERE account = 'hx_slow'" t)
 is "$got" t "once the provider answers, the slow read is stored"
-set_conf earmark.http_timeout 5000
+set_conf earmark.http_timeout $((5000 * EM_WAIT_SCALE))
 
 # --- memory: failing passes against a slow provider leave the worker's memory as it was
 # A provider that answers 500 with a 256 kB body after 1.3 s, to five cycles a
