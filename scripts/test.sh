@@ -450,6 +450,15 @@ if [ "${EM_VALGRIND:-1}" = 1 ] && layer valgrind; then
     logs=$(ls "$OUT"/valgrind-*/vg.*.log 2>/dev/null | wc -l)
     if [ "$logs" -gt 100 ]; then echo "ok - valgrind: $logs processes ran under memcheck"; count 1 0
     else not_ok "valgrind: only $logs processes ran under memcheck"; fi
+    # the checker itself, on two logs of memcheck's format: an error whose
+    # stack is in earmark's code first (a sample), and two PostgreSQL
+    # errors from a run, with earmark's worker further down the stack
+    if ! python3 test/valgrind/check.py test/valgrind/samples/ours.log >/dev/null &&
+        python3 test/valgrind/check.py test/valgrind/samples/theirs.log >/dev/null; then
+        echo "ok - valgrind: check.py finds the sample error in earmark's code and passes PostgreSQL's"; count 1 0
+    else
+        not_ok "valgrind: check.py misjudges test/valgrind/samples (ours.log must fail, theirs.log pass)"
+    fi
     if python3 test/valgrind/check.py "$OUT"/valgrind-*/vg.*.log >"$OUT/valgrind-ours.txt"; then
         echo "ok - valgrind: no memcheck error in earmark's code"; count 1 0
     else
