@@ -50,7 +50,8 @@ typedef struct Transfer
 	size_t		cap;
 	bool		too_large;
 	bool		oom;
-	long		retry_after;	/* seconds, -1 when none was given */
+	TimestampTz retry_at;		/* when the provider takes requests again, 0
+								 * when it did not say */
 	bool		started;
 	bool		done;
 	CURLcode	rc;
@@ -117,6 +118,40 @@ write_cb(char *ptr, size_t size, size_t nmemb, void *userdata)
 }
 
 /*
+ * When a RateLimit-Reset or Retry-After value says the provider takes
+ * requests again, as a time: seconds from now (counted from this answer,
+ * not from when the caller gets to it), a Unix time, or an HTTP date.
+ * Returns 0 for a value that is none of these, or a date already past;
+ * at most a day from now.
+ */
+static TimestampTz
+reset_time(const char *p)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	time_t		unix_now = time(NULL);
+	char	   *end;
+	long		secs;
+
+	secs = strtol(p, &end, 10);
+	if (end == p)
+	{
+		/* an HTTP date */
+		time_t		when = curl_getdate(p, NULL);
+
+		if (when <= 0 || when < unix_now)
+			return 0;
+		secs = (long) Min(when, unix_now + 86400);
+	}
+	else if (secs < 0)
+		return 0;
+	else if (secs <= 1000000000L)
+		return now + (TimestampTz) Min(secs, 86400L) * USECS_PER_SEC;
+	/* a time (cut to a day ahead first: a huge one would overflow) */
+	secs = (long) Min((time_t) secs, unix_now + 86400);
+	return Max(time_t_to_timestamptz((pg_time_t) secs), now);
+}
+
+/*
  * RateLimit-Reset (seconds until the limit resets) and Retry-After
  * (seconds, or an HTTP date): when the provider takes requests again.
  */
@@ -137,26 +172,12 @@ header_cb(char *buffer, size_t size, size_t nitems, void *userdata)
 			char		val[128];
 			size_t		vl = Min(n - nl, sizeof(val) - 1);
 			char	   *p = val;
-			char	   *end;
-			long		secs;
 
 			memcpy(val, buffer + nl, vl);
 			val[vl] = '\0';
 			while (*p == ' ' || *p == '\t')
 				p++;
-			secs = strtol(p, &end, 10);
-			if (end == p)
-			{
-				/* Retry-After as an HTTP date */
-				time_t		when = curl_getdate(p, NULL);
-
-				secs = when > 0 ? (long) (when - time(NULL)) : -1;
-			}
-			else if (secs > 1000000000L)
-				/* a reset given as a Unix time, not as seconds from now */
-				secs = Max(secs - (long) time(NULL), 0L);
-			if (secs >= 0)
-				t->retry_after = Max(t->retry_after, Min(secs, 86400L));
+			t->retry_at = Max(t->retry_at, reset_time(p));
 		}
 	}
 	return n;
@@ -179,7 +200,7 @@ start_transfer(CURLM *multi, Transfer *t, int timeout_ms)
 	t->curl = curl_easy_init();
 	if (t->curl == NULL)
 		return false;
-	t->retry_after = -1;
+	t->retry_at = 0;
 	t->errbuf[0] = '\0';
 	for (i = 0; i < EM_HTTP_MAX_HEADERS && r->headers[i] != NULL; i++)
 	{
@@ -334,7 +355,7 @@ reset_requests(EmHttpRequest *reqs, int n)
 		reqs[i].body_out = NULL;
 		reqs[i].body_len = 0;
 		reqs[i].error = NULL;
-		reqs[i].retry_after = -1;
+		reqs[i].retry_at = 0;
 		reqs[i].elapsed_ms = 0;
 		if (reqs[i].max_bytes == 0)
 			reqs[i].max_bytes = 1024 * 1024;
@@ -438,7 +459,7 @@ take_answer(CURLM *multi, Transfer *t, bool saw_429)
 	EmHttpRequest *r = t->req;
 
 	free_transfer(multi, t);
-	r->retry_after = t->retry_after;
+	r->retry_at = t->retry_at;
 	if (!t->started && saw_429)
 		r->error = "not sent: the provider answered 429 to an earlier request";
 	else if (!t->done)
@@ -472,7 +493,7 @@ take_answer(CURLM *multi, Transfer *t, bool saw_429)
 
 /*
  * Run n requests, at most parallel at once, each within timeout_ms.  Fills
- * each request's status, body, error, retry_after and elapsed_ms.  Never
+ * each request's status, body, error, retry_at and elapsed_ms.  Never
  * raises for a failed request; raises only for a cancel or termination
  * (after cleaning up) or when tick raises.
  */

@@ -11,6 +11,8 @@
 
 #include "postgres.h"
 
+#include "datatype/timestamp.h"
+
 #define EM_HTTP_MAX_HEADERS 4
 
 typedef struct EmHttpRequest
@@ -30,7 +32,8 @@ typedef struct EmHttpRequest
 	char	   *body_out;		/* palloc'd, NUL-terminated */
 	size_t		body_len;
 	const char *error;			/* transport error, NULL if none */
-	long		retry_after;	/* RateLimit-Reset / Retry-After seconds, or -1 */
+	TimestampTz retry_at;		/* RateLimit-Reset / Retry-After as a time,
+								 * or 0 */
 	double		elapsed_ms;
 } EmHttpRequest;
 

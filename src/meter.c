@@ -754,7 +754,7 @@ em_report_finish(EmMeterOp *ops, int n, TimestampTz now, int *failed)
 {
 	int			sent = 0;
 	int			i;
-	long		retry_after = -1;
+	TimestampTz retry_at = 0;
 	bool		saw_429 = false;
 	char	   *last_error = NULL;
 	bool		distributed = em_distributed();
@@ -782,7 +782,7 @@ em_report_finish(EmMeterOp *ops, int n, TimestampTz now, int *failed)
 			if (op->http_status == 429)
 			{
 				saw_429 = true;
-				retry_after = Max(retry_after, op->retry_after);
+				retry_at = Max(retry_at, op->retry_at);
 			}
 		}
 	}
@@ -794,10 +794,14 @@ em_report_finish(EmMeterOp *ops, int n, TimestampTz now, int *failed)
 	nulls[3] = 'n';
 	if (saw_429)
 	{
-		/* no reset given: wait one report interval */
-		long		secs = retry_after >= 0 ? retry_after : earmark_report_interval_s;
-
-		args[3] = TimestampTzGetDatum(now + secs * USECS_PER_SEC);
+		/*
+		 * The provider's reset as it gave it (counted from its answer, not
+		 * from now: a slow pass would otherwise wait longer than asked); no
+		 * reset given, one report interval.
+		 */
+		if (retry_at == 0)
+			retry_at = now + (TimestampTz) earmark_report_interval_s * USECS_PER_SEC;
+		args[3] = TimestampTzGetDatum(retry_at);
 		nulls[3] = ' ';
 	}
 	em_exec(&note_pass, args, nulls, 0);

@@ -856,7 +856,7 @@ em_meter_write(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg)
 	{
 		ops[i].ok = false;
 		ops[i].http_status = 0;
-		ops[i].retry_after = -1;
+		ops[i].retry_at = 0;
 		ops[i].elapsed_ms = 0;
 		ops[i].error = NULL;
 	}
@@ -897,7 +897,7 @@ em_meter_write(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg)
 		EmHttpRequest *r = &reqs[i];
 
 		op->http_status = r->status;
-		op->retry_after = r->retry_after;
+		op->retry_at = r->retry_at;
 		op->elapsed_ms = r->elapsed_ms;
 		op->ok = r->error == NULL && r->status >= 200 && r->status < 300;
 		if (!op->ok)

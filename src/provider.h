@@ -42,7 +42,7 @@ typedef struct EmMeterOp
 	bool		ok;				/* written, or read */
 	int64		read_total;		/* a read: the provider's total */
 	long		http_status;
-	long		retry_after;	/* seconds, -1 if none */
+	TimestampTz retry_at;		/* the provider's reset, 0 if none */
 	double		elapsed_ms;
 	char	   *error;
 } EmMeterOp;

@@ -31,7 +31,8 @@ Generic "http" provider (--bearer and/or --hmac-secret turn authentication on):
 Control (no authentication, not logged, not subject to faults):
   POST /_control   JSON object, any of:
                    "fail": {"status", "count", "path", "method", "query", "body_bytes"},
-                   "answer": {"status", "body", "count", "path", "method", "query"},
+                   "answer": {"status", "body", "headers", "count", "path", "method",
+                              "query"},
                    "rate_limit": {"count", "reset", "path", "method", "query"},
                    "hang": {"count", "seconds", "path", "method", "query"}, "slow": {"ms"},
                    "release": true, "token_expires_in": "<raw JSON text>" or null,
@@ -53,7 +54,8 @@ and "hang" each queue rules (first matching rule with a count left is used;
 path starts with "path", whose method is "method" and whose query string
 contains "query" (each when given).  "fail" answers {"error": "injected"},
 padded to "body_bytes" bytes when given.  "answer" sends "body" verbatim
-(any text, valid JSON or not: a hostile provider) with "status" (200).
+(any text, valid JSON or not: a hostile provider) with "status" (200) and
+the "headers" given (an object of strings, sent as they are).
 "token_expires_in" puts its text verbatim as the token answer's expires_in
 (e.g. "1e200000"; null goes back to --token-ttl).  A hung request ends early
 when the client hangs up, and is then processed as usual (its answer goes
@@ -220,6 +222,12 @@ def parse_rule(spec, kind):
         if not isinstance(body, str):
             raise BadRequest("answer.body must be a string")
         rule["body"] = body
+        headers = spec.get("headers", {})
+        if not isinstance(headers, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) and "\n" not in k + v and "\r" not in k + v
+                for k, v in headers.items()):
+            raise BadRequest("answer.headers must be an object of one-line strings")
+        rule["headers"] = headers
     elif kind == "rate_limit":
         reset = spec.get("reset", 1)
         if not isinstance(reset, (int, float)) or isinstance(reset, bool) or reset < 0:
@@ -672,7 +680,7 @@ def main():
                 return r["status"], obj, {}, 0.0
             r = take_rule(st.answer_rules, self.command, path, query)
             if r:
-                return r["status"], Raw(r["body"]), {}, 0.0
+                return r["status"], Raw(r["body"]), dict(r["headers"]), 0.0
             r = take_rule(st.rate_rules, self.command, path, query)
             if r and r["date"]:
                 until = int(time.time() + r["reset"])      # an HTTP date has whole seconds

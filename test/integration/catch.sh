@@ -9,7 +9,9 @@
 #   150 marked cycles, one pass (its sends share a sent_at, the finishing
 #   transaction's now()) sends 100;
 # - Retry-After given as an HTTP date (RFC 9110) on a 429 is honoured: no
-#   meter request before that time;
+#   meter request before that time; a reset in seconds counts from the
+#   429's answer, not from the end of the pass that got it; a hostile
+#   reset blocks for a day at most, or is ignored;
 # - the webhook endpoint of docs/inbox.md ("store, then answer"), run as
 #   the doc prints it, answers what the doc says it answers, and a 200
 #   means the event is already committed.
@@ -36,6 +38,7 @@ cleanup() {
     fake_provider_stop
     for p in $(cat "$WORK/endpoint.pids" 2>/dev/null); do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
     reset_settings
+    q -c "UPDATE earmark.reporter_state SET blocked_until = NULL" >/dev/null 2>&1
     q -d postgres -c "DROP ROLE IF EXISTS catch_webhooks" >/dev/null 2>&1
     rm -rf "$WORK"
 }
@@ -106,18 +109,64 @@ is "$(q -c "SELECT string_agg(coalesce(http_status::text, '-'), ',' ORDER BY sen
 gap=$(state "(lambda puts: min([t for t, s in puts if t > [t for t, s in puts if s == 429][-1]] or [0]) - d['rate_limited_until'])([(r['t'], r['status']) for r in d['requests'] if r['path'] == '/generic/meter' and r['method'] == 'PUT'])")
 ok "$(python3 -c "print(0 if $gap >= 0 else 1)")" \
    "no meter request came before the Retry-After date (the next one ${gap}s after it)"
-# and the date was in the headers earmark read.  blocked_until is the pass's
-# end plus the seconds from the answer's arrival to the date: at the date or
-# after it (later by the time from the answer to the pass's end, which a
-# loaded machine makes seconds), and about 4 s after the 429 was logged (2
-# at least) where the fallback of one report interval would give 1 s
-is "$(q -c "SELECT blocked_until >= to_timestamp($(state "d['rate_limited_until']"))
-                   AND blocked_until - (SELECT sent_at FROM earmark.meter_send
-                                         WHERE account = 'catch_ra_1' AND http_status = 429) >= interval '2 seconds'
+# and the date was in the headers earmark read: blocked_until is that date
+# exactly (the fallback of one report interval would be 1 s after the pass;
+# a wait counted from the pass's end would be later than the date by the
+# time from the answer to the end)
+is "$(q -c "SELECT blocked_until = to_timestamp($(state "d['rate_limited_until']"))
               FROM earmark.reporter_state")" t \
-   "reporter_state.blocked_until is at the Retry-After date or after it, not one report interval on"
+   "reporter_state.blocked_until is the Retry-After date"
 
-# --- (g) the webhook endpoint of docs/inbox.md, as printed --------------------
+# --- (f) a reset counted from the 429's answer, not from the pass's end -------
+# Two cycles in one pass: the fake answers the first meter write 429 with
+# "RateLimit-Reset: 2" and holds the second 6 s, which keeps the pass open
+# until then.  blocked_until is the 429's arrival plus 2 s: before the
+# pass's end (its sends' sent_at, the finishing transaction's now()), where a
+# reset counted from the end would put it 8 s after the 429.
+control '{"rate_limit": {"count": 1, "reset": 2, "path": "/generic/meter", "method": "PUT"}, "hang": {"count": 1, "seconds": 6, "path": "/generic/meter", "method": "PUT"}}'
+accounts catch_rs_ 2
+got=$(wait_for 60 "SELECT count(*) FROM earmark.meter_mark WHERE account LIKE 'catch_rs_%'" 0)
+is "$got" 0 "after a 429 while another request was held, both cycles were sent"
+is "$(q -c "SELECT count(*) FILTER (WHERE http_status = 429) || ',' || count(DISTINCT sent_at) FILTER (WHERE send_id <= (SELECT min(send_id) + 1 FROM earmark.meter_send WHERE account LIKE 'catch_rs_%'))
+              FROM earmark.meter_send WHERE account LIKE 'catch_rs_%'")" "1,1" \
+   "one 429, and both first sends in one pass"
+t429=$(state "[r['t'] for r in d['requests'] if r['path'] == '/generic/meter' and r['status'] == 429][-1]")
+is "$(q -c "SELECT blocked_until < (SELECT sent_at FROM earmark.meter_send
+                                     WHERE account LIKE 'catch_rs_%' AND http_status = 429)
+              FROM earmark.reporter_state")" t \
+   "blocked_until is counted from the 429's answer: before the end of the pass that got it"
+is "$(q -c "SELECT blocked_until >= to_timestamp($t429 + 2) FROM earmark.reporter_state")" t \
+   "... and not before the 2 s the provider asked for"
+
+# --- (g) hostile resets: at most a day, or ignored ---------------------------
+# A 429 whose reset is a huge number, a Unix time or a date far ahead, or
+# seconds past a day blocks the reporter for a day after the answer at most
+# (a time past PostgreSQL's range would overflow on the way); a Unix time
+# already past is the answer's time; a negative value or one that is no
+# number and no date is ignored, and the pass waits one report interval
+# (1 s).  Each case's block, blocked_until less the 429 pass's sent_at in
+# seconds, is checked against its range; then it is lifted by hand.
+hostile_reset() {  # hostile_reset N HEADER VALUE LOW HIGH
+    local got
+    control "{\"answer\": {\"status\": 429, \"body\": \"{}\", \"headers\": {\"$2\": \"$3\"}, \"count\": 1, \"path\": \"/generic/meter\", \"method\": \"PUT\"}}"
+    accounts "catch_hr$1_" 1
+    wait_for 60 "SELECT count(*) FROM earmark.meter_send WHERE account = 'catch_hr$1_1' AND http_status = 429" 1 >/dev/null
+    got=$(q -c "SELECT round(extract(epoch FROM blocked_until - (SELECT sent_at FROM earmark.meter_send
+                                                              WHERE account = 'catch_hr$1_1' AND http_status = 429)), 1)
+                FROM earmark.reporter_state")
+    q -c "UPDATE earmark.reporter_state SET blocked_until = NULL" >/dev/null
+    wait_for 60 "SELECT count(*) FROM earmark.meter_mark WHERE account = 'catch_hr$1_1'" 0 >/dev/null
+    ok "$(python3 -c "print(0 if $4 <= float('${got:-nan}') <= $5 else 1)")" \
+       "a 429 with $2: $3 blocks the reporter ${got}s after its pass (expected $4 to $5)"
+}
+hostile_reset 1 RateLimit-Reset 99999999999999999999 86390 86401
+hostile_reset 2 Retry-After "Fri, 31 Dec 9999 23:59:59 GMT" 86390 86401
+hostile_reset 3 Retry-After 999999 86390 86401
+hostile_reset 4 RateLimit-Reset 1000000001 -10 0.5
+hostile_reset 5 Retry-After -5 0.5 3
+hostile_reset 6 Retry-After "soon, perhaps" 0.5 3
+
+# --- (h) the webhook endpoint of docs/inbox.md, as printed --------------------
 # The doc's Python block, run unchanged; each answer the doc lists is checked,
 # and that a 200 means "stored": the event is committed when the answer
 # arrives (read at once from another session, no waiting).
