@@ -357,9 +357,10 @@ fi
 VG_SCRIPTS=${EM_VALGRIND_SCRIPTS:-meter reconcile inbox_worker jwt worker fuzz_sql engine_room}
 
 # The layer runs as two streams side by side, each on a cluster of its own
-# under memcheck: "sql" (pg_regress, the isolation specs, pgTAP) and "int"
-# (the integration scripts): 21 minutes side by side on 2 cores, where one
-# after the other took 38 (2026-12-05).  Each stream is a subshell: it counts from zero,
+# under memcheck: "sql" (pg_regress, the isolation specs) and "int" (pgTAP,
+# the integration scripts): 21 minutes side by side on 2 cores, where one
+# after the other took 38 (2026-12-05; pgTAP, about 50 s, went to "int"
+# after, which had ended 140 s before "sql").  Each stream is a subshell: it counts from zero,
 # writes its output to $OUT/valgrind-TAG.log and its counts, table rows
 # and failure notes to $OUT/valgrind-TAG/state.sh, which the runner adds to
 # its own once both have ended.  The clusters' sockets are in directories of
@@ -432,13 +433,13 @@ vg_merge() {
 }
 
 if [ "${EM_VALGRIND:-1}" = 1 ] && layer valgrind; then
-    em_log "valgrind: pg_regress, the isolation specs and pgTAP on one cluster, integration ($VG_SCRIPTS) on another, side by side under memcheck; output at the end"
+    em_log "valgrind: pg_regress and the isolation specs on one cluster, pgTAP and integration ($VG_SCRIPTS) on another, side by side under memcheck; output at the end"
     VG_PORT=${EM_TEST_PORT:-55432}
     VG_START=$(date +%s)
     rm -rf "$OUT"/valgrind-sql "$OUT"/valgrind-int "$OUT"/valgrind-sql.log "$OUT"/valgrind-int.log
-    vg_stream sql "$VG_PORT" regress isolation pgtap >"$OUT/valgrind-sql.log" 2>&1 &
+    vg_stream sql "$VG_PORT" regress isolation >"$OUT/valgrind-sql.log" 2>&1 &
     VG_SQL=$!
-    vg_stream int $((VG_PORT + 20)) $(printf 'int:%s ' $VG_SCRIPTS) >"$OUT/valgrind-int.log" 2>&1 &
+    vg_stream int $((VG_PORT + 20)) pgtap $(printf 'int:%s ' $VG_SCRIPTS) >"$OUT/valgrind-int.log" 2>&1 &
     VG_INT=$!
     trap 'kill "$VG_SQL" "$VG_INT" 2>/dev/null; wait; exit 130' INT TERM
     wait "$VG_SQL" "$VG_INT"
