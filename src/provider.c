@@ -785,6 +785,35 @@ provider_connect(const char **base, const char **token, EmHttpTick tick,
 	return *error == NULL;
 }
 
+/* every op's answer cleared, so that a path that returns early leaves none */
+static void
+clear_ops(EmMeterOp *ops, int n)
+{
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		ops[i].ok = false;
+		ops[i].read_total = 0;
+		ops[i].http_status = 0;
+		ops[i].retry_at = 0;
+		ops[i].elapsed_ms = 0;
+		ops[i].error = NULL;
+	}
+}
+
+/* the local provider's write: the total set in earmark.local_meter */
+static void
+local_write_one(EmMeterOp *op)
+{
+	Datum		args[5];
+
+	local_args(op, args);
+	args[4] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
+	em_exec(&local_write, args, NULL, 0);
+	op->ok = true;
+}
+
 /* fill req for op; false (with op->error) when it cannot be sent */
 static bool
 build_write(EmMeterOp *op, const char *base, const char *token, EmHttpRequest *req)
@@ -852,25 +881,11 @@ em_meter_write(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg)
 	const char *token = NULL;
 	char	   *error = NULL;
 
-	for (i = 0; i < n; i++)
-	{
-		ops[i].ok = false;
-		ops[i].http_status = 0;
-		ops[i].retry_at = 0;
-		ops[i].elapsed_ms = 0;
-		ops[i].error = NULL;
-	}
+	clear_ops(ops, n);
 	if (earmark_provider == EM_PROVIDER_LOCAL)
 	{
 		for (i = 0; i < n; i++)
-		{
-			Datum		args[5];
-
-			local_args(&ops[i], args);
-			args[4] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
-			em_exec(&local_write, args, NULL, 0);
-			ops[i].ok = true;
-		}
+			local_write_one(&ops[i]);
 		return;
 	}
 
@@ -917,6 +932,91 @@ em_meter_read_replan(void)
 	em_forget_plan(&local_read);
 }
 
+/* the local provider's read: a cycle never written reads as zero */
+static void
+local_read_one(EmMeterOp *op)
+{
+	Datum		args[4];
+
+	local_args(op, args);
+	em_exec_lookup(&local_read, args, NULL, 1);
+	op->read_total = SPI_processed == 1 ? em_get_int64(0, 1, 0) : 0;
+	op->ok = true;
+}
+
+/* a meter read's request; false (op->error set) when it cannot be made */
+static bool
+build_read(EmMeterOp *op, const char *base, const char *token, EmHttpRequest *req)
+{
+	StringInfoData url;
+
+	memset(req, 0, sizeof(*req));
+	initStringInfo(&url);
+	req->method = "GET";
+	if (earmark_provider == EM_PROVIDER_KINDE)
+	{
+		/* Kinde reads the current cycle only: a closed one is unreadable */
+		if (op->closed)
+		{
+			op->error = pstrdup("the provider reads back only the current cycle");
+			return false;
+		}
+		if (op->agreement == NULL)
+		{
+			op->error = psprintf("account \"%s\" has no provider_agreement", op->account);
+			return false;
+		}
+		appendStringInfo(&url, "%s/api/v1/billing/meter_usage?customer_agreement_id=", base);
+		append_urlenc(&url, op->agreement);
+		appendStringInfoString(&url, "&billing_feature_code=");
+		append_urlenc(&url, op->feature);
+		req->url = url.data;
+		req->headers[0] = "Accept: application/json";
+		req->auth_header = psprintf("Authorization: Bearer %s", token);
+		return true;
+	}
+	appendStringInfo(&url, "%s/meter?account=", base);
+	append_urlenc(&url, op->account);
+	appendStringInfoString(&url, "&feature=");
+	append_urlenc(&url, op->feature);
+	appendStringInfoString(&url, "&cycle_start=");
+	append_urlenc(&url, iso_utc(op->cycle_start));
+	req->url = url.data;
+	return http_auth(req, &op->error);
+}
+
+/* a meter read's answer: the provider's total, never a guess */
+static void
+take_read(EmMeterOp *op, EmHttpRequest *r)
+{
+	Answer	   *answer;
+	const char *why;
+
+	op->http_status = r->status;
+	if (r->error || r->status != 200)
+	{
+		op->error = status_error(r);
+		if (r->status == 401 && earmark_provider == EM_PROVIDER_KINDE)
+			forget_kinde_token();
+		return;
+	}
+	answer = parse_answer(r->body_out, r->body_len, &why);
+	if (answer == NULL)
+	{
+		op->error = psprintf("the provider's answer cannot be read: %s", why);
+		return;
+	}
+	if (!value_int64(member(answer,
+							earmark_provider == EM_PROVIDER_KINDE ? "meter_value" : "total"),
+					 &op->read_total))
+	{
+		/* an answer without a total is unreadable */
+		op->error = pstrdup("the provider's answer carries no total");
+		return;
+	}
+	op->ok = true;
+}
+
 void
 em_meter_read(EmMeterOp *ops, int n)
 {
@@ -928,25 +1028,11 @@ em_meter_read(EmMeterOp *ops, int n)
 	const char *token = NULL;
 	char	   *error = NULL;
 
-	for (i = 0; i < n; i++)
-	{
-		ops[i].ok = false;
-		ops[i].read_total = 0;
-		ops[i].http_status = 0;
-		ops[i].error = NULL;
-	}
+	clear_ops(ops, n);
 	if (earmark_provider == EM_PROVIDER_LOCAL)
 	{
 		for (i = 0; i < n; i++)
-		{
-			Datum		args[4];
-
-			local_args(&ops[i], args);
-			em_exec_lookup(&local_read, args, NULL, 1);
-			/* a cycle never written reads as zero */
-			ops[i].read_total = SPI_processed == 1 ? em_get_int64(0, 1, 0) : 0;
-			ops[i].ok = true;
-		}
+			local_read_one(&ops[i]);
 		return;
 	}
 
@@ -961,80 +1047,14 @@ em_meter_read(EmMeterOp *ops, int n)
 	which = palloc(sizeof(int) * n);
 	for (i = 0; i < n; i++)
 	{
-		EmMeterOp  *op = &ops[i];
-		EmHttpRequest *req = &reqs[m];
-		StringInfoData url;
-
-		memset(req, 0, sizeof(*req));
-		initStringInfo(&url);
-		req->method = "GET";
-		if (earmark_provider == EM_PROVIDER_KINDE)
-		{
-			/* Kinde reads the current cycle only: a closed one is unreadable */
-			if (op->closed)
-			{
-				op->error = pstrdup("the provider reads back only the current cycle");
-				continue;
-			}
-			if (op->agreement == NULL)
-			{
-				op->error = psprintf("account \"%s\" has no provider_agreement", op->account);
-				continue;
-			}
-			appendStringInfo(&url, "%s/api/v1/billing/meter_usage?customer_agreement_id=", base);
-			append_urlenc(&url, op->agreement);
-			appendStringInfoString(&url, "&billing_feature_code=");
-			append_urlenc(&url, op->feature);
-			req->url = url.data;
-			req->headers[0] = "Accept: application/json";
-			req->auth_header = psprintf("Authorization: Bearer %s", token);
-		}
-		else
-		{
-			appendStringInfo(&url, "%s/meter?account=", base);
-			append_urlenc(&url, op->account);
-			appendStringInfoString(&url, "&feature=");
-			append_urlenc(&url, op->feature);
-			appendStringInfoString(&url, "&cycle_start=");
-			append_urlenc(&url, iso_utc(op->cycle_start));
-			req->url = url.data;
-			if (!http_auth(req, &op->error))
-				continue;
-		}
-		which[m++] = i;
+		if (build_read(&ops[i], base, token, &reqs[m]))
+			which[m++] = i;
+		else if (reqs[m].auth_header)
+			em_forget(reqs[m].auth_header, strlen(reqs[m].auth_header));
 	}
 	em_http_run(reqs, m, earmark_report_parallel, earmark_http_timeout_ms, NULL, NULL);
 	for (i = 0; i < m; i++)
-	{
-		EmMeterOp  *op = &ops[which[i]];
-		EmHttpRequest *r = &reqs[i];
-		Answer	   *answer;
-		const char *why;
-
-		op->http_status = r->status;
-		if (r->error || r->status != 200)
-		{
-			op->error = status_error(r);
-			if (r->status == 401 && earmark_provider == EM_PROVIDER_KINDE)
-				forget_kinde_token();
-			continue;
-		}
-		answer = parse_answer(r->body_out, r->body_len, &why);
-		if (answer == NULL)
-		{
-			op->error = psprintf("the provider's answer cannot be read: %s", why);
-			continue;
-		}
-		if (!value_int64(member(answer,
-								earmark_provider == EM_PROVIDER_KINDE ? "meter_value" : "total"),
-						 &op->read_total))
-		{
-			/* never a guess: an answer without a total is unreadable */
-			op->error = pstrdup("the provider's answer carries no total");
-			continue;
-		}
-		op->ok = true;
-	}
+		take_read(&ops[which[i]], &reqs[i]);
 }
 
 /* ---------------------------------------------------------------------

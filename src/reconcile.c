@@ -945,6 +945,75 @@ replan_cycle_lookups(void)
 }
 
 /*
+ * Phase 1: every provider call, no lock.  A page of cycles is read in an
+ * SPI connection of its own (cycle_unit runs each cycle in one too), then
+ * each of its cycles is checked against the provider.
+ */
+static void
+call_phase(Run *run, text *account, text *feature, MemoryContext step_cxt)
+{
+	int64		after = 0;
+	MemoryContext old;
+	int			i;
+
+	for (;;)
+	{
+		int			first = run->n;
+		int			n;
+
+		old = MemoryContextSwitchTo(step_cxt);
+		SPI_connect();
+		MemoryContextSwitchTo(step_cxt);
+		n = next_page(run, account, feature, &after);
+		SPI_finish();
+		MemoryContextSwitchTo(old);
+		if (n == 0)
+			break;
+		replan_cycle_lookups();
+		/* then the record (see the header: never an older total) */
+		for (i = first; i < run->n; i++)
+		{
+			old = MemoryContextSwitchTo(step_cxt);
+			(void) cycle_unit(check_cycle, run, &run->checks[i]);
+			MemoryContextSwitchTo(old);
+		}
+		MemoryContextReset(step_cxt);
+	}
+}
+
+/* Phase 2: the locked steps and the evidence, after the last call */
+static void
+locked_phase(Run *run, MemoryContext step_cxt)
+{
+	MemoryContext old;
+	int			i;
+
+	for (i = 0; i < run->n; i++)
+	{
+		if (!run->checks[i].checked || !run->checks[i].written)
+			continue;
+		old = MemoryContextSwitchTo(step_cxt);
+		run->checks[i].unmarked = !cycle_unit(mark_after_repair, run, &run->checks[i]);
+		MemoryContextSwitchTo(old);
+		MemoryContextReset(step_cxt);
+	}
+	if (!rebuilds_a_repair(run))
+		give_send_lock_back(run);
+	for (i = 0; i < run->n; i++)
+	{
+		if (i % RECONCILE_PAGE == 0)
+			replan_cycle_lookups();
+		/* a cycle whose mark failed returns no row, as any failed step */
+		if (!run->checks[i].checked || run->checks[i].unmarked)
+			continue;
+		old = MemoryContextSwitchTo(step_cxt);
+		(void) cycle_unit(finish_cycle, run, &run->checks[i]);
+		MemoryContextSwitchTo(old);
+		MemoryContextReset(step_cxt);
+	}
+}
+
+/*
  * earmark_reconcile(account, feature) RETURNS SETOF earmark.evidence: one
  * row per cycle checked, the stored evidence (new or unchanged), in
  * budget_id order.  A cycle whose step failed (a WARNING says why) has no
@@ -955,11 +1024,8 @@ earmark_reconcile(PG_FUNCTION_ARGS)
 {
 	text	   *account;
 	text	   *feature;
-	int64		after = 0;
-	int			i;
 	Run			run;
 	MemoryContext step_cxt;
-	MemoryContext old;
 
 	em_require_schema();
 	account = PG_ARGISNULL(0) ? NULL : em_arg_name(fcinfo, 0, "account");
@@ -988,57 +1054,8 @@ earmark_reconcile(PG_FUNCTION_ARGS)
 	step_cxt = AllocSetContextCreate(CurrentMemoryContext, "earmark reconcile step",
 									 ALLOCSET_DEFAULT_SIZES);
 	SPI_connect();
-
-	/* phase 1: every provider call, no lock */
-	for (;;)
-	{
-		int			first = run.n;
-		int			n;
-
-		old = MemoryContextSwitchTo(step_cxt);
-		/* the page's statements in a connection of their own (cycle_unit) */
-		SPI_connect();
-		MemoryContextSwitchTo(step_cxt);
-		n = next_page(&run, account, feature, &after);
-		SPI_finish();
-		MemoryContextSwitchTo(old);
-		if (n == 0)
-			break;
-		replan_cycle_lookups();
-		/* then the record (see the header: never an older total) */
-		for (i = first; i < run.n; i++)
-		{
-			old = MemoryContextSwitchTo(step_cxt);
-			(void) cycle_unit(check_cycle, &run, &run.checks[i]);
-			MemoryContextSwitchTo(old);
-		}
-		MemoryContextReset(step_cxt);
-	}
-
-	/* phase 2: the locked steps and the evidence, after the last call */
-	for (i = 0; i < run.n; i++)
-	{
-		if (!run.checks[i].checked || !run.checks[i].written)
-			continue;
-		old = MemoryContextSwitchTo(step_cxt);
-		run.checks[i].unmarked = !cycle_unit(mark_after_repair, &run, &run.checks[i]);
-		MemoryContextSwitchTo(old);
-		MemoryContextReset(step_cxt);
-	}
-	if (!rebuilds_a_repair(&run))
-		give_send_lock_back(&run);
-	for (i = 0; i < run.n; i++)
-	{
-		if (i % RECONCILE_PAGE == 0)
-			replan_cycle_lookups();
-		/* a cycle whose mark failed returns no row, as any failed step */
-		if (!run.checks[i].checked || run.checks[i].unmarked)
-			continue;
-		old = MemoryContextSwitchTo(step_cxt);
-		(void) cycle_unit(finish_cycle, &run, &run.checks[i]);
-		MemoryContextSwitchTo(old);
-		MemoryContextReset(step_cxt);
-	}
+	call_phase(&run, account, feature, step_cxt);
+	locked_phase(&run, step_cxt);
 	SPI_finish();
 	MemoryContextDelete(step_cxt);
 	MemoryContextDelete(run.cxt);
