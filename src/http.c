@@ -121,33 +121,34 @@ write_cb(char *ptr, size_t size, size_t nmemb, void *userdata)
  * When a RateLimit-Reset or Retry-After value says the provider takes
  * requests again, as a time: seconds from now (counted from this answer,
  * not from when the caller gets to it), a Unix time, or an HTTP date.
- * Returns 0 for a value that is none of these, or a date already past;
+ * Returns 0 for a value that is none of these, or a date already past
+ * (the caller's fallback then applies); a Unix time already past is now;
  * at most a day from now.
  */
 static TimestampTz
 reset_time(const char *p)
 {
 	TimestampTz now = GetCurrentTimestamp();
-	time_t		unix_now = time(NULL);
+	int64		unix_now = (int64) time(NULL);
 	char	   *end;
-	long		secs;
+	int64		secs;
 
-	secs = strtol(p, &end, 10);
+	secs = strtoi64(p, &end, 10);
 	if (end == p)
 	{
 		/* an HTTP date */
-		time_t		when = curl_getdate(p, NULL);
+		int64		when = (int64) curl_getdate(p, NULL);
 
 		if (when <= 0 || when < unix_now)
 			return 0;
-		secs = (long) Min(when, unix_now + 86400);
+		secs = Min(when, unix_now + 86400);
 	}
 	else if (secs < 0)
 		return 0;
-	else if (secs <= 1000000000L)
-		return now + (TimestampTz) Min(secs, 86400L) * USECS_PER_SEC;
+	else if (secs <= 1000000000)
+		return now + Min(secs, 86400) * USECS_PER_SEC;
 	/* a time (cut to a day ahead first: a huge one would overflow) */
-	secs = (long) Min((time_t) secs, unix_now + 86400);
+	secs = Min(secs, unix_now + 86400);
 	return Max(time_t_to_timestamptz((pg_time_t) secs), now);
 }
 
@@ -163,6 +164,9 @@ header_cb(char *buffer, size_t size, size_t nitems, void *userdata)
 	const char *names[] = {"ratelimit-reset:", "retry-after:"};
 	int			i;
 
+	/* a new status line (after a 1xx answer): its headers start afresh */
+	if (n >= 5 && strncmp(buffer, "HTTP/", 5) == 0)
+		t->retry_at = 0;
 	for (i = 0; i < 2; i++)
 	{
 		size_t		nl = strlen(names[i]);
@@ -172,12 +176,14 @@ header_cb(char *buffer, size_t size, size_t nitems, void *userdata)
 			char		val[128];
 			size_t		vl = Min(n - nl, sizeof(val) - 1);
 			char	   *p = val;
+			TimestampTz at;
 
 			memcpy(val, buffer + nl, vl);
 			val[vl] = '\0';
 			while (*p == ' ' || *p == '\t')
 				p++;
-			t->retry_at = Max(t->retry_at, reset_time(p));
+			at = reset_time(p);
+			t->retry_at = Max(t->retry_at, at);
 		}
 	}
 	return n;

@@ -31,8 +31,8 @@ Generic "http" provider (--bearer and/or --hmac-secret turn authentication on):
 Control (no authentication, not logged, not subject to faults):
   POST /_control   JSON object, any of:
                    "fail": {"status", "count", "path", "method", "query", "body_bytes"},
-                   "answer": {"status", "body", "headers", "count", "path", "method",
-                              "query"},
+                   "answer": {"status", "body", "headers", "interim", "count", "path",
+                              "method", "query"},
                    "rate_limit": {"count", "reset", "path", "method", "query"},
                    "hang": {"count", "seconds", "path", "method", "query"}, "slow": {"ms"},
                    "release": true, "token_expires_in": "<raw JSON text>" or null,
@@ -55,7 +55,8 @@ path starts with "path", whose method is "method" and whose query string
 contains "query" (each when given).  "fail" answers {"error": "injected"},
 padded to "body_bytes" bytes when given.  "answer" sends "body" verbatim
 (any text, valid JSON or not: a hostile provider) with "status" (200) and
-the "headers" given (an object of strings, sent as they are).
+the "headers" given (an object of strings, sent as they are), after an
+interim "103 Early Hints" answer with the headers of "interim" when given.
 "token_expires_in" puts its text verbatim as the token answer's expires_in
 (e.g. "1e200000"; null goes back to --token-ttl).  A hung request ends early
 when the client hangs up, and is then processed as usual (its answer goes
@@ -88,6 +89,9 @@ import urllib.parse
 MAX_BODY = 1024 * 1024
 HMAC_WINDOW = 300
 CONTROL_PATHS = ("/_control", "/_state", "/_reset")
+# the key under which an answer rule keeps its interim headers (no header
+# name can contain a space)
+INTERIM = "interim answer"
 ROUTES = {
     "/oauth2/token": ("POST",),
     "/api/v1/billing/meter_usage": ("POST", "GET"),
@@ -228,6 +232,13 @@ def parse_rule(spec, kind):
                 for k, v in headers.items()):
             raise BadRequest("answer.headers must be an object of one-line strings")
         rule["headers"] = headers
+        interim = spec.get("interim")
+        if interim is not None and (not isinstance(interim, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) and "\n" not in k + v and "\r" not in k + v
+                for k, v in interim.items())):
+            raise BadRequest("answer.interim must be an object of one-line strings")
+        if interim is not None:
+            rule["headers"] = dict(headers, **{INTERIM: interim})
     elif kind == "rate_limit":
         reset = spec.get("reset", 1)
         if not isinstance(reset, (int, float)) or isinstance(reset, bool) or reset < 0:
@@ -652,11 +663,20 @@ def main():
                 body = obj.data
             else:
                 body = json.dumps(obj).encode()
+            headers = dict(headers or {})
+            interim = headers.pop(INTERIM, None)
             try:
+                if interim is not None:
+                    # an interim answer (103 Early Hints) with its own headers
+                    # before the final one
+                    self.send_response_only(103)
+                    for k, v in interim.items():
+                        self.send_header(k, v)
+                    self.end_headers()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
-                for k, v in (headers or {}).items():
+                for k, v in headers.items():
                     self.send_header(k, v)
                 if self.close_connection:
                     self.send_header("Connection", "close")

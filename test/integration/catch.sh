@@ -142,13 +142,16 @@ is "$(q -c "SELECT blocked_until >= to_timestamp($t429 + 2) FROM earmark.reporte
 # A 429 whose reset is a huge number, a Unix time or a date far ahead, or
 # seconds past a day blocks the reporter for a day after the answer at most
 # (a time past PostgreSQL's range would overflow on the way); a Unix time
-# already past is the answer's time; a negative value or one that is no
-# number and no date is ignored, and the pass waits one report interval
-# (1 s).  Each case's block, blocked_until less the 429 pass's sent_at in
-# seconds, is checked against its range; then it is lifted by hand.
-hostile_reset() {  # hostile_reset N HEADER VALUE LOW HIGH
+# already past is the answer's time; a negative value, a date already past
+# or one that is no number and no date is ignored, and the pass waits one
+# report interval (1 s).  10^9 is still seconds, one more a Unix time.  Of
+# two headers in one answer the later time counts, whichever comes first;
+# those of an interim answer before the 429 do not count.
+# Each case's block, blocked_until less the 429 pass's sent_at in seconds,
+# is checked against its range; then it is lifted by hand.
+reset_case() {  # reset_case N HEADERS-JSON LOW HIGH [INTERIM-HEADERS-JSON]
     local got
-    control "{\"answer\": {\"status\": 429, \"body\": \"{}\", \"headers\": {\"$2\": \"$3\"}, \"count\": 1, \"path\": \"/generic/meter\", \"method\": \"PUT\"}}"
+    control "{\"answer\": {\"status\": 429, \"body\": \"{}\", \"headers\": $2, \"interim\": ${5:-null}, \"count\": 1, \"path\": \"/generic/meter\", \"method\": \"PUT\"}}"
     accounts "catch_hr$1_" 1
     wait_for 60 "SELECT count(*) FROM earmark.meter_send WHERE account = 'catch_hr$1_1' AND http_status = 429" 1 >/dev/null
     got=$(q -c "SELECT round(extract(epoch FROM blocked_until - (SELECT sent_at FROM earmark.meter_send
@@ -156,8 +159,11 @@ hostile_reset() {  # hostile_reset N HEADER VALUE LOW HIGH
                 FROM earmark.reporter_state")
     q -c "UPDATE earmark.reporter_state SET blocked_until = NULL" >/dev/null
     wait_for 60 "SELECT count(*) FROM earmark.meter_mark WHERE account = 'catch_hr$1_1'" 0 >/dev/null
-    ok "$(python3 -c "print(0 if $4 <= float('${got:-nan}') <= $5 else 1)")" \
-       "a 429 with $2: $3 blocks the reporter ${got}s after its pass (expected $4 to $5)"
+    ok "$(python3 -c "print(0 if $3 <= float('${got:-nan}') <= $4 else 1)")" \
+       "a 429 with $2 blocks the reporter ${got}s after its pass (expected $3 to $4)"
+}
+hostile_reset() {  # hostile_reset N HEADER VALUE LOW HIGH
+    reset_case "$1" "{\"$2\": \"$3\"}" "$4" "$5"
 }
 hostile_reset 1 RateLimit-Reset 99999999999999999999 86390 86401
 hostile_reset 2 Retry-After "Fri, 31 Dec 9999 23:59:59 GMT" 86390 86401
@@ -165,6 +171,25 @@ hostile_reset 3 Retry-After 999999 86390 86401
 hostile_reset 4 RateLimit-Reset 1000000001 -10 0.5
 hostile_reset 5 Retry-After -5 0.5 3
 hostile_reset 6 Retry-After "soon, perhaps" 0.5 3
+hostile_reset 7 Retry-After "Wed, 01 Jan 2020 00:00:00 GMT" 0.5 3
+hostile_reset 8 RateLimit-Reset 1000000000 86390 86401
+hostile_reset 9 RateLimit-Reset "$(( $(date +%s) + 20 ))" 5 21
+reset_case 10 '{"RateLimit-Reset": "30", "Retry-After": "2"}' 27 31
+reset_case 11 '{"Retry-After": "2", "RateLimit-Reset": "30"}' 27 31
+# a reset in an interim answer (103) is not the 429's: one report interval
+reset_case 12 '{}' 0.5 3 '{"Retry-After": "86400"}'
+# two 429s in one pass (two cycles sent at once), resets of 30 s and 2 s:
+# the later counts, whichever answer the pass takes last
+control '{"answer": {"status": 429, "body": "{}", "headers": {"RateLimit-Reset": "30"}, "count": 1, "path": "/generic/meter", "method": "PUT"}}'
+control '{"answer": {"status": 429, "body": "{}", "headers": {"RateLimit-Reset": "2"}, "count": 1, "path": "/generic/meter", "method": "PUT"}}'
+accounts catch_r2_ 2
+wait_for 60 "SELECT count(*) FROM earmark.meter_send WHERE account LIKE 'catch_r2_%' AND http_status = 429" 2 >/dev/null
+got=$(q -c "SELECT count(DISTINCT sent_at) || ',' || round(extract(epoch FROM (SELECT blocked_until FROM earmark.reporter_state) - max(sent_at)), 1)
+              FROM earmark.meter_send WHERE account LIKE 'catch_r2_%' AND http_status = 429")
+q -c "UPDATE earmark.reporter_state SET blocked_until = NULL" >/dev/null
+wait_for 60 "SELECT count(*) FROM earmark.meter_mark WHERE account LIKE 'catch_r2_%'" 0 >/dev/null
+ok "$(python3 -c "n, b = '$got'.split(','); print(0 if n == '1' and 27 <= float(b or 'nan') <= 31 else 1)")" \
+   "two 429s in one pass, resets of 30 s and 2 s: the later counts (passes, block: $got)"
 
 # --- (h) the webhook endpoint of docs/inbox.md, as printed --------------------
 # The doc's Python block, run unchanged; each answer the doc lists is checked,
