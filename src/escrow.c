@@ -1232,6 +1232,12 @@ earmark_set_escrow(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("slots must be between 0 and %d", EARMARK_MAX_SLOTS)));
+	/*
+	 * Every budget row of the account must take the number, also one that a
+	 * reserve created and committed after a transaction snapshot: that
+	 * row's update would find nothing to update.
+	 */
+	em_require_read_committed("earmark_set_escrow");
 
 	SPI_connect();
 	args[0] = PointerGetDatum(account);

@@ -481,7 +481,9 @@ em_exec_latest(EmStatement *stmt, Datum *values, const char *nulls, long count)
  * The reporter and the reconciler compare totals with what concurrent
  * writers committed a moment ago: that needs a snapshot per statement.
  * Under REPEATABLE READ a mark could be deleted for usage the report never
- * saw, so they refuse to run there.
+ * saw, so they refuse to run there.  So do earmark_set_account with an
+ * anchor and earmark_set_escrow, which must see every budget row of the
+ * account, also one a reserve created after the caller's snapshot.
  */
 void
 em_require_read_committed(const char *what)
@@ -490,7 +492,7 @@ em_require_read_committed(const char *what)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_TRANSACTION_STATE),
 				 errmsg("%s must run in a READ COMMITTED transaction", what),
-				 errdetail("It compares totals with what other sessions committed since it started; "
+				 errdetail("It reads what other sessions committed since it started (totals, budget rows); "
 						   "a transaction snapshot would hide that."),
 				 errhint("Call it outside a REPEATABLE READ or SERIALIZABLE transaction.")));
 }
