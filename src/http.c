@@ -165,7 +165,7 @@ header_cb(char *buffer, size_t size, size_t nitems, void *userdata)
 	int			i;
 
 	/* a new status line (after a 1xx answer): its headers start afresh */
-	if (n >= 5 && strncmp(buffer, "HTTP/", 5) == 0)
+	if (n >= 5 && pg_strncasecmp(buffer, "HTTP/", 5) == 0)
 		t->retry_at = 0;
 	for (i = 0; i < 2; i++)
 	{

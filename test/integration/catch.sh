@@ -173,7 +173,7 @@ hostile_reset 5 Retry-After -5 0.5 3
 hostile_reset 6 Retry-After "soon, perhaps" 0.5 3
 hostile_reset 7 Retry-After "Wed, 01 Jan 2020 00:00:00 GMT" 0.5 3
 hostile_reset 8 RateLimit-Reset 1000000000 86390 86401
-hostile_reset 9 RateLimit-Reset "$(( $(date +%s) + 20 ))" 5 21
+hostile_reset 9 RateLimit-Reset "$(( $(date +%s) + 20 ))" 1 21
 reset_case 10 '{"RateLimit-Reset": "30", "Retry-After": "2"}' 27 31
 reset_case 11 '{"Retry-After": "2", "RateLimit-Reset": "30"}' 27 31
 # a reset in an interim answer (103) is not the 429's: one report interval
