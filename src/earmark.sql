@@ -743,7 +743,12 @@ $$;
 -- The built-in handler of the provider's plan change
 -- (customer.plan_changed): it records the plan only when the event is newer
 -- than the stored change (a tie is ignored), and gives the account the
--- plan's limits, so that the next admission uses the new plan.
+-- plan's limits, so that the next admission uses the new plan: a feature
+-- that the account's previous plan set and the new one does not loses its
+-- limit row (its admissions are refused), unless the new plan sets no
+-- limit at all, which leaves the account's limits as they were.  A row
+-- the provider gave (source 'provider') is not removed: the limit refresh
+-- owns it.
 --
 -- Only a verified event may change a plan (the worker gives it no other,
 -- and it checks again), and only one whose time is not ahead of the clock
@@ -768,6 +773,8 @@ DECLARE
     skew interval := coalesce(current_setting('earmark.webhook_tolerance', true), '300')::interval;
     horizon timestamptz := clock_timestamp() + skew;
     stored timestamptz;
+    old_plan text;
+    lim_row record;
     n int;
 BEGIN
     IF e.verified_by IS NULL THEN
@@ -775,7 +782,7 @@ BEGIN
             'not applied: an unverified plan change (only a signed event, or one a member of earmark_admin stored, may change a plan)');
         RETURN 'ignored';
     END IF;
-    SELECT a.plan_changed_at INTO stored FROM earmark.account a WHERE a.account = e.account;
+    SELECT a.plan_changed_at, a.plan INTO stored, old_plan FROM earmark.account a WHERE a.account = e.account;
     IF e.account IS NULL OR NOT FOUND THEN
         PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'the event names no known account');
         RETURN 'ignored';
@@ -796,10 +803,31 @@ BEGIN
         RETURN 'ignored';
     END IF;
     BEGIN
-        INSERT INTO earmark.account_limit AS l (account, feature, lim, source, updated_at)
-        SELECT e.account, p.feature, p.lim, 'manual', now()
-          FROM earmark.plan_limit p WHERE p.plan = new_plan ORDER BY p.feature COLLATE "C"
-        ON CONFLICT (account, feature) DO UPDATE SET lim = excluded.lim, updated_at = excluded.updated_at;
+        -- the new plan's limits, and no limit for a feature that only the
+        -- old plan had (it is refused from now on: fail closed), one
+        -- feature at a time in feature order
+        FOR lim_row IN
+            SELECT x.* FROM (
+                SELECT p.feature, p.lim, true AS kept
+                  FROM earmark.plan_limit p WHERE p.plan = new_plan
+                UNION ALL
+                SELECT o.feature, NULL, false
+                  FROM earmark.plan_limit o
+                 WHERE o.plan = old_plan AND o.plan <> new_plan
+                   AND EXISTS (SELECT 1 FROM earmark.plan_limit p WHERE p.plan = new_plan)
+                   AND NOT EXISTS (SELECT 1 FROM earmark.plan_limit p
+                                    WHERE p.plan = new_plan AND p.feature = o.feature)) x
+             ORDER BY x.feature COLLATE "C"
+        LOOP
+            IF lim_row.kept THEN
+                INSERT INTO earmark.account_limit AS l (account, feature, lim, source, updated_at)
+                VALUES (e.account, lim_row.feature, lim_row.lim, 'manual', now())
+                ON CONFLICT (account, feature) DO UPDATE SET lim = excluded.lim, updated_at = excluded.updated_at;
+            ELSE
+                DELETE FROM earmark.account_limit l
+                 WHERE l.account = e.account AND l.feature = lim_row.feature AND l.source = 'manual';
+            END IF;
+        END LOOP;
         UPDATE earmark.account
            SET plan = new_plan, plan_changed_at = e.occurred_at, updated_at = now()
          WHERE account = e.account

@@ -1,0 +1,74 @@
+-- The built-in plan change gives the account the new plan's limits, and
+-- removes the limit of a feature that only the previous plan set: after a
+-- downgrade from a plan with an 'api' limit to one without, 'api' is
+-- refused (no limit row: fail closed), not admitted at the dearer plan's
+-- limit.  A feature no plan sets (a limit set by hand) keeps its limit, a
+-- limit the provider gave is not removed, a plan with no limits leaves the
+-- account's limits as they were, and an upgrade gives 'api' back.
+SET client_min_messages = warning;
+SET timezone = 'UTC';
+TRUNCATE earmark.inbox_receipt, earmark.inbox_event, earmark.meter_mark, earmark.ledger_entry,
+         earmark.job, earmark.budget, earmark.account_limit, earmark.account,
+         earmark.plan_limit RESTART IDENTITY CASCADE;
+SET earmark.rate_limit = 0;
+
+SELECT earmark_set_plan_limit('pro', 500000);
+SELECT earmark_set_plan_limit('pro', 2000, 'api');
+SELECT earmark_set_plan_limit('pro', 50, 'export');
+SELECT earmark_set_plan_limit('free', 100);
+SELECT earmark_set_account('down', provider_customer => 'cus_down');
+-- a feature no plan sets, by hand
+SELECT earmark_set_limit('down', 7, 'beta');
+
+-- apply(key, plan, seconds ago): one plan change through the handler
+CREATE FUNCTION pg_temp.apply(k text, plan text, ago int) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    id bigint;
+    r text;
+BEGIN
+    SELECT event_id INTO id FROM earmark_inbox_receive('stripe', k, 'customer.plan_changed',
+        jsonb_build_object('data', jsonb_build_object('plan', jsonb_build_object('key', plan))),
+        now() - make_interval(secs => ago), 'down');
+    UPDATE earmark.inbox_event SET status = 'processing' WHERE event_id = id;
+    SELECT earmark.apply_plan_change(e) INTO r FROM earmark.inbox_event e WHERE event_id = id;
+    RETURN r;
+END
+$$;
+CREATE FUNCTION pg_temp.limits() RETURNS TABLE (feature text, lim bigint, source text) LANGUAGE sql AS $$
+    SELECT l.feature, l.lim, l.source FROM earmark.account_limit l
+     WHERE l.account = 'down' ORDER BY l.feature COLLATE "C"
+$$;
+
+-- 1. up to pro: its three limits, 'beta' kept
+SELECT pg_temp.apply('c1', 'pro', 100);
+SELECT * FROM pg_temp.limits();
+
+-- 2. down to free: 'api' and 'export' go (only pro set them), 'beta' stays
+SELECT pg_temp.apply('c2', 'free', 90);
+SELECT plan FROM earmark.account WHERE account = 'down';
+SELECT * FROM pg_temp.limits();
+SELECT admitted, reason FROM earmark_reserve('down', 10, 'api-1', feature => 'api');
+SELECT admitted FROM earmark_reserve('down', 10, 'default-1');
+
+-- 3. back to pro: 'api' and 'export' again
+SELECT pg_temp.apply('c3', 'pro', 80);
+SELECT * FROM pg_temp.limits();
+
+-- 4. to a plan with no limits set: the account's limits stay as they were
+SELECT pg_temp.apply('c4', 'unpriced', 70);
+SELECT plan FROM earmark.account WHERE account = 'down';
+SELECT * FROM pg_temp.limits();
+
+-- 5. from pro again, with 'api' given by the provider meanwhile: that row
+--    is not removed (the limit refresh owns it); 'export' goes
+SELECT pg_temp.apply('c5', 'pro', 60);
+UPDATE earmark.account_limit SET source = 'provider' WHERE account = 'down' AND feature = 'api';
+SELECT pg_temp.apply('c6', 'free', 50);
+SELECT * FROM pg_temp.limits();
+
+-- 6. an older change than the stored one is ignored and changes no limit
+SELECT pg_temp.apply('c7', 'pro', 55);
+SELECT * FROM pg_temp.limits();
+
+RESET earmark.rate_limit;
+TRUNCATE earmark.plan_limit;
