@@ -71,6 +71,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/plancache.h"
+#include "pgtime.h"
 #include "utils/regproc.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
@@ -102,12 +103,48 @@ static const int64 inbox_backoff_s[] = {5, 30, 120, 600, 3600};
  */
 
 /*
+ * timestamptz_in with the time zone UTC and PostgreSQL's default date
+ * order (month, day, year), whatever the session's TimeZone and DateStyle:
+ * a time without an offset is the same instant from every connection, so
+ * the order of two events does not depend on which one stored them.
+ */
+static TimestampTz
+parse_in_utc(const char *s)
+{
+	static pg_tz *utc = NULL;
+	pg_tz	   *session_tz = session_timezone;
+	int			order = DateOrder;
+	TimestampTz t = 0;
+
+	if (utc == NULL)
+		utc = pg_tzset("UTC");
+	if (utc == NULL)
+		elog(ERROR, "earmark: the time zone UTC cannot be loaded");
+	session_timezone = utc;
+	DateOrder = DATEORDER_MDY;
+	PG_TRY();
+	{
+		t = DatumGetTimestampTz(DirectFunctionCall3(timestamptz_in,
+													CStringGetDatum(s),
+													ObjectIdGetDatum(InvalidOid),
+													Int32GetDatum(-1)));
+	}
+	PG_FINALLY();
+	{
+		session_timezone = session_tz;
+		DateOrder = order;
+	}
+	PG_END_TRY();
+	return t;
+}
+
+/*
  * Parse an event's timestamp.  Providers send up to nine fractional
  * digits (2026-10-21T02:29:24.481368869+11:00); timestamptz_in would round
  * them to the microsecond, possibly into the next one.  Truncate to six
  * instead, so that an event time never moves later than the provider
  * said: the plan-change guard compares these times.  Offsets like +11
- * parse as they are.
+ * parse as they are; a time without one is UTC (parse_in_utc).
  */
 TimestampTz
 em_parse_event_time(const char *s)
@@ -134,10 +171,7 @@ em_parse_event_time(const char *s)
 		}
 		p++;
 	}
-	return DatumGetTimestampTz(DirectFunctionCall3(timestamptz_in,
-												   CStringGetDatum(buf.data),
-												   ObjectIdGetDatum(InvalidOid),
-												   Int32GetDatum(-1)));
+	return parse_in_utc(buf.data);
 }
 
 /* a top-level string field of a jsonb object, or NULL */
