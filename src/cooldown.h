@@ -2,7 +2,8 @@
  *
  * cooldown.h
  *	  Cooldowns every backend sees (cooldown.c): "the last time anyone did
- *	  X" for a few keys, in shared memory.
+ *	  X" for a few keys, and a copy of what the last taker got, in shared
+ *	  memory.
  *
  *-------------------------------------------------------------------------
  */
@@ -23,8 +24,12 @@ typedef enum EmCooldownResult
 extern EmCooldownResult em_cooldown_take(uint64 key, TimestampTz now,
 										 int64 cooldown_us, TimestampTz *last);
 
+/* what the taker got, for every backend (the newest of one key) */
+extern void em_cooldown_share(uint64 key, TimestampTz at, const void *data, Size len);
+extern void *em_cooldown_shared(uint64 key, TimestampTz after, TimestampTz *at);
+
 /* the area, asked for and made by _PG_init's shared memory hooks */
-extern Size em_cooldown_shmem_size(void);
+extern void em_cooldown_shmem_request(void);
 extern void em_cooldown_shmem_init(void);
 
 #endif							/* EARMARK_COOLDOWN_H */

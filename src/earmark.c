@@ -39,7 +39,7 @@ em_shmem_request(void)
 {
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
-	RequestAddinShmemSpace(MAXALIGN(em_cooldown_shmem_size()));
+	em_cooldown_shmem_request();
 	RequestAddinShmemSpace(MAXALIGN(em_rate_shmem_size()));
 	RequestAddinShmemSpace(MAXALIGN(em_contention_shmem_size()));
 	RequestAddinShmemSpace(MAXALIGN(em_launcher_shmem_size()));

@@ -35,7 +35,10 @@
  *	  local_keys), and the time of the last fetch an unknown kid caused is
  *	  kept in shared memory (em_cooldown_take, cooldown.c: its spinlock, for
  *	  a few instructions), where every backend sees it: the refetch
- *	  cooldown holds across connections.  Without earmark in
+ *	  cooldown holds across connections.  So does the last fetched set
+ *	  (em_cooldown_share, under its LWLock for a copy): a forged token's
+ *	  fetch, which takes the cooldown and is rolled back, does not keep
+ *	  the other backends from a key the provider rotated in.  Without earmark in
  *	  shared_preload_libraries a delivery never fetches (may_refetch).
  *
  *	  earmark_inbox_receive_signed has no SET search_path clause: its body
@@ -844,7 +847,18 @@ store_jwks(const char *url, Jsonb *keys, TimestampTz at)
 	em_exec(&upsert_jwks, args, NULL, 0);
 }
 
-/* fetch, keep the copy, store; the fetched keys */
+/* the key of a key set's cooldown and shared copy (cooldown.c) */
+static uint64
+url_key(const char *url)
+{
+	return hash_bytes_extended((const unsigned char *) url, (int) strlen(url), 0);
+}
+
+/*
+ * Fetch, keep the copy (in this backend and for every backend: a store
+ * that this transaction rolls back must not hide the set), store; the
+ * fetched keys.
+ */
 static Jsonb *
 refetch_jwks(const char *url)
 {
@@ -852,6 +866,7 @@ refetch_jwks(const char *url)
 	TimestampTz now = GetCurrentTimestamp();
 
 	remember_local(url, keys, now);
+	em_cooldown_share(url_key(url), now, keys, VARSIZE(keys));
 	store_jwks(url, keys, now);
 	return keys;
 }
@@ -976,9 +991,7 @@ may_refetch(const char *url, const char *kid, TimestampTz last_seen)
 
 	if (!TIMESTAMP_IS_NOBEGIN(last_seen) && now - last_seen < cooldown_us)
 		raise_unknown_kid(kid, last_seen, NULL);
-	switch (em_cooldown_take(hash_bytes_extended((const unsigned char *) url,
-												 (int) strlen(url), 0),
-							 now, cooldown_us, &last))
+	switch (em_cooldown_take(url_key(url), now, cooldown_us, &last))
 	{
 		case EM_COOLDOWN_TAKEN:
 			return;
@@ -996,8 +1009,33 @@ may_refetch(const char *url, const char *kid, TimestampTz last_seen)
 }
 
 /*
+ * The key for kid from the set another backend fetched last (cooldown.c),
+ * when it is newer than *last, the newest set this backend could see:
+ * kept here and stored, as this backend's own copy would be.  Else *last
+ * becomes that set's time, if it is newer: the cooldown counts from it.
+ */
+static bool
+from_shared_copy(const char *url, const char *kid, Jwk *jwk, TimestampTz *last)
+{
+	TimestampTz at = 0;
+	Jsonb	   *keys = (Jsonb *) em_cooldown_shared(url_key(url), *last, &at);
+
+	if (keys == NULL)
+		return false;
+	if (!jwk_in_set(keys, kid, jwk))
+	{
+		*last = at;
+		return false;
+	}
+	remember_local(url, keys, at);
+	store_jwks(url, keys, at);
+	return true;
+}
+
+/*
  * The key for kid: from the stored set; else from this backend's own
- * newer copy (stored again, so that it is kept if this delivery commits);
+ * newer copy (stored again, so that it is kept if this delivery commits),
+ * or from the newer set another backend fetched;
  * else after one fetch, if may_refetch allows it, so that tokens with
  * made-up kids cannot make every delivery call the provider (jose's
  * cooldownDuration, 30 s, is the model).
@@ -1031,6 +1069,8 @@ find_jwk(const char *url, const char *kid, Jwk *jwk)
 		}
 		last = local_fetched_at;
 	}
+	if (from_shared_copy(url, kid, jwk, &last))
+		return;
 
 	may_refetch(url, kid, last);
 	if (!jwk_in_set(refetch_jwks(url), kid, jwk))

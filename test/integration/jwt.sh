@@ -11,7 +11,9 @@
 # is accepted; earmark.jwks_path reaches /.well-known/jwks.json; an
 # unreachable, slow or unset key set is "unavailable"; six tokens with
 # made-up kids over six connections make at most one key set request (the
-# cooldown is in shared memory); a stored event is verified by kinde_jwt.
+# cooldown is in shared memory), and the set such a token fetched verifies a
+# genuine token with a new key on another connection within the cooldown
+# (the set is shared too); a stored event is verified by kinde_jwt.
 source "$(dirname "$0")/tap.sh"
 export PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning"
 DB=postgres
@@ -264,6 +266,28 @@ done
 is "$codes" " EM104 EM104 EM104 EM104 EM104 EM104" "six tokens with made-up kids on six connections: each refused (EM104)"
 is "$(hits "$F_HITS")" 1 "... with one key set request among them (the first delivery's)"
 is "$(q -d "$DB" -c "SELECT count(*) FROM earmark.inbox_event WHERE dedupe_key LIKE 'forged\_%'")" 0 "... and nothing stored"
+
+# 11b. what the cooldown stands for is shared too: against a key server
+#     with k1 and k2 whose set no backend has stored, a token with a
+#     made-up kid fetches the set (taking the cooldown) and fails, which
+#     rolls back the set it stored.  A genuine token signed with k2, on
+#     another connection within the cooldown, is verified with the set that
+#     fetch got, without a fetch of its own: forged tokens sent once a
+#     cooldown do not keep a key the provider rotated in refused.
+serve_jwks "$WORK/jwks.json" /.well-known/jwks
+G_PORT=$PORT
+G_HITS=$HITS
+FORGED=$(jwt "$WORK/k3.pem" "made-up-$RANDOM" '{"type":"customer.note","event_id":"forged_shared"}')
+is "$(sqlstate "SET earmark.kinde_domain = 'http://127.0.0.1:$G_PORT'" "SET earmark.jwks_refetch_cooldown = '1h'" \
+               "$(receive wh_forged_shared "$FORGED")" 2>/dev/null)" EM104 "a token with a made-up kid fetches the set and is refused (EM104)"
+is "$(hits "$G_HITS")" 1 "... with one key set request"
+GENUINE=$(jwt "$WORK/k2.pem" k2 '{"type":"customer.note","event_id":"event_shared_copy"}')
+is "$(sqlstate "SET earmark.kinde_domain = 'http://127.0.0.1:$G_PORT'" "SET earmark.jwks_refetch_cooldown = '1h'" \
+               "$(receive wh_shared_copy "$GENUINE")" 2>/dev/null)" ok \
+   "a genuine k2 token within that cooldown, on another connection, is stored"
+is "$(hits "$G_HITS")" 1 "... without a key set request of its own"
+is "$(q -d "$DB" -c "SELECT count(*) FROM earmark.inbox_event WHERE dedupe_key = 'event_shared_copy'")/$(q -d "$DB" -c "SELECT count(*) FROM earmark.jwks WHERE url = 'http://127.0.0.1:$G_PORT/.well-known/jwks'")" \
+   "1/1" "... the event and the key set it was verified with are stored"
 
 # 12. the worker keeps the cached key set fresh (earmark.jwks_refresh)
 serve_jwks "$WORK/jwks.json" /.well-known/jwks
