@@ -4,7 +4,8 @@
 -- refused (no limit row: fail closed), not admitted at the dearer plan's
 -- limit.  A feature no plan sets (a limit set by hand) keeps its limit, a
 -- limit the provider gave is not removed, a plan with no limits leaves the
--- account's limits as they were, and an upgrade gives 'api' back.
+-- account's limits as they were, and an upgrade gives 'api' back.  The
+-- guard against older changes holds within any allowance (7).
 SET client_min_messages = warning;
 SET timezone = 'UTC';
 TRUNCATE earmark.inbox_receipt, earmark.inbox_event, earmark.meter_mark, earmark.ledger_entry,
@@ -69,6 +70,22 @@ SELECT * FROM pg_temp.limits();
 -- 6. an older change than the stored one is ignored and changes no limit
 SELECT pg_temp.apply('c7', 'pro', 55);
 SELECT * FROM pg_temp.limits();
+
+-- 7. the guard holds within any allowance: a change whose sender's clock
+--    ran 250 s ahead was taken under earmark.webhook_tolerance = 300; with
+--    the allowance lowered since to 10 s, a late delivery of an older
+--    change (a minute old) is ignored, not applied over it.  A stored
+--    time more than 24 h ahead (the greatest allowance; an older version
+--    could store one) guards nothing.
+SET earmark.webhook_tolerance = 300;
+SELECT pg_temp.apply('g1', 'pro', -250);
+SET earmark.webhook_tolerance = 10;
+SELECT pg_temp.apply('g2', 'free', 60);
+SELECT plan, plan_changed_at > now() AS guard_kept FROM earmark.account WHERE account = 'down';
+UPDATE earmark.account SET plan_changed_at = now() + interval '25 hours' WHERE account = 'down';
+SELECT pg_temp.apply('g3', 'free', 30);
+SELECT plan, plan_changed_at < now() AS guard_replaced FROM earmark.account WHERE account = 'down';
+RESET earmark.webhook_tolerance;
 
 RESET earmark.rate_limit;
 TRUNCATE earmark.plan_limit;

@@ -752,9 +752,11 @@ $$;
 --
 -- Only a verified event may change a plan (the worker gives it no other,
 -- and it checks again), and only one whose time is not ahead of the clock
--- by more than earmark.webhook_tolerance: intake refuses those (EM108); an
--- older version may have stored one, or written such a time into the
--- guard, which is then taken for no guard at all.
+-- by more than earmark.webhook_tolerance: intake refuses those (EM108).  An
+-- older version may have written such a time into the guard: one more
+-- than 24 h ahead (the greatest allowance) is taken for no guard at all.
+-- A time within it still guards, also when the allowance was lowered
+-- since it was stored, or the clock stepped back.
 --
 -- Locks: the account's earmark.account_limit rows first, its
 -- earmark.account row last, the order of the limit refresh
@@ -772,6 +774,9 @@ DECLARE
     -- the clock skew allowed: earmark.webhook_tolerance (300 s by default)
     skew interval := coalesce(current_setting('earmark.webhook_tolerance', true), '300')::interval;
     horizon timestamptz := clock_timestamp() + skew;
+    -- a stored time further ahead than any allowance could have let in
+    -- (24 h, the greatest earmark.webhook_tolerance) guards nothing
+    guard_horizon timestamptz := clock_timestamp() + interval '24 hours';
     stored timestamptz;
     old_plan text;
     lim_row record;
@@ -795,7 +800,7 @@ BEGIN
         PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'not applied: the event time is in the future');
         RETURN 'ignored';
     END IF;
-    IF stored > horizon THEN
+    IF stored > guard_horizon THEN
         stored := NULL;                 -- a time from the future guards nothing
     END IF;
     IF stored >= e.occurred_at THEN
@@ -831,7 +836,7 @@ BEGIN
         UPDATE earmark.account
            SET plan = new_plan, plan_changed_at = e.occurred_at, updated_at = now()
          WHERE account = e.account
-           AND (plan_changed_at IS NULL OR plan_changed_at < e.occurred_at OR plan_changed_at > horizon);
+           AND (plan_changed_at IS NULL OR plan_changed_at < e.occurred_at OR plan_changed_at > guard_horizon);
         GET DIAGNOSTICS n = ROW_COUNT;
         IF n = 0 THEN
             RAISE EXCEPTION 'a newer plan change was stored meanwhile' USING ERRCODE = 'EMP01';
