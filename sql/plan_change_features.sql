@@ -1,5 +1,5 @@
 -- The built-in plan change gives the account the new plan's limits, and
--- removes the limit of a feature that only the previous plan set: after a
+-- removes the limit of a feature that another plan sets: after a
 -- downgrade from a plan with an 'api' limit to one without, 'api' is
 -- refused (no limit row: fail closed), not admitted at the dearer plan's
 -- limit.  A feature no plan sets (a limit set by hand) keeps its limit, a
@@ -44,7 +44,8 @@ $$;
 SELECT pg_temp.apply('c1', 'pro', 100);
 SELECT * FROM pg_temp.limits();
 
--- 2. down to free: 'api' and 'export' go (only pro set them), 'beta' stays
+-- 2. down to free: 'api' and 'export' go (a plan sets them, free does not),
+--    'beta' stays (no plan sets it)
 SELECT pg_temp.apply('c2', 'free', 90);
 SELECT plan FROM earmark.account WHERE account = 'down';
 SELECT * FROM pg_temp.limits();
@@ -85,6 +86,34 @@ SELECT plan, plan_changed_at > now() AS guard_kept FROM earmark.account WHERE ac
 UPDATE earmark.account SET plan_changed_at = now() + interval '25 hours' WHERE account = 'down';
 SELECT pg_temp.apply('g3', 'free', 30);
 SELECT plan, plan_changed_at < now() AS guard_replaced FROM earmark.account WHERE account = 'down';
+RESET earmark.webhook_tolerance;
+
+-- 8. through a plan with no limits set: pro, then 'unpriced' (keeps pro's
+--    limits), then free: pro's 'api' and 'export' go all the same ('api'
+--    set by hand first, where case 5 left the provider's)
+SELECT earmark_set_limit('down', 2000, 'api');
+UPDATE earmark.account_limit SET source = 'manual' WHERE account = 'down' AND feature = 'api';
+SELECT pg_temp.apply('v1', 'pro', -240);
+SELECT pg_temp.apply('v2', 'unpriced', -245);
+SELECT pg_temp.apply('v3', 'free', -248);
+SELECT * FROM pg_temp.limits();
+
+-- 9. an event taken under a larger allowance (250 s ahead under 300 s) and
+--    applied after it was lowered to 10 s applies (it is not dropped as
+--    "in the future"); one more than 24 h ahead is not applied
+SET earmark.webhook_tolerance = 300;
+SELECT event_id AS ahead FROM earmark_inbox_receive('stripe', 't-ahead', 'customer.plan_changed',
+    '{"data": {"plan": {"key": "pro"}}}', now() + interval '250 seconds', 'down') \gset
+SET earmark.webhook_tolerance = 10;
+UPDATE earmark.inbox_event SET status = 'processing' WHERE event_id = :ahead;
+SELECT earmark.apply_plan_change(e) FROM earmark.inbox_event e WHERE event_id = :ahead;
+SELECT plan FROM earmark.account WHERE account = 'down';
+INSERT INTO earmark.inbox_event (source, dedupe_key, event_type, payload, occurred_at, account, status, verified_by)
+VALUES ('stripe', 't-25h', 'customer.plan_changed', '{"data": {"plan": {"key": "free"}}}',
+        now() + interval '25 hours', 'down', 'processing', 'admin')
+RETURNING event_id AS far \gset
+SELECT earmark.apply_plan_change(e) FROM earmark.inbox_event e WHERE event_id = :far;
+SELECT result FROM earmark.inbox_event WHERE event_id = :far;
 RESET earmark.webhook_tolerance;
 
 RESET earmark.rate_limit;

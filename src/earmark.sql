@@ -744,19 +744,19 @@ $$;
 -- (customer.plan_changed): it records the plan only when the event is newer
 -- than the stored change (a tie is ignored), and gives the account the
 -- plan's limits, so that the next admission uses the new plan: a feature
--- that the account's previous plan set and the new one does not loses its
--- limit row (its admissions are refused), unless the new plan sets no
--- limit at all, which leaves the account's limits as they were.  A row
--- the provider gave (source 'provider') is not removed: the limit refresh
--- owns it.
+-- that some plan sets and the new one does not loses its limit row (its
+-- admissions are refused), unless the new plan sets no limit at all,
+-- which leaves the account's limits as they were.  A feature no plan sets
+-- keeps its limit (set by hand), and a row the provider gave (source
+-- 'provider') is not removed: the limit refresh owns it.
 --
 -- Only a verified event may change a plan (the worker gives it no other,
--- and it checks again), and only one whose time is not ahead of the clock
--- by more than earmark.webhook_tolerance: intake refuses those (EM108).  An
--- older version may have written such a time into the guard: one more
--- than 24 h ahead (the greatest allowance) is taken for no guard at all.
--- A time within it still guards, also when the allowance was lowered
--- since it was stored, or the clock stepped back.
+-- and it checks again).  Intake refuses an event time ahead of the clock by
+-- more than earmark.webhook_tolerance (EM108); here the bound is 24 h, the
+-- greatest allowance, so that an event taken under a larger allowance
+-- still applies, and a stored time taken so still guards, when the
+-- allowance was lowered since or the clock stepped back.  An older
+-- version may have stored a time further ahead: it guards nothing.
 --
 -- Locks: the account's earmark.account_limit rows first, its
 -- earmark.account row last, the order of the limit refresh
@@ -771,14 +771,11 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     new_plan text := e.payload #>> '{data,plan,key}';
-    -- the clock skew allowed: earmark.webhook_tolerance (300 s by default)
-    skew interval := coalesce(current_setting('earmark.webhook_tolerance', true), '300')::interval;
-    horizon timestamptz := clock_timestamp() + skew;
-    -- a stored time further ahead than any allowance could have let in
-    -- (24 h, the greatest earmark.webhook_tolerance) guards nothing
-    guard_horizon timestamptz := clock_timestamp() + interval '24 hours';
+    -- further ahead than any allowance could have let in (24 h, the
+    -- greatest earmark.webhook_tolerance): an event time is not applied, a
+    -- stored one guards nothing
+    horizon timestamptz := clock_timestamp() + interval '24 hours';
     stored timestamptz;
-    old_plan text;
     lim_row record;
     n int;
 BEGIN
@@ -787,7 +784,7 @@ BEGIN
             'not applied: an unverified plan change (only a signed event, or one a member of earmark_admin stored, may change a plan)');
         RETURN 'ignored';
     END IF;
-    SELECT a.plan_changed_at, a.plan INTO stored, old_plan FROM earmark.account a WHERE a.account = e.account;
+    SELECT a.plan_changed_at INTO stored FROM earmark.account a WHERE a.account = e.account;
     IF e.account IS NULL OR NOT FOUND THEN
         PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'the event names no known account');
         RETURN 'ignored';
@@ -800,7 +797,7 @@ BEGIN
         PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'not applied: the event time is in the future');
         RETURN 'ignored';
     END IF;
-    IF stored > guard_horizon THEN
+    IF stored > horizon THEN
         stored := NULL;                 -- a time from the future guards nothing
     END IF;
     IF stored >= e.occurred_at THEN
@@ -808,18 +805,17 @@ BEGIN
         RETURN 'ignored';
     END IF;
     BEGIN
-        -- the new plan's limits, and no limit for a feature that only the
-        -- old plan had (it is refused from now on: fail closed), one
-        -- feature at a time in feature order
+        -- the new plan's limits, and no limit for a feature that another
+        -- plan sets and this one does not (it is refused from now on: fail
+        -- closed), one feature at a time in feature order
         FOR lim_row IN
             SELECT x.* FROM (
                 SELECT p.feature, p.lim, true AS kept
                   FROM earmark.plan_limit p WHERE p.plan = new_plan
                 UNION ALL
-                SELECT o.feature, NULL, false
+                SELECT DISTINCT o.feature, NULL::bigint, false
                   FROM earmark.plan_limit o
-                 WHERE o.plan = old_plan AND o.plan <> new_plan
-                   AND EXISTS (SELECT 1 FROM earmark.plan_limit p WHERE p.plan = new_plan)
+                 WHERE EXISTS (SELECT 1 FROM earmark.plan_limit p WHERE p.plan = new_plan)
                    AND NOT EXISTS (SELECT 1 FROM earmark.plan_limit p
                                     WHERE p.plan = new_plan AND p.feature = o.feature)) x
              ORDER BY x.feature COLLATE "C"
@@ -836,7 +832,7 @@ BEGIN
         UPDATE earmark.account
            SET plan = new_plan, plan_changed_at = e.occurred_at, updated_at = now()
          WHERE account = e.account
-           AND (plan_changed_at IS NULL OR plan_changed_at < e.occurred_at OR plan_changed_at > guard_horizon);
+           AND (plan_changed_at IS NULL OR plan_changed_at < e.occurred_at OR plan_changed_at > horizon);
         GET DIAGNOSTICS n = ROW_COUNT;
         IF n = 0 THEN
             RAISE EXCEPTION 'a newer plan change was stored meanwhile' USING ERRCODE = 'EMP01';
