@@ -13,12 +13,15 @@
  *	  failed rolls its stored copy back; without a copy here, a forged
  *	  token sent once a cooldown would keep a genuine token with a new key
  *	  refused (every other backend waits out the cooldown and never sees
- *	  the set that has the key).  One copy is kept, the newest of one key,
- *	  up to EM_SHARED_DATA_MAX bytes (a key set is a few kB).
+ *	  the set that has the key).  EM_SHARED_COPIES copies are kept, the
+ *	  newest of each name (a key set's URL, told by the whole string, not
+ *	  by its hash), up to EM_SHARED_DATA_MAX bytes each (a key set is a few
+ *	  kB); a new name takes the least recent copy.
  *
  *	  Locks: the area's spinlock, held for a scan of EM_COOLDOWN_SLOTS
- *	  entries and nothing else; the shared copy's LWLock (the tranche
- *	  "earmark cooldown"), held for a copy in or out and nothing else.
+ *	  entries and nothing else; the copies' LWLock (the tranche
+ *	  "earmark cooldown"), held for a scan of EM_SHARED_COPIES names and a
+ *	  copy in or out, nothing else.
  *	  Loaded without preloading, there is no area, em_cooldown_take says
  *	  so and nothing is shared.
  *
@@ -40,19 +43,26 @@ typedef struct EmCooldown
 	TimestampTz last;			/* the last time it was taken; 0: free */
 } EmCooldown;
 
+#define EM_SHARED_COPIES	4
+#define EM_SHARED_NAME_MAX	256
 #define EM_SHARED_DATA_MAX	(32 * 1024)
 #define EM_COOLDOWN_TRANCHE	"earmark cooldown"
+
+/* what a taker got, for every backend */
+typedef struct EmSharedCopy
+{
+	char		name[EM_SHARED_NAME_MAX];	/* NUL-terminated */
+	TimestampTz at;				/* 0: free */
+	Size		len;
+	char		data[EM_SHARED_DATA_MAX];
+} EmSharedCopy;
 
 typedef struct EmShared
 {
 	slock_t		mutex;
 	EmCooldown	cooldown[EM_COOLDOWN_SLOTS];
-	/* the shared copy, under data_lock */
-	LWLock	   *data_lock;
-	uint64		data_key;
-	TimestampTz data_at;		/* 0: none */
-	Size		data_len;
-	char		data[EM_SHARED_DATA_MAX];
+	LWLock	   *copy_lock;		/* over copies */
+	EmSharedCopy copies[EM_SHARED_COPIES];
 } EmShared;
 
 static EmShared *em_shared = NULL;
@@ -76,7 +86,7 @@ em_cooldown_shmem_init(void)
 	{
 		memset(em_shared, 0, sizeof(EmShared));
 		SpinLockInit(&em_shared->mutex);
-		em_shared->data_lock = &(GetNamedLWLockTranche(EM_COOLDOWN_TRANCHE))->lock;
+		em_shared->copy_lock = &(GetNamedLWLockTranche(EM_COOLDOWN_TRANCHE))->lock;
 	}
 }
 
@@ -127,50 +137,82 @@ em_cooldown_take(uint64 key, TimestampTz now, int64 cooldown_us,
 	return result;
 }
 
-/*
- * Share what the taker of key got at time at (len bytes), for every
- * backend: kept unless a copy of the same key from later is there; not
- * kept when larger than EM_SHARED_DATA_MAX or without preloading.
- */
-void
-em_cooldown_share(uint64 key, TimestampTz at, const void *data, Size len)
+/* the copy of name, or NULL; the caller holds copy_lock */
+static EmSharedCopy *
+find_copy(const char *name)
 {
-	if (em_shared == NULL || len > EM_SHARED_DATA_MAX)
-		return;
-	LWLockAcquire(em_shared->data_lock, LW_EXCLUSIVE);
-	if (em_shared->data_key != key || em_shared->data_at <= at)
+	int			i;
+
+	for (i = 0; i < EM_SHARED_COPIES; i++)
 	{
-		memcpy(em_shared->data, data, len);
-		em_shared->data_len = len;
-		em_shared->data_key = key;
-		em_shared->data_at = at;
+		EmSharedCopy *c = &em_shared->copies[i];
+
+		if (c->at != 0 && strcmp(c->name, name) == 0)
+			return c;
 	}
-	LWLockRelease(em_shared->data_lock);
+	return NULL;
 }
 
 /*
- * A palloc'd copy of what was shared for key, when it is from after the
+ * Share what the taker of name got at time at (len bytes), for every
+ * backend: kept unless a copy of the same name from later is there; not
+ * kept when larger than EM_SHARED_DATA_MAX, for a name of
+ * EM_SHARED_NAME_MAX bytes or more, or without preloading.
+ */
+void
+em_cooldown_share(const char *name, TimestampTz at, const void *data, Size len)
+{
+	EmSharedCopy *c;
+	int			i;
+
+	if (em_shared == NULL || len > EM_SHARED_DATA_MAX ||
+		strlen(name) >= EM_SHARED_NAME_MAX)
+		return;
+	LWLockAcquire(em_shared->copy_lock, LW_EXCLUSIVE);
+	c = find_copy(name);
+	if (c == NULL)
+	{
+		/* a free copy, or the least recent */
+		c = &em_shared->copies[0];
+		for (i = 1; i < EM_SHARED_COPIES; i++)
+			if (em_shared->copies[i].at < c->at)
+				c = &em_shared->copies[i];
+		c->at = 0;
+	}
+	if (c->at <= at)
+	{
+		strlcpy(c->name, name, EM_SHARED_NAME_MAX);
+		memcpy(c->data, data, len);
+		c->len = len;
+		c->at = at;
+	}
+	LWLockRelease(em_shared->copy_lock);
+}
+
+/*
+ * A palloc'd copy of what was shared for name, when it is from after the
  * time given (*at says when); else, or when memory runs out, NULL.
  */
 void *
-em_cooldown_shared(uint64 key, TimestampTz after, TimestampTz *at)
+em_cooldown_shared(const char *name, TimestampTz after, TimestampTz *at)
 {
+	EmSharedCopy *c;
 	char	   *copy = NULL;
 
 	if (em_shared == NULL)
 		return NULL;
-	LWLockAcquire(em_shared->data_lock, LW_SHARED);
-	if (em_shared->data_at != 0 && em_shared->data_key == key &&
-		em_shared->data_at > after)
+	LWLockAcquire(em_shared->copy_lock, LW_SHARED);
+	c = find_copy(name);
+	if (c != NULL && c->at > after)
 	{
 		/* no error may be raised here: the lock is held */
-		copy = palloc_extended(em_shared->data_len, MCXT_ALLOC_NO_OOM);
+		copy = palloc_extended(c->len, MCXT_ALLOC_NO_OOM);
 		if (copy != NULL)
 		{
-			memcpy(copy, em_shared->data, em_shared->data_len);
-			*at = em_shared->data_at;
+			memcpy(copy, c->data, c->len);
+			*at = c->at;
 		}
 	}
-	LWLockRelease(em_shared->data_lock);
+	LWLockRelease(em_shared->copy_lock);
 	return copy;
 }

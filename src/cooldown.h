@@ -24,9 +24,9 @@ typedef enum EmCooldownResult
 extern EmCooldownResult em_cooldown_take(uint64 key, TimestampTz now,
 										 int64 cooldown_us, TimestampTz *last);
 
-/* what the taker got, for every backend (the newest of one key) */
-extern void em_cooldown_share(uint64 key, TimestampTz at, const void *data, Size len);
-extern void *em_cooldown_shared(uint64 key, TimestampTz after, TimestampTz *at);
+/* what the taker got, for every backend (the newest of each name) */
+extern void em_cooldown_share(const char *name, TimestampTz at, const void *data, Size len);
+extern void *em_cooldown_shared(const char *name, TimestampTz after, TimestampTz *at);
 
 /* the area, asked for and made by _PG_init's shared memory hooks */
 extern void em_cooldown_shmem_request(void);

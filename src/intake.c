@@ -847,7 +847,7 @@ store_jwks(const char *url, Jsonb *keys, TimestampTz at)
 	em_exec(&upsert_jwks, args, NULL, 0);
 }
 
-/* the key of a key set's cooldown and shared copy (cooldown.c) */
+/* the key of a key set's cooldown (cooldown.c) */
 static uint64
 url_key(const char *url)
 {
@@ -866,7 +866,7 @@ refetch_jwks(const char *url)
 	TimestampTz now = GetCurrentTimestamp();
 
 	remember_local(url, keys, now);
-	em_cooldown_share(url_key(url), now, keys, VARSIZE(keys));
+	em_cooldown_share(url, now, keys, VARSIZE(keys));
 	store_jwks(url, keys, now);
 	return keys;
 }
@@ -1018,7 +1018,7 @@ static bool
 from_shared_copy(const char *url, const char *kid, Jwk *jwk, TimestampTz *last)
 {
 	TimestampTz at = 0;
-	Jsonb	   *keys = (Jsonb *) em_cooldown_shared(url_key(url), *last, &at);
+	Jsonb	   *keys = (Jsonb *) em_cooldown_shared(url, *last, &at);
 
 	if (keys == NULL)
 		return false;

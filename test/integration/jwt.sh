@@ -289,6 +289,28 @@ is "$(hits "$G_HITS")" 1 "... without a key set request of its own"
 is "$(q -d "$DB" -c "SELECT count(*) FROM earmark.inbox_event WHERE dedupe_key = 'event_shared_copy'")/$(q -d "$DB" -c "SELECT count(*) FROM earmark.jwks WHERE url = 'http://127.0.0.1:$G_PORT/.well-known/jwks'")" \
    "1/1" "... the event and the key set it was verified with are stored"
 
+# 11c. each key set URL keeps its own shared copy: after a token with a
+#     made-up kid to a first server, one to a second server (another
+#     database's earmark.kinde_domain) fetches that server's set too; a
+#     genuine k2 token to the first, within its cooldown, is still verified
+#     with the first server's set.
+serve_jwks "$WORK/jwks.json" /.well-known/jwks
+U1_PORT=$PORT
+U1_HITS=$HITS
+serve_jwks "$WORK/jwks.json" /.well-known/jwks
+U2_PORT=$PORT
+U2_HITS=$HITS
+to_url() {  # to_url PORT WEBHOOK_ID TOKEN: ok or the SQLSTATE
+    sqlstate "SET earmark.kinde_domain = 'http://127.0.0.1:$1'" "SET earmark.jwks_refetch_cooldown = '1h'" \
+             "$(receive "$2" "$3")" 2>/dev/null
+}
+is "$(to_url "$U1_PORT" wh_u1_forged "$(jwt "$WORK/k3.pem" "made-up-$RANDOM" '{"type":"customer.note","event_id":"forged_u1"}')")/$(to_url "$U2_PORT" wh_u2_forged "$(jwt "$WORK/k3.pem" "made-up-$RANDOM" '{"type":"customer.note","event_id":"forged_u2"}')")" \
+   "EM104/EM104" "tokens with made-up kids to two key set URLs are refused"
+is "$(hits "$U1_HITS")/$(hits "$U2_HITS")" "1/1" "... each URL fetched once"
+is "$(to_url "$U1_PORT" wh_u1_genuine "$(jwt "$WORK/k2.pem" k2 '{"type":"customer.note","event_id":"event_two_urls"}')")" ok \
+   "a genuine k2 token to the first URL, within its cooldown, is stored"
+is "$(hits "$U1_HITS")" 1 "... without a key set request of its own"
+
 # 12. the worker keeps the cached key set fresh (earmark.jwks_refresh)
 serve_jwks "$WORK/jwks.json" /.well-known/jwks
 W_HITS=$HITS
