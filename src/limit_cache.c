@@ -22,7 +22,9 @@
  *	  Tables: earmark.account (limits_* columns) and earmark.account_limit.
  *	  Locks: the account row, updated after a read (or by the flag, which
  *	  reserve sets only where it takes no further lock, or after its budget
- *	  row, the order of gate.c); the HTTP read itself holds no lock.
+ *	  row, the order of gate.c); the HTTP read itself holds no lock.  The
+ *	  account's limit rows before its account row, one feature at a time
+ *	  in feature order (C), as the built-in plan change takes them.
  *
  *-------------------------------------------------------------------------
  */
@@ -63,11 +65,18 @@ static EmStatement store_limit = {
 	3, {TEXTOID, TEXTOID, INT8OID}
 };
 
-/* provider limits of features the provider no longer lists */
-static EmStatement drop_limits = {
+/* the account's provider limits, in the order their rows are written */
+static EmStatement provider_features = {
+	"SELECT feature FROM earmark.account_limit "
+	"WHERE account = $1 AND source = 'provider' ORDER BY feature COLLATE \"C\"",
+	1, {TEXTOID}
+};
+
+/* a provider limit of a feature the provider no longer lists */
+static EmStatement drop_limit = {
 	"DELETE FROM earmark.account_limit "
-	"WHERE account = $1 AND source = 'provider' AND NOT (feature = ANY ($2))",
-	2, {TEXTOID, TEXTARRAYOID}
+	"WHERE account = $1 AND feature = $2 AND source = 'provider'",
+	2, {TEXTOID, TEXTOID}
 };
 
 static EmStatement limits_read = {
@@ -134,12 +143,38 @@ limit_cmp(const ListCell *a, const ListCell *b)
 	return strcmp(((EmLimit *) lfirst(a))->feature, ((EmLimit *) lfirst(b))->feature);
 }
 
+static void
+drop_provider_limit(Datum account, const char *feature)
+{
+	Datum		args[2];
+
+	args[0] = account;
+	args[1] = CStringGetTextDatum(feature);
+	em_exec(&drop_limit, args, NULL, 0);
+}
+
+/* the account's provider limits' features, in feature order (C) */
+static char **
+stored_provider_features(Datum account, int *n)
+{
+	char	  **features;
+	uint64		i;
+
+	em_exec(&provider_features, &account, NULL, 0);
+	features = palloc(sizeof(char *) * Max(SPI_processed, 1));
+	for (i = 0; i < SPI_processed; i++)
+		features[i] = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+	*n = (int) SPI_processed;
+	return features;
+}
+
 /*
  * Store the limits read for an account (a List of EmLimit), in the
  * caller's SPI connection: the provider's limits replace the old ones, and
  * the account's read is recorded.  Returns the number of limits.  The rows
- * are written in feature order, as the plan change writes them: two
- * writers of one account's limit rows in different orders could deadlock.
+ * are written one feature at a time in feature order, a dropped one too,
+ * as the plan change writes them: two writers of one account's limit rows
+ * in different orders could deadlock.
  */
 int
 em_store_account_limits(const char *account, List *limits)
@@ -147,28 +182,32 @@ em_store_account_limits(const char *account, List *limits)
 	Datum		args[3];
 	char		nulls[3] = {' ', ' ', ' '};
 	ListCell   *lc;
-	Datum	   *features;
-	int			n = 0;
+	char	  **old;
+	int			nold;
+	int			j = 0;
 
 	args[0] = CStringGetTextDatum(account);
-	features = palloc(sizeof(Datum) * Max(list_length(limits), 1));
 	list_sort(limits, limit_cmp);
+	old = stored_provider_features(args[0], &nold);
 	foreach(lc, limits)
 	{
 		EmLimit    *l = (EmLimit *) lfirst(lc);
 
+		/* the old provider limits before this feature, dropped first */
+		for (; j < nold && strcmp(old[j], l->feature) <= 0; j++)
+			if (strcmp(old[j], l->feature) < 0)
+				drop_provider_limit(args[0], old[j]);
 		args[1] = CStringGetTextDatum(l->feature);
 		args[2] = Int64GetDatum(l->lim);
 		nulls[2] = l->unlimited ? 'n' : ' ';
 		em_exec(&store_limit, args, nulls, 0);
-		features[n++] = args[1];
 	}
+	for (; j < nold; j++)
+		drop_provider_limit(args[0], old[j]);
 	nulls[2] = ' ';
-	args[1] = PointerGetDatum(construct_array(features, n, TEXTOID, -1, false, TYPALIGN_INT));
-	em_exec(&drop_limits, args, NULL, 0);
 	args[1] = TimestampTzGetDatum(GetCurrentTimestamp());
 	em_exec(&limits_read, args, NULL, 0);
-	return n;
+	return list_length(limits);
 }
 
 /* record a failed read: tried now, with its error; the flag stays */

@@ -36,7 +36,8 @@ Control (no authentication, not logged, not subject to faults):
                    "rate_limit": {"count", "reset", "path", "method", "query"},
                    "hang": {"count", "seconds", "path", "method", "query"}, "slow": {"ms"},
                    "release": true, "token_expires_in": "<raw JSON text>" or null,
-                   "down": bool, "set_meter", "set_entitlement", "set_limit" (an object
+                   "down": bool, "set_meter", "set_entitlement" (with "remove": true, the
+                   feature is no longer listed), "set_limit" (an object
                    or a list of them), "revoke_tokens": true, "reset_concurrency": true
                    (max_concurrent starts again from the requests open now).
   GET  /_state     meters, write counts, tokens issued, requests seen, requests in
@@ -332,6 +333,10 @@ def main():
                         raise BadRequest("set_meter needs agreement or account")
             elif key == "set_entitlement":
                 for e in as_list(v, key):
+                    if e.get("remove") is True:
+                        actions.append(("remove_entitlement", (need_str(e, "customer"),
+                                                               need_str(e, "feature"))))
+                        continue
                     actions.append((key, (need_str(e, "customer"), need_str(e, "feature"),
                                           opt_limit(e.get("limit"), "limit"))))
             elif key == "set_limit":
@@ -365,6 +370,8 @@ def main():
                     st.kinde_meters[a[0]] = a[1]
                 elif kind == "generic_meter":
                     st.generic_meters[a[0]] = a[1]
+                elif kind == "remove_entitlement":
+                    st.entitlements.get(a[0], {}).pop(a[1], None)
                 elif kind == "set_entitlement":
                     cust, feat, lim = a
                     ents = st.entitlements.setdefault(cust, {})

@@ -240,6 +240,13 @@ is "$(q -c "SELECT string_agg(feature || '=' || coalesce(lim::text, 'unlimited')
    "default=1000,images=unlimited,video=unlimited" "null and 2147483647 both mean unlimited"
 is "$(state "len([r for r in d['requests'] if r['path'] == '/api/v1/billing/entitlements'])")" 2 "two entitlement pages were read (starting_after while has_more)"
 is "$(q -c "SELECT admitted FROM earmark_reserve('lim_acct', 100, 'l1')")" t "an admission under a fresh provider limit"
+# a feature the provider no longer lists loses its provider limit (written
+# in feature order with the others); a limit set by hand stays
+q -c "SELECT earmark_set_limit('lim_acct', 5, 'beta')" >/dev/null
+control '{"set_entitlement": {"customer": "cus_l", "feature": "images", "remove": true}}'
+is "$(q -c "SELECT earmark_refresh_limits('lim_acct')")" 2 "after the provider dropped a feature, two entitlements are read"
+is "$(q -c "SELECT string_agg(feature || '=' || coalesce(lim::text, 'unlimited') || ':' || source, ',' ORDER BY feature) FROM earmark.account_limit WHERE account = 'lim_acct'")" \
+   "beta=5:manual,default=1000:provider,video=unlimited:provider" "... its limit is gone, the one set by hand stays"
 
 # The cache's age is written into the account row (limits_fetched_at), not
 # waited for: with the default windows (used as it is up to 60 s, used
