@@ -44,7 +44,7 @@ typedef struct EmCooldown
 } EmCooldown;
 
 #define EM_SHARED_COPIES	4
-#define EM_SHARED_NAME_MAX	256
+#define EM_SHARED_NAME_MAX	1024
 #define EM_SHARED_DATA_MAX	(32 * 1024)
 #define EM_COOLDOWN_TRANCHE	"earmark cooldown"
 
