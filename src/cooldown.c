@@ -13,10 +13,11 @@
  *	  failed rolls its stored copy back; without a copy here, a forged
  *	  token sent once a cooldown would keep a genuine token with a new key
  *	  refused (every other backend waits out the cooldown and never sees
- *	  the set that has the key).  EM_SHARED_COPIES copies are kept, the
- *	  newest of each name (a key set's URL, told by the whole string, not
- *	  by its hash), up to EM_SHARED_DATA_MAX bytes each (a key set is a few
- *	  kB); a new name takes the least recent copy.
+ *	  the set that has the key).  EM_SHARED_COPIES copies are kept, one
+ *	  for each cooldown slot (about 530 kB in all): the newest of each name
+ *	  (a key set's URL, told by the whole string, not by its hash), up to
+ *	  EM_SHARED_DATA_MAX bytes each (a key set is a few kB); a new name
+ *	  takes the least recent copy.
  *
  *	  Locks: the area's spinlock, held for a scan of EM_COOLDOWN_SLOTS
  *	  entries and nothing else; the copies' LWLock (the tranche
@@ -43,7 +44,8 @@ typedef struct EmCooldown
 	TimestampTz last;			/* the last time it was taken; 0: free */
 } EmCooldown;
 
-#define EM_SHARED_COPIES	4
+/* a copy for each cooldown: every URL the table remembers keeps its set */
+#define EM_SHARED_COPIES	EM_COOLDOWN_SLOTS
 #define EM_SHARED_NAME_MAX	1024
 #define EM_SHARED_DATA_MAX	(32 * 1024)
 #define EM_COOLDOWN_TRANCHE	"earmark cooldown"

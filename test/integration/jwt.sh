@@ -290,26 +290,29 @@ is "$(q -d "$DB" -c "SELECT count(*) FROM earmark.inbox_event WHERE dedupe_key =
    "1/1" "... the event and the key set it was verified with are stored"
 
 # 11c. each key set URL keeps its own shared copy: after a token with a
-#     made-up kid to a first server, one to a second server (another
-#     database's earmark.kinde_domain) fetches that server's set too; a
+#     made-up kid to a first server, one to each of four more servers
+#     (other databases' earmark.kinde_domain) fetches their sets too; a
 #     genuine k2 token to the first, within its cooldown, is still verified
 #     with the first server's set.
-serve_jwks "$WORK/jwks.json" /.well-known/jwks
-U1_PORT=$PORT
-U1_HITS=$HITS
-serve_jwks "$WORK/jwks.json" /.well-known/jwks
-U2_PORT=$PORT
-U2_HITS=$HITS
+U_PORTS=() U_HITS=()
+for i in 1 2 3 4 5; do
+    serve_jwks "$WORK/jwks.json" /.well-known/jwks
+    U_PORTS+=("$PORT") U_HITS+=("$HITS")
+done
 to_url() {  # to_url PORT WEBHOOK_ID TOKEN: ok or the SQLSTATE
     sqlstate "SET earmark.kinde_domain = 'http://127.0.0.1:$1'" "SET earmark.jwks_refetch_cooldown = '1h'" \
              "$(receive "$2" "$3")" 2>/dev/null
 }
-is "$(to_url "$U1_PORT" wh_u1_forged "$(jwt "$WORK/k3.pem" "made-up-$RANDOM" '{"type":"customer.note","event_id":"forged_u1"}')")/$(to_url "$U2_PORT" wh_u2_forged "$(jwt "$WORK/k3.pem" "made-up-$RANDOM" '{"type":"customer.note","event_id":"forged_u2"}')")" \
-   "EM104/EM104" "tokens with made-up kids to two key set URLs are refused"
-is "$(hits "$U1_HITS")/$(hits "$U2_HITS")" "1/1" "... each URL fetched once"
-is "$(to_url "$U1_PORT" wh_u1_genuine "$(jwt "$WORK/k2.pem" k2 '{"type":"customer.note","event_id":"event_two_urls"}')")" ok \
+got= hit=
+for i in 0 1 2 3 4; do
+    got+="$(to_url "${U_PORTS[$i]}" "wh_u${i}_forged" "$(jwt "$WORK/k3.pem" "made-up-$RANDOM" "{\"type\":\"customer.note\",\"event_id\":\"forged_u$i\"}")")/"
+    hit+="$(hits "${U_HITS[$i]}")/"
+done
+is "$got $hit" "EM104/EM104/EM104/EM104/EM104/ 1/1/1/1/1/" \
+   "tokens with made-up kids to five key set URLs are refused, each URL fetched once"
+is "$(to_url "${U_PORTS[0]}" wh_u1_genuine "$(jwt "$WORK/k2.pem" k2 '{"type":"customer.note","event_id":"event_two_urls"}')")" ok \
    "a genuine k2 token to the first URL, within its cooldown, is stored"
-is "$(hits "$U1_HITS")" 1 "... without a key set request of its own"
+is "$(hits "${U_HITS[0]}")" 1 "... without a key set request of its own"
 
 # 12. the worker keeps the cached key set fresh (earmark.jwks_refresh)
 serve_jwks "$WORK/jwks.json" /.well-known/jwks
