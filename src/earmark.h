@@ -57,5 +57,11 @@
 #define EARMARK_MARK_CLASS		0x656d6d6b
 /* first key of the database's send lock ("emsd"), see meter.c */
 #define EARMARK_SEND_CLASS		0x656d7364
+/*
+ * fourth key of the accounts' limit refresh locks ("em"), see limit_cache.c:
+ * no SQL function makes it (PostgreSQL's advisory lock functions use 1 and
+ * 2, Citus 4 to 15), so no role can take such a lock by hand
+ */
+#define EARMARK_REFRESH_LOCKTAG	0x656d
 
 #endif							/* EARMARK_H */

@@ -38,8 +38,9 @@
  *	  cooldown holds across connections.  So does the last fetched set
  *	  (em_cooldown_share, under its LWLock for a copy): a forged token's
  *	  fetch, which takes the cooldown and is rolled back, does not keep
- *	  the other backends from a key the provider rotated in.  Without earmark in
- *	  shared_preload_libraries a delivery never fetches (may_refetch).
+ *	  the other backends from a key the provider rotated in.  Without
+ *	  earmark in shared_preload_libraries a delivery never fetches
+ *	  (may_refetch).
  *
  *	  earmark_inbox_receive_signed has no SET search_path clause: its body
  *	  runs through em_call_pinned (spi.c), which pins the search path for

@@ -24,13 +24,31 @@
  *	  reserve sets only where it takes no further lock, or after its budget
  *	  row, the order of gate.c); the HTTP read itself holds no lock.  The
  *	  account's limit rows before its account row, one feature at a time
- *	  in feature order (C), as the built-in plan change takes them.
+ *	  in feature order (C), as the built-in plan change takes them.  Before
+ *	  those, the account's refresh lock: a transaction-level advisory lock,
+ *	  exclusive, that only limit reads take, in a key space no SQL function
+ *	  reaches (EARMARK_REFRESH_LOCKTAG, with a 64-bit hash of the account).
+ *	  Two reads of one account store one after the other: the second reads
+ *	  the provider limits the first stored and drops those its answer
+ *	  lacks, so the answer stored last is the account's provider limits
+ *	  (the reads themselves are not ordered: an older answer stored later
+ *	  wins, until the next read).  Under REPEATABLE READ the second fails
+ *	  with 40001 on a row the first wrote (its account row at the latest).
+ *	  A transaction that wrote one of the account's limit rows before it
+ *	  reads the limits (earmark_set_limit, then earmark_refresh_limits) can
+ *	  deadlock with another read of the account that waits for that row.
+ *	  On Citus the lock is the node's: the worker stores from the
+ *	  coordinator, earmark_refresh_limits on the account's node, and the
+ *	  two do not meet.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "catalog/pg_type.h"
+#include "common/hashfn.h"
+#include "miscadmin.h"
+#include "storage/lock.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
@@ -169,12 +187,32 @@ stored_provider_features(Datum account, int *n)
 }
 
 /*
+ * The account's refresh lock (see the file header), until the transaction
+ * ends.  Keyed by a 64-bit hash of the account, so that two accounts share
+ * one only by a chance too small to matter (it would make their reads wait
+ * for each other, and could deadlock as a read of one account can).
+ */
+static void
+refresh_lock(const char *account)
+{
+	LOCKTAG		tag;
+	uint64		h = hash_bytes_extended((const unsigned char *) account,
+										(int) strlen(account), 0);
+
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
+						 EARMARK_REFRESH_LOCKTAG);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+}
+
+/*
  * Store the limits read for an account (a List of EmLimit), in the
  * caller's SPI connection: the provider's limits replace the old ones, and
  * the account's read is recorded.  Returns the number of limits.  The rows
  * are written one feature at a time in feature order, a dropped one too,
  * as the plan change writes them: two writers of one account's limit rows
- * in different orders could deadlock.
+ * in different orders could deadlock.  The stored provider limits are read
+ * under the refresh lock: read before another refresh's commit, they would
+ * miss a limit it added that this answer lacks, and it would stay.
  */
 int
 em_store_account_limits(const char *account, List *limits)
@@ -188,6 +226,7 @@ em_store_account_limits(const char *account, List *limits)
 
 	args[0] = CStringGetTextDatum(account);
 	list_sort(limits, limit_cmp);
+	refresh_lock(account);
 	old = stored_provider_features(args[0], &nold);
 	foreach(lc, limits)
 	{

@@ -248,6 +248,65 @@ is "$(q -c "SELECT earmark_refresh_limits('lim_acct')")" 2 "after the provider d
 is "$(q -c "SELECT string_agg(feature || '=' || coalesce(lim::text, 'unlimited') || ':' || source, ',' ORDER BY feature) FROM earmark.account_limit WHERE account = 'lim_acct'")" \
    "beta=5:manual,default=1000:provider,video=unlimited:provider" "... its limit is gone, the one set by hand stays"
 
+# the first feature, the last one, and every one dropped in turn (an empty
+# answer keeps only the limits set by hand)
+limits_of() {
+    q -c "SELECT coalesce(string_agg(feature || '=' || coalesce(lim::text, 'unlimited') || ':' || source, ',' ORDER BY feature), '-') FROM earmark.account_limit WHERE account = '$1'"
+}
+q -c "SELECT earmark_set_account('rr_acct', NULL, 'cus_rr', 'agr_rr')" >/dev/null
+q -c "SELECT earmark_set_limit('rr_acct', 7, 'm')" >/dev/null
+control '{"set_entitlement": [{"customer": "cus_rr", "feature": "a", "limit": 1}, {"customer": "cus_rr", "feature": "b", "limit": 2}, {"customer": "cus_rr", "feature": "c", "limit": 3}]}'
+is "$(q -c "SELECT earmark_refresh_limits('rr_acct')") $(limits_of rr_acct)" "3 a=1:provider,b=2:provider,c=3:provider,m=7:manual" \
+   "three provider limits beside one set by hand"
+control '{"set_entitlement": {"customer": "cus_rr", "feature": "a", "remove": true}}'
+is "$(q -c "SELECT earmark_refresh_limits('rr_acct')") $(limits_of rr_acct)" "2 b=2:provider,c=3:provider,m=7:manual" \
+   "the first feature dropped by the provider is gone"
+control '{"set_entitlement": {"customer": "cus_rr", "feature": "c", "remove": true}}'
+is "$(q -c "SELECT earmark_refresh_limits('rr_acct')") $(limits_of rr_acct)" "1 b=2:provider,m=7:manual" \
+   "the last feature dropped by the provider is gone"
+control '{"set_entitlement": {"customer": "cus_rr", "feature": "b", "remove": true}}'
+is "$(q -c "SELECT earmark_refresh_limits('rr_acct')") $(limits_of rr_acct)" "0 m=7:manual" \
+   "an answer with no entitlements leaves only the limit set by hand"
+
+# Two refreshes of one account at once store one after the other: the
+# answer stored last is the account's provider limits.  The first reads
+# (a=20, x=5) and waits, before it commits, on a table a third session
+# holds; the second reads (a=30) meanwhile and must wait for the first's
+# refresh lock (one no SQL function can take: its fourth key is 25965),
+# then drop the x the first stored.  rr_race LEVEL runs it with
+# the second at LEVEL (its snapshot taken before the first commits) and
+# prints "first's exit, second's exit, second's answer or error, the limits".
+rr_race() {
+    control '{"set_entitlement": {"customer": "cus_rr", "feature": "a", "limit": 10}}'
+    q -c "SELECT earmark_refresh_limits('rr_acct')" >/dev/null
+    PGAPPNAME=rr_gate q -c "BEGIN" -c "LOCK TABLE rr_gate" -c "SELECT pg_sleep(600)" >/dev/null 2>&1 &
+    local gate=$! first=0 second=0 a b
+    wait_for 60 "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'rr_gate' AND query = 'SELECT pg_sleep(600)'" 1 >/dev/null
+    control '{"set_entitlement": [{"customer": "cus_rr", "feature": "a", "limit": 20}, {"customer": "cus_rr", "feature": "x", "limit": 5}]}'
+    PGAPPNAME=rr_first q -c "BEGIN" -c "SELECT earmark_refresh_limits('rr_acct')" -c "LOCK TABLE rr_gate" -c "COMMIT" >"$WORK/rr_first.out" 2>&1 &
+    a=$!
+    wait_for 60 "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'rr_first' AND wait_event_type = 'Lock' AND query = 'LOCK TABLE rr_gate'" 1 >/dev/null
+    control '{"set_entitlement": [{"customer": "cus_rr", "feature": "a", "limit": 30}, {"customer": "cus_rr", "feature": "x", "remove": true}]}'
+    PGAPPNAME=rr_second q -c "BEGIN ISOLATION LEVEL $1" -c "SELECT count(*) FROM earmark.account_limit" \
+        -c "SELECT earmark_refresh_limits('rr_acct')" -c "COMMIT" >"$WORK/rr_second.out" 2>&1 &
+    b=$!
+    wait_for 60 "SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l USING (pid)
+                  WHERE a.application_name = 'rr_second' AND NOT l.granted
+                    AND l.locktype = 'advisory' AND l.objsubid = 25965" 1 >/dev/null ||
+        echo "the second refresh never waited for the refresh lock"
+    q -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'rr_gate'" >/dev/null
+    wait "$gate" || true    # cancelled: its transaction ends
+    wait "$a" || first=$?
+    wait "$b" || second=$?
+    echo "$first $second $(grep -m1 '^ERROR' "$WORK/rr_second.out" || sed -n '$p' "$WORK/rr_second.out") $(limits_of rr_acct)"
+}
+q -c "DROP TABLE IF EXISTS rr_gate" -c "CREATE TABLE rr_gate ()"
+is "$(rr_race 'READ COMMITTED')" "0 0 1 a=30:provider,m=7:manual" \
+   "two refreshes of one account at once: the second waits for the first, then drops the x it stored"
+is "$(rr_race 'REPEATABLE READ')" "0 1 ERROR:  could not serialize access due to concurrent update a=20:provider,m=7:manual,x=5:provider" \
+   "... under REPEATABLE READ the second fails with 40001 and the first's limits stay"
+q -c "DROP TABLE rr_gate"
+
 # The cache's age is written into the account row (limits_fetched_at), not
 # waited for: with the default windows (used as it is up to 60 s, used
 # while it is read again up to 10 min), 5 minutes old is stale and an hour
