@@ -1,9 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * earmark.c
- *	  Module entry point: _PG_init defines the settings (settings.c) and,
- *	  when earmark is in shared_preload_libraries, asks for its shared
- *	  memory and registers the launcher (launcher.c).
+ *	  Module entry point: _PG_init defines the settings (settings.c),
+ *	  installs the planner hook that refuses the calls Citus would crash
+ *	  on (delegation.c) and, when earmark is in shared_preload_libraries,
+ *	  asks for its shared memory and registers the launcher (launcher.c).
  *
  *	  Shared memory: four areas, asked for and made here, owned by the
  *	  files that use them: the cooldowns (cooldown.c), the admission rate
@@ -23,6 +24,7 @@
 
 #include "contention.h"
 #include "cooldown.h"
+#include "delegation.h"
 #include "launcher.h"
 #include "ratelimit.h"
 #include "settings.h"
@@ -62,6 +64,7 @@ void
 _PG_init(void)
 {
 	em_define_settings();
+	em_install_delegation_guard();
 
 	if (process_shared_preload_libraries_in_progress)
 	{
