@@ -1,10 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * earmark.c
- *	  Module entry point: _PG_init defines the settings (settings.c),
- *	  installs the planner hook that refuses the calls Citus would crash
- *	  on (delegation.c) and, when earmark is in shared_preload_libraries,
- *	  asks for its shared memory and registers the launcher (launcher.c).
+ *	  Module entry point: _PG_init defines the settings (settings.c) and,
+ *	  when earmark is in shared_preload_libraries, asks for its shared
+ *	  memory and registers the launcher (launcher.c).
  *
  *	  Shared memory: four areas, asked for and made here, owned by the
  *	  files that use them: the cooldowns (cooldown.c), the admission rate
@@ -24,7 +23,6 @@
 
 #include "contention.h"
 #include "cooldown.h"
-#include "delegation.h"
 #include "launcher.h"
 #include "ratelimit.h"
 #include "settings.h"
@@ -64,7 +62,6 @@ void
 _PG_init(void)
 {
 	em_define_settings();
-	em_install_delegation_guard();
 
 	if (process_shared_preload_libraries_in_progress)
 	{
