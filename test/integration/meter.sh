@@ -255,18 +255,18 @@ limits_of() {
 }
 q -c "SELECT earmark_set_account('rr_acct', NULL, 'cus_rr', 'agr_rr')" >/dev/null
 q -c "SELECT earmark_set_limit('rr_acct', 7, 'm')" >/dev/null
+# refreshed: the read's count and the limits after it; dropped FEATURE: the
+# same after the provider stopped listing FEATURE
+refreshed() { echo "$(q -c "SELECT earmark_refresh_limits('rr_acct')") $(limits_of rr_acct)"; }
+dropped() {
+    control "{\"set_entitlement\": {\"customer\": \"cus_rr\", \"feature\": \"$1\", \"remove\": true}}"
+    refreshed
+}
 control '{"set_entitlement": [{"customer": "cus_rr", "feature": "a", "limit": 1}, {"customer": "cus_rr", "feature": "b", "limit": 2}, {"customer": "cus_rr", "feature": "c", "limit": 3}]}'
-is "$(q -c "SELECT earmark_refresh_limits('rr_acct')") $(limits_of rr_acct)" "3 a=1:provider,b=2:provider,c=3:provider,m=7:manual" \
-   "three provider limits beside one set by hand"
-control '{"set_entitlement": {"customer": "cus_rr", "feature": "a", "remove": true}}'
-is "$(q -c "SELECT earmark_refresh_limits('rr_acct')") $(limits_of rr_acct)" "2 b=2:provider,c=3:provider,m=7:manual" \
-   "the first feature dropped by the provider is gone"
-control '{"set_entitlement": {"customer": "cus_rr", "feature": "c", "remove": true}}'
-is "$(q -c "SELECT earmark_refresh_limits('rr_acct')") $(limits_of rr_acct)" "1 b=2:provider,m=7:manual" \
-   "the last feature dropped by the provider is gone"
-control '{"set_entitlement": {"customer": "cus_rr", "feature": "b", "remove": true}}'
-is "$(q -c "SELECT earmark_refresh_limits('rr_acct')") $(limits_of rr_acct)" "0 m=7:manual" \
-   "an answer with no entitlements leaves only the limit set by hand"
+is "$(refreshed)" "3 a=1:provider,b=2:provider,c=3:provider,m=7:manual" "three provider limits beside one set by hand"
+is "$(dropped a)" "2 b=2:provider,c=3:provider,m=7:manual" "the first feature dropped by the provider is gone"
+is "$(dropped c)" "1 b=2:provider,m=7:manual" "the last feature dropped by the provider is gone"
+is "$(dropped b)" "0 m=7:manual" "an answer with no entitlements leaves only the limit set by hand"
 
 # Two refreshes of one account at once store one after the other: the
 # answer stored last is the account's provider limits.  The first reads
