@@ -273,9 +273,10 @@ if layer citus; then
     # shards moved while its cycle is marked), mark_one.sh (a failed
     # pass leaves a cycle one mark), review_batch_repeat.sh (a usage
     # batch's repeats and errors in array order) and review_key_order.sh
-    # (the key's index led by the key, distributed and moved), each on a
-    # cluster of its own
-    for ct in earmark escrow_settle mark_shard_move mark_one review_batch_repeat review_key_order; do
+    # (the key's index led by the key, distributed and moved) and
+    # call_shapes.sh (statements Citus would crash the coordinator on),
+    # each on a cluster of its own
+    for ct in earmark escrow_settle mark_shard_move mark_one review_batch_repeat review_key_order call_shapes; do
         em_log "citus: test/citus/$ct.sh"
         CT_PORT=${EM_CITUS_PORT:-$(( ${EM_TEST_PORT:-55432} + 300 ))} timeout 1800 \
             bash test/citus/$ct.sh >"$OUT/citus-$ct.log" 2>&1

@@ -7,7 +7,8 @@
  *	  follow from it (earmark.next_id).
  *
  *	  Tables: reads pg_extension and, when Citus is installed,
- *	  pg_dist_local_group; writes nothing but the id sequences.
+ *	  pg_dist_local_group and pg_dist_partition; writes nothing but the id
+ *	  sequences.
  *
  *	  Locks: none beyond the catalog reads' AccessShareLock and the
  *	  sequences' own.
@@ -264,26 +265,50 @@ earmark_next_id(PG_FUNCTION_ARGS)
 }
 
 /*
- * Whether earmark's tables are distributed with Citus (earmark_distribute
- * ran): earmark.account is in pg_dist_partition.  Read once per
- * transaction; without Citus (no pg_dist_partition) it costs a catalog
- * cache lookup.
+ * Whether earmark.account is in Citus's pg_dist_partition (earmark_distribute
+ * ran), read now.  A direct scan, not SPI: it checks no privilege of the
+ * caller (earmark's planner hook asks it for any role's statement, and
+ * earmark_user has no USAGE on schema earmark) and resolves no name through
+ * the caller's search_path.  Without Citus it costs two catalog cache
+ * lookups.
+ */
+bool
+em_account_table_distributed(void)
+{
+	Oid			dist = get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE);
+	Oid			nsp;
+	Oid			account;
+	Relation	rel;
+	SysScanDesc scan;
+	ScanKeyData key;
+	bool		found;
+
+	if (!OidIsValid(dist))
+		return false;
+	nsp = get_namespace_oid("earmark", true);
+	account = OidIsValid(nsp) ? get_relname_relid("account", nsp) : InvalidOid;
+	if (!OidIsValid(account))
+		return false;
+	/* pg_dist_partition's first column is logicalrelid (regclass) */
+	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(account));
+	rel = table_open(dist, AccessShareLock);
+	scan = systable_beginscan(rel, InvalidOid, false, NULL, 1, &key);
+	found = HeapTupleIsValid(systable_getnext(scan));
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return found;
+}
+
+/*
+ * Whether earmark's tables are distributed with Citus, as this transaction
+ * first saw it (em_account_table_distributed, read once per transaction).
  */
 bool
 em_distributed(void)
 {
 	if (MyProc->lxid == distributed_lxid)
 		return distributed;
-	distributed = false;
-	if (OidIsValid(get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE)))
-	{
-		SPI_connect();
-		if (exec_serial("SELECT 1 FROM pg_catalog.pg_dist_partition "
-						"WHERE logicalrelid = 'earmark.account'::regclass",
-						0, NULL, NULL, 1) == SPI_OK_SELECT)
-			distributed = SPI_processed == 1;
-		SPI_finish();
-	}
+	distributed = em_account_table_distributed();
 	distributed_lxid = MyProc->lxid;
 	return distributed;
 }

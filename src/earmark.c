@@ -3,7 +3,8 @@
  * earmark.c
  *	  Module entry point: _PG_init defines the settings (settings.c) and,
  *	  when earmark is in shared_preload_libraries, asks for its shared
- *	  memory and registers the launcher (launcher.c).
+ *	  memory, registers the launcher (launcher.c) and installs the planner
+ *	  hook that fences Citus's function call delegation (delegation.c).
  *
  *	  Shared memory: four areas, asked for and made here, owned by the
  *	  files that use them: the cooldowns (cooldown.c), the admission rate
@@ -23,6 +24,7 @@
 
 #include "contention.h"
 #include "cooldown.h"
+#include "delegation.h"
 #include "launcher.h"
 #include "ratelimit.h"
 #include "settings.h"
@@ -70,5 +72,6 @@ _PG_init(void)
 		prev_shmem_startup_hook = shmem_startup_hook;
 		shmem_startup_hook = em_shmem_startup;
 		em_register_launcher();
+		em_install_delegation_fence();
 	}
 }
