@@ -8,8 +8,9 @@
  *	  Tables: earmark.account, earmark.account_limit (written here) and
  *	  earmark.budget (read here, locked by earmark_set_account).
  *
- *	  Locks: earmark_set_account takes the account's exclusive advisory
- *	  lock (EARMARK_ADVISORY_CLASS, hashtext(account)), then every budget
+ *	  Locks: earmark_set_account takes the account's lock exclusive (an
+ *	  advisory lock in a key space no SQL function reaches, keyed by a
+ *	  64-bit hash of the account: em_account_key_lock), then every budget
  *	  row of the account and then the account row FOR UPDATE, so that an
  *	  anchor can only change while no reserve is creating or filling a
  *	  budget.  Budget rows before the account row is the order reserve
@@ -33,6 +34,9 @@
 #include "postgres.h"
 
 #include "catalog/pg_type.h"
+#include "common/hashfn.h"
+#include "miscadmin.h"
+#include "storage/lock.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 
@@ -169,34 +173,47 @@ earmark_set_limit(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
-static EmStatement lock_account_anchor = {
-	"SELECT pg_catalog.pg_advisory_xact_lock($2, pg_catalog.hashtext($1))",
-	2, {TEXTOID, INT4OID}
-};
+/*
+ * One of the account's own locks (kind: EARMARK_ACCOUNT_LOCKTAG,
+ * EARMARK_REFRESH_LOCKTAG), in mode, until the transaction ends.  A
+ * transaction-level advisory lock whose fourth key no SQL advisory lock
+ * function makes, so that no role can hold it by hand and stall the
+ * account's writers or the worker.  Keyed by a 64-bit hash of the account:
+ * two accounts share one only by a chance too small to matter (they would
+ * wait for each other).
+ */
+void
+em_account_key_lock(const char *account, int len, uint16 kind, LOCKMODE mode)
+{
+	LOCKTAG		tag;
+	uint64		h = hash_bytes_extended((const unsigned char *) account, len, 0);
+
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h, kind);
+	(void) LockAcquire(&tag, mode, false, false);
+}
+
+/* the account's lock (above) of a text account */
+static void
+account_lock(text *account, LOCKMODE mode)
+{
+	text	   *a = pg_detoast_datum_packed(account);
+
+	em_account_key_lock(VARDATA_ANY(a), VARSIZE_ANY_EXHDR(a), EARMARK_ACCOUNT_LOCKTAG, mode);
+}
 
 /*
- * The account's advisory lock, exclusive, until the transaction ends: no
- * reserve is creating one of its budget rows meanwhile (a reserve takes
- * it shared for that), so a budget row created later reads what this
- * transaction writes to the account.  For earmark_set_account and
- * earmark_set_escrow; inside SPI.
+ * The account's lock, exclusive, until the transaction ends: no reserve is
+ * creating one of its budget rows meanwhile (a reserve takes it shared for
+ * that), so a budget row created later reads what this transaction writes
+ * to the account.  For earmark_set_account and earmark_set_escrow.
  */
 void
 em_account_lock(text *account)
 {
-	Datum		args[2];
-
-	args[0] = PointerGetDatum(account);
-	args[1] = Int32GetDatum(EARMARK_ADVISORY_CLASS);
-	em_exec(&lock_account_anchor, args, NULL, 0);
+	account_lock(account, ExclusiveLock);
 }
 
-static EmStatement lock_account_shared = {
-	"SELECT pg_catalog.pg_advisory_xact_lock_shared($2, pg_catalog.hashtext($1))",
-	2, {TEXTOID, INT4OID}
-};
-
-/* no row lock: the advisory lock orders this with earmark_set_account */
+/* no row lock: the account's lock orders this with earmark_set_account */
 static EmStatement account_anchor = {
 	"SELECT cycle_anchor FROM earmark.account WHERE account = $1",
 	1, {TEXTOID}
@@ -218,7 +235,7 @@ anchor_of_result(bool *has_anchor, TimestampTz *anchor)
 }
 
 /*
- * The account's advisory lock, shared, until the transaction ends, and its
+ * The account's lock, shared, until the transaction ends, and its
  * cycle anchor read under it: earmark_set_account (which takes the lock
  * exclusive) cannot change the anchor under us from here on.  For the
  * reserve and earmark_record_usage that create a cycle's budget row.
@@ -227,11 +244,10 @@ anchor_of_result(bool *has_anchor, TimestampTz *anchor)
 bool
 em_account_anchor_shared(text *account, bool *has_anchor, TimestampTz *anchor)
 {
-	Datum		args[2];
+	Datum		args[1];
 
+	account_lock(account, ShareLock);
 	args[0] = PointerGetDatum(account);
-	args[1] = Int32GetDatum(EARMARK_ADVISORY_CLASS);
-	em_exec(&lock_account_shared, args, NULL, 0);
 	em_exec(&account_anchor, args, NULL, 1);
 	return anchor_of_result(has_anchor, anchor);
 }

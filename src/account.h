@@ -11,15 +11,20 @@
 #include "postgres.h"
 
 #include "datatype/timestamp.h"
+#include "storage/lockdefs.h"
 
 /* the cycle that contains "at": a month from the anchor's day, in UTC */
 extern void em_cycle_bounds(TimestampTz anchor, bool has_anchor, TimestampTz at,
 							TimestampTz *start, TimestampTz *end);
 
-/* the account's advisory lock, exclusive (inside SPI) */
+/* one of the account's own locks (EARMARK_*_LOCKTAG), until commit */
+extern void em_account_key_lock(const char *account, int len, uint16 kind,
+								LOCKMODE mode);
+
+/* the account's lock, exclusive */
 extern void em_account_lock(text *account);
 
-/* the account's advisory lock, shared, and its anchor; false if no account */
+/* the account's lock, shared, and its anchor (inside SPI); false if no account */
 extern bool em_account_anchor_shared(text *account, bool *has_anchor,
 									 TimestampTz *anchor);
 

@@ -18,9 +18,9 @@
  *	  (below).  The rate limit (ratelimit.c) takes no row lock.
  *
  *	  The mark lock of a cycle is a transaction-level advisory lock in a
- *	  key space of its own (the int4-pair form with earmark's mark class),
- *	  so that it never meets an application's advisory locks on plain
- *	  bigints.  Every writer that may find the cycle's meter mark already
+ *	  key space of its own (earmark's mark class, and a fourth key no SQL
+ *	  function makes, EARMARK_MARK_LOCKTAG), so that it never meets an
+ *	  application's advisory locks and no role can hold it by hand.  Every writer that may find the cycle's meter mark already
  *	  there holds it shared until it commits; the reporter takes it
  *	  exclusively, without waiting, before it deletes a mark (meter.c), so
  *	  it never deletes a mark whose writer's usage it has not seen.  Two
@@ -654,7 +654,7 @@ static void
 mark_locktag(LOCKTAG *tag, int64 budget_id)
 {
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, EARMARK_MARK_CLASS,
-						 (uint32) budget_id, 2);
+						 (uint32) budget_id, EARMARK_MARK_LOCKTAG);
 }
 
 void

@@ -51,17 +51,20 @@
 /* the event's time is further ahead of now than earmark.webhook_tolerance (400) */
 #define ERRCODE_EARMARK_EVENT_IN_FUTURE		MAKE_SQLSTATE('E','M','1','0','8')
 
-/* first key of the advisory locks earmark takes ("earm") */
-#define EARMARK_ADVISORY_CLASS	0x6561726d
 /* first key of the meter mark locks ("emmk"), see budget.c */
 #define EARMARK_MARK_CLASS		0x656d6d6b
 /* first key of the database's send lock ("emsd"), see meter.c */
 #define EARMARK_SEND_CLASS		0x656d7364
 /*
- * fourth key of the accounts' limit refresh locks ("em"), see limit_cache.c:
- * no SQL function makes it (PostgreSQL's advisory lock functions use 1 and
- * 2, Citus 4 to 15), so no role can take such a lock by hand
+ * fourth keys of earmark's own advisory locks: no SQL function makes them
+ * (PostgreSQL's advisory lock functions use 1 and 2, Citus 4 to 15), so no
+ * role can take such a lock by hand and make earmark's writers or its
+ * worker wait.  The account's lock ("en", account.c em_account_key_lock),
+ * which orders anchor changes with the creation of budget rows; its limit
+ * refresh lock ("em", limit_cache.c); a cycle's mark lock ("ek", budget.c).
  */
+#define EARMARK_ACCOUNT_LOCKTAG	0x656e
 #define EARMARK_REFRESH_LOCKTAG	0x656d
+#define EARMARK_MARK_LOCKTAG		0x656b
 
 #endif							/* EARMARK_H */

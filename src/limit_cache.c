@@ -46,12 +46,10 @@
 #include "postgres.h"
 
 #include "catalog/pg_type.h"
-#include "common/hashfn.h"
-#include "miscadmin.h"
-#include "storage/lock.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
+#include "account.h"
 #include "earmark.h"
 #include "limit_cache.h"
 #include "provider.h"
@@ -188,20 +186,12 @@ stored_provider_features(Datum account, int *n)
 
 /*
  * The account's refresh lock (see the file header), until the transaction
- * ends.  Keyed by a 64-bit hash of the account, so that two accounts share
- * one only by a chance too small to matter (it would make their reads wait
- * for each other, and could deadlock as a read of one account can).
+ * ends: one of the account's own locks (account.c).
  */
 static void
 refresh_lock(const char *account)
 {
-	LOCKTAG		tag;
-	uint64		h = hash_bytes_extended((const unsigned char *) account,
-										(int) strlen(account), 0);
-
-	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
-						 EARMARK_REFRESH_LOCKTAG);
-	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+	em_account_key_lock(account, (int) strlen(account), EARMARK_REFRESH_LOCKTAG, ExclusiveLock);
 }
 
 /*
