@@ -178,9 +178,11 @@ earmark_set_limit(PG_FUNCTION_ARGS)
  * EARMARK_REFRESH_LOCKTAG), in mode, until the transaction ends.  A
  * transaction-level advisory lock whose fourth key no SQL advisory lock
  * function makes, so that no role can hold it by hand and stall the
- * account's writers or the worker.  Keyed by a 64-bit hash of the account:
- * two accounts share one only by a chance too small to matter (they would
- * wait for each other).
+ * account's writers or the worker.  Keyed by a 64-bit hash of the account
+ * (hash_bytes_extended, as SQL's hashtextextended(account, 0)): two names
+ * chosen at random share one only by a chance too small to matter, and a
+ * name chosen to collide with another only makes the two accounts' anchor
+ * changes (or limit reads) wait for each other.
  */
 void
 em_account_key_lock(const char *account, int len, uint16 kind, LOCKMODE mode)

@@ -20,8 +20,9 @@
  *	  The mark lock of a cycle is a transaction-level advisory lock in a
  *	  key space of its own (earmark's mark class, and a fourth key no SQL
  *	  function makes, EARMARK_MARK_LOCKTAG), so that it never meets an
- *	  application's advisory locks and no role can hold it by hand.  Every writer that may find the cycle's meter mark already
- *	  there holds it shared until it commits; the reporter takes it
+ *	  application's advisory locks and no role can hold it by hand.
+ *	  Every writer that may find the cycle's meter mark already there
+ *	  holds it shared until it commits; the reporter takes it
  *	  exclusively, without waiting, before it deletes a mark (meter.c), so
  *	  it never deletes a mark whose writer's usage it has not seen.  Two
  *	  cycles whose ids agree in the low 32 bits share a lock; that only

@@ -61,10 +61,12 @@
  * role can take such a lock by hand and make earmark's writers or its
  * worker wait.  The account's lock ("en", account.c em_account_key_lock),
  * which orders anchor changes with the creation of budget rows; its limit
- * refresh lock ("em", limit_cache.c); a cycle's mark lock ("ek", budget.c).
+ * refresh lock ("em", limit_cache.c); a cycle's mark lock ("ek", budget.c);
+ * the database's send lock (3, meter.c).
  */
 #define EARMARK_ACCOUNT_LOCKTAG	0x656e
 #define EARMARK_REFRESH_LOCKTAG	0x656d
 #define EARMARK_MARK_LOCKTAG		0x656b
+#define EARMARK_SEND_LOCKTAG		3
 
 #endif							/* EARMARK_H */

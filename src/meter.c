@@ -446,7 +446,7 @@ em_report_send(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg)
 static void
 send_locktag(LOCKTAG *tag)
 {
-	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, EARMARK_SEND_CLASS, 0, 3);
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, EARMARK_SEND_CLASS, 0, EARMARK_SEND_LOCKTAG);
 }
 
 /* whether this backend holds the lock for its session */
