@@ -278,6 +278,7 @@ em_account_table_distributed(void)
 	Oid			dist = get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE);
 	Oid			nsp;
 	Oid			account;
+	Oid			index;
 	Relation	rel;
 	SysScanDesc scan;
 	ScanKeyData key;
@@ -291,8 +292,9 @@ em_account_table_distributed(void)
 		return false;
 	/* pg_dist_partition's first column is logicalrelid (regclass) */
 	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(account));
+	index = get_relname_relid("pg_dist_partition_logical_relid_index", PG_CATALOG_NAMESPACE);
 	rel = table_open(dist, AccessShareLock);
-	scan = systable_beginscan(rel, InvalidOid, false, NULL, 1, &key);
+	scan = systable_beginscan(rel, index, OidIsValid(index), NULL, 1, &key);
 	found = HeapTupleIsValid(systable_getnext(scan));
 	systable_endscan(scan);
 	table_close(rel, AccessShareLock);

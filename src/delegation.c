@@ -22,18 +22,23 @@
  *	  shared_preload_libraries, and earmark's hook wraps the one it finds),
  *	  adds an always-true condition that the planner keeps, the volatile
  *	  clock_timestamp() IS NOT NULL, to each SELECT that could become a bare
- *	  call only by planning: one whose FROM tree holds no table, that is not
- *	  already bare, and that calls a function that is not built in.  Such a
- *	  statement then runs where it was sent, as every other form of a call
- *	  always has; there the functions that need the account's node refuse
- *	  with 0A000 (em_require_account_local).  It is done on a distributed
- *	  install only, decided without the caller's privileges.
+ *	  call only by planning: one that is not already bare, whose FROM tree
+ *	  keeps no item Citus never delegates from (a table, a set operation, a
+ *	  CTE that is not inlined), and that calls a function that is not built
+ *	  in.  Such a statement then runs where it was sent, as every other form
+ *	  of a call always has; there the functions that need the account's
+ *	  node refuse with 0A000 (em_require_account_local).  It is done on a
+ *	  distributed install only, decided without the caller's privileges.
+ *	  Grouping sets and HAVING count as not bare: Citus also crashes (or
+ *	  errs) writing out what the planner made of them in place.
  *
  *	  Why not refuse, or decide on the planned form: the statement as
  *	  written does not show what the planner will pull up (an earlier guard
  *	  that looked at it missed nested subqueries, views and inlined
  *	  functions), and planning a copy first with standard_planner is not
  *	  safe under Citus (its join hooks expect its own planner's context).
+ *	  So the tests below lean to the filter wherever they cannot tell: the
+ *	  filter costs a call per row, a crash every backend of the node.
  *
  *	  Tables: reads pg_proc through the catalog cache and, for the
  *	  statements above only, pg_dist_partition (cluster.c).  Writes nothing.
@@ -61,26 +66,37 @@
 
 static planner_hook_type prev_planner_hook = NULL;
 
-static bool rte_has_table(Query *q, RangeTblEntry *rte, List *outer);
+static bool rte_keeps_item(Query *q, RangeTblEntry *rte, List *outer);
 
-/* whether the function is written in SQL (the planner may inline it) */
+/*
+ * Whether planning may replace a call of the function in FROM: an SQL
+ * function may be inlined, an immutable one that returns no set folded to
+ * a constant (which Citus cannot write out for the worker).  True for an
+ * unknown function: the caller then adds the filter.
+ */
 static bool
-is_sql_function(Oid funcid)
+planner_may_replace(Oid funcid)
 {
 	HeapTuple	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcid));
-	bool		sql;
+	Form_pg_proc proc;
+	bool		replaced;
 
 	if (!HeapTupleIsValid(tup))
-		return false;
-	sql = ((Form_pg_proc) GETSTRUCT(tup))->prolang == SQLlanguageId;
+		return true;
+	proc = (Form_pg_proc) GETSTRUCT(tup);
+	replaced = proc->prolang == SQLlanguageId ||
+		(proc->provolatile == PROVOLATILE_IMMUTABLE && !proc->proretset);
 	ReleaseSysCache(tup);
-	return sql;
+	return replaced;
 }
 
 /*
  * The form Citus delegates as it stands: no FROM, or one function in FROM
- * that the planner cannot inline; no CTE, no sublink.  Planning cannot pull
- * anything into it.
+ * that planning keeps as it is; no CTE, no sublink.  Planning cannot pull
+ * anything into it.  Grouping sets and a HAVING clause make it not bare
+ * too: the planner rewrites them in place (groupingSets into lists of
+ * integers, havingQual into an implicit-AND list), and Citus 13.2 crashes
+ * writing out the first and writes the second out wrong.
  */
 static bool
 is_bare(Query *q)
@@ -88,7 +104,8 @@ is_bare(Query *q)
 	RangeTblEntry *rte;
 	RangeTblFunction *rtf;
 
-	if (q->cteList != NIL || q->hasSubLinks)
+	if (q->cteList != NIL || q->hasSubLinks || q->groupingSets != NIL ||
+		q->havingQual != NULL)
 		return false;
 	if (q->rtable == NIL)
 		return true;
@@ -99,22 +116,27 @@ is_bare(Query *q)
 		return false;
 	rtf = linitial_node(RangeTblFunction, rte->functions);
 	return IsA(rtf->funcexpr, FuncExpr) &&
-		!is_sql_function(((FuncExpr *) rtf->funcexpr)->funcid);
+		!planner_may_replace(((FuncExpr *) rtf->funcexpr)->funcid);
 }
 
 /*
- * Whether a table is in the statement's FROM tree: its join tree, through
- * the subqueries, views and CTEs it reads (not the range table: in
- * PostgreSQL 15 a view's rule keeps entries for the view itself that no
- * join tree reads).  Pulled up, a table stays a FROM item of its own, and
- * Citus delegates no call from a FROM list with a table.  A recursive or
- * data-modifying CTE is never inlined and counts as a table.  "outer" holds
- * the enclosing queries, innermost first, for CTEs of outer levels.
+ * Whether the statement's FROM tree keeps an item that Citus never
+ * delegates from, whatever planning pulls up: a table, a set operation, a
+ * CTE that is not inlined.  Walked through the join tree, the subqueries,
+ * views and inlined CTEs it reads (not the range table: in PostgreSQL 15 a
+ * view's rule keeps entries for the view itself that no join tree reads).
+ * A pulled-up table stays a FROM item of its own; a set operation stays one
+ * (at most an append relation); a CTE the planner does not inline (read
+ * twice, MATERIALIZED, recursive, data-modifying) stays a CTE scan.  Where
+ * it cannot tell, it answers false, and the caller adds the filter.
+ * "outer" holds the enclosing queries, innermost first, for CTEs of outer
+ * levels; it is not changed.
  */
 static bool
-from_has_table(Query *q, Node *jtnode, List *outer)
+from_keeps_item(Query *q, Node *jtnode, List *outer)
 {
 	check_stack_depth();
+	CHECK_FOR_INTERRUPTS();
 	if (jtnode == NULL)
 		return false;
 	if (IsA(jtnode, FromExpr))
@@ -122,22 +144,32 @@ from_has_table(Query *q, Node *jtnode, List *outer)
 		ListCell   *lc;
 
 		foreach(lc, ((FromExpr *) jtnode)->fromlist)
-			if (from_has_table(q, lfirst(lc), outer))
+			if (from_keeps_item(q, lfirst(lc), outer))
 				return true;
 		return false;
 	}
 	if (IsA(jtnode, JoinExpr))
-		return from_has_table(q, ((JoinExpr *) jtnode)->larg, outer) ||
-			from_has_table(q, ((JoinExpr *) jtnode)->rarg, outer);
+		return from_keeps_item(q, ((JoinExpr *) jtnode)->larg, outer) ||
+			from_keeps_item(q, ((JoinExpr *) jtnode)->rarg, outer);
 	if (IsA(jtnode, RangeTblRef))
-		return rte_has_table(q, rt_fetch(((RangeTblRef *) jtnode)->rtindex, q->rtable), outer);
-	return true;
+		return rte_keeps_item(q, rt_fetch(((RangeTblRef *) jtnode)->rtindex, q->rtable), outer);
+	return false;
+}
+
+/* a CTE the planner leaves a CTE scan (see inline_cte in subselect.c) */
+static bool
+cte_not_inlined(CommonTableExpr *cte)
+{
+	return cte->cterecursive || !IsA(cte->ctequery, Query) ||
+		((Query *) cte->ctequery)->commandType != CMD_SELECT ||
+		cte->ctematerialized == CTEMaterializeAlways ||
+		(cte->ctematerialized == CTEMaterializeDefault && cte->cterefcount != 1);
 }
 
 static bool
-rte_has_table(Query *q, RangeTblEntry *rte, List *outer)
+rte_keeps_item(Query *q, RangeTblEntry *rte, List *outer)
 {
-	List	   *chain = lcons(q, outer);
+	List	   *chain = lcons(q, list_copy(outer));
 	Query	   *owner;
 	ListCell   *lc;
 
@@ -146,10 +178,14 @@ rte_has_table(Query *q, RangeTblEntry *rte, List *outer)
 		case RTE_RELATION:
 			return true;
 		case RTE_SUBQUERY:
-			return from_has_table(rte->subquery, (Node *) rte->subquery->jointree, chain);
-		case RTE_CTE:
-			if (rte->self_reference || rte->ctelevelsup >= list_length(chain))
+			if (rte->subquery->setOperations != NULL)
 				return true;
+			return from_keeps_item(rte->subquery, (Node *) rte->subquery->jointree, chain);
+		case RTE_CTE:
+			if (rte->self_reference)
+				return true;
+			if (rte->ctelevelsup >= list_length(chain))
+				return false;
 			owner = list_nth_node(Query, chain, rte->ctelevelsup);
 			foreach(lc, owner->cteList)
 			{
@@ -158,12 +194,13 @@ rte_has_table(Query *q, RangeTblEntry *rte, List *outer)
 
 				if (strcmp(cte->ctename, rte->ctename) != 0)
 					continue;
-				if (cte->cterecursive || !IsA(body, Query) || body->commandType != CMD_SELECT)
+				if (cte_not_inlined(cte))
 					return true;
-				return from_has_table(body, (Node *) body->jointree,
-									  list_copy_tail(chain, rte->ctelevelsup + 1));
+				/* the body's own references count levels from the owner */
+				return from_keeps_item(body, (Node *) body->jointree,
+									   list_copy_tail(chain, rte->ctelevelsup));
 			}
-			return true;
+			return false;
 		default:
 			return false;
 	}
@@ -208,7 +245,7 @@ em_planner(Query *parse, const char *query_string, int cursorOptions,
 {
 	/* cheapest tests first: the catalog scan runs for the few that pass */
 	if (parse->commandType == CMD_SELECT && parse->setOperations == NULL &&
-		!is_bare(parse) && !from_has_table(parse, (Node *) parse->jointree, NIL) &&
+		!is_bare(parse) && !from_keeps_item(parse, (Node *) parse->jointree, NIL) &&
 		calls_added_function((Node *) parse, NULL) &&
 		em_account_table_distributed())
 		parse->jointree->quals = make_and_qual(parse->jointree->quals, fence());

@@ -34,6 +34,16 @@ shape() {
 }
 # after a crash, wait for the coordinator to take connections again
 recover() { for _ in $(seq 1 60); do ct_val 0 "SELECT 1" >/dev/null 2>&1 && return; sleep 1; done; }
+# each_gives EXPECTED WHAT SQL...: each statement's shape is EXPECTED
+each_gives() {
+    local want=$1 what=$2 q r
+    shift 2
+    for q in "$@"; do
+        r=$(shape "$q")
+        is "$r" "$want" "$what, no crash: $q"
+        case $r in *crashed*) recover ;; esac
+    done
+}
 # whether the planned statement carries earmark's filter
 fenced() {
     ct_sql 0 -A -t -q -c "EXPLAIN (COSTS OFF) $1" 2>&1 | grep -c 'clock_timestamp() IS NOT NULL'
@@ -74,40 +84,34 @@ before=$(procs)
 
 # --- distributed: statements whose planned form is a bare call --------------
 # Reads run on the coordinator and answer.
-for q in "SELECT earmark_budget(v.a) FROM (VALUES ('acme')) v (a)" \
-         "SELECT earmark_budget(s.a) FROM (SELECT 'acme'::text AS a) s" \
-         "WITH c AS (SELECT 'acme'::text AS a) SELECT earmark_budget(c.a) FROM c" \
-         "SELECT * FROM (SELECT * FROM earmark_budget('acme')) s" \
-         "SELECT b.* FROM (SELECT 'acme'::text) v (a), LATERAL (SELECT * FROM earmark_budget(v.a)) b" \
-         "SELECT * FROM earmark_budget('acme') b WHERE 'x' IN (SELECT 'x')" \
-         "SELECT * FROM cs_budget" \
-         "SELECT cs_remaining('acme')" \
-         "PREPARE cs_p (text) AS SELECT * FROM (SELECT * FROM earmark_budget(\$1)) s; EXECUTE cs_p('acme'); EXECUTE cs_p('acme'); EXECUTE cs_p('acme'); EXECUTE cs_p('acme'); EXECUTE cs_p('acme'); EXECUTE cs_p('acme')" \
-         "DO \$\$ DECLARE t timestamptz; BEGIN SELECT cycle_start INTO t FROM (SELECT * FROM earmark_budget('acme')) s; END \$\$" \
-         "BEGIN; DECLARE cs_c CURSOR FOR SELECT * FROM cs_budget; FETCH cs_c; COMMIT" \
-         "EXPLAIN SELECT * FROM cs_budget" \
-         "CREATE TEMP TABLE cs_t AS SELECT * FROM cs_budget" \
-         "COPY (SELECT * FROM cs_budget) TO STDOUT" \
-         "SET ROLE cs_app; CREATE TEMP VIEW cs_v AS SELECT * FROM earmark_budget('acme'); SELECT * FROM cs_v" \
-         "SET ROLE cs_app; CREATE FUNCTION pg_temp.cs_b(a text) RETURNS TABLE (lim bigint, remaining bigint) LANGUAGE sql STABLE AS \$\$ SELECT lim, remaining FROM earmark_budget(a) \$\$; SELECT * FROM pg_temp.cs_b('acme')" \
-         "SET ROLE cs_app; SELECT earmark_budget(v.a) FROM (VALUES ('acme')) v (a)" \
-         "SELECT cs_set_limit(v.a) FROM (VALUES ('acme')) v (a)"; do
-    r=$(shape "$q")
-    is "$r" "alive" "runs on the coordinator and answers, no crash: $q"
-    case $r in *crashed*) recover ;; esac
-done
+each_gives "alive" "runs on the coordinator and answers" \
+    "SELECT earmark_budget(v.a) FROM (VALUES ('acme')) v (a)" \
+    "SELECT earmark_budget(s.a) FROM (SELECT 'acme'::text AS a) s" \
+    "WITH c AS (SELECT 'acme'::text AS a) SELECT earmark_budget(c.a) FROM c" \
+    "SELECT * FROM (SELECT * FROM earmark_budget('acme')) s" \
+    "SELECT b.* FROM (SELECT 'acme'::text) v (a), LATERAL (SELECT * FROM earmark_budget(v.a)) b" \
+    "SELECT * FROM earmark_budget('acme') b WHERE 'x' IN (SELECT 'x')" \
+    "SELECT * FROM cs_budget" \
+    "SELECT cs_remaining('acme')" \
+    "PREPARE cs_p (text) AS SELECT * FROM (SELECT * FROM earmark_budget(\$1)) s; EXECUTE cs_p('acme'); EXECUTE cs_p('acme'); EXECUTE cs_p('acme'); EXECUTE cs_p('acme'); EXECUTE cs_p('acme'); EXECUTE cs_p('acme')" \
+    "DO \$\$ DECLARE t timestamptz; BEGIN SELECT cycle_start INTO t FROM (SELECT * FROM earmark_budget('acme')) s; END \$\$" \
+    "BEGIN; DECLARE cs_c CURSOR FOR SELECT * FROM cs_budget; FETCH cs_c; COMMIT" \
+    "EXPLAIN SELECT * FROM cs_budget" \
+    "CREATE TEMP TABLE cs_t AS SELECT * FROM cs_budget" \
+    "COPY (SELECT * FROM cs_budget) TO STDOUT" \
+    "SET ROLE cs_app; CREATE TEMP VIEW cs_v AS SELECT * FROM earmark_budget('acme'); SELECT * FROM cs_v" \
+    "SET ROLE cs_app; CREATE FUNCTION pg_temp.cs_b(a text) RETURNS TABLE (lim bigint, remaining bigint) LANGUAGE sql STABLE AS \$\$ SELECT lim, remaining FROM earmark_budget(a) \$\$; SELECT * FROM pg_temp.cs_b('acme')" \
+    "SET ROLE cs_app; SELECT earmark_budget(v.a) FROM (VALUES ('acme')) v (a)" \
+    "SELECT cs_set_limit(v.a) FROM (VALUES ('acme')) v (a)"
 # Writes that need the account's node refuse there with earmark's 0A000.
-for q in "SELECT earmark_reserve(v.a, 1, 'k1') FROM (VALUES ('acme')) v (a)" \
-         "SELECT r.* FROM earmark_reserve('acme', 10, 'k2') r, (SELECT 1) x" \
-         "SELECT r.* FROM earmark_reserve('acme', 10, 'k3') r JOIN (SELECT 1 AS k) x ON true" \
-         "SELECT * FROM (SELECT r.* FROM earmark_reserve('acme', 10, 'k5') r, (SELECT 1) x) s" \
-         "SELECT earmark.sweep_account(v.a, 10) FROM (VALUES ('acme')) v (a)" \
-         "DO \$\$ BEGIN PERFORM earmark_reserve(v.a, 1, 'k4') FROM (VALUES ('acme')) v (a); END \$\$" \
-         "SET ROLE cs_app; SELECT r.admitted FROM earmark_reserve('acme', 10, 'k6') r, (SELECT 1) x"; do
-    r=$(shape "$q")
-    is "$r" "0A000 alive" "runs on the coordinator, refused there, no crash: $q"
-    case $r in *crashed*) recover ;; esac
-done
+each_gives "0A000 alive" "runs on the coordinator, refused there" \
+    "SELECT earmark_reserve(v.a, 1, 'k1') FROM (VALUES ('acme')) v (a)" \
+    "SELECT r.* FROM earmark_reserve('acme', 10, 'k2') r, (SELECT 1) x" \
+    "SELECT r.* FROM earmark_reserve('acme', 10, 'k3') r JOIN (SELECT 1 AS k) x ON true" \
+    "SELECT * FROM (SELECT r.* FROM earmark_reserve('acme', 10, 'k5') r, (SELECT 1) x) s" \
+    "SELECT earmark.sweep_account(v.a, 10) FROM (VALUES ('acme')) v (a)" \
+    "DO \$\$ BEGIN PERFORM earmark_reserve(v.a, 1, 'k4') FROM (VALUES ('acme')) v (a); END \$\$" \
+    "SET ROLE cs_app; SELECT r.admitted FROM earmark_reserve('acme', 10, 'k6') r, (SELECT 1) x"
 is "$(ct_sql 0 -A -t -q -v ON_ERROR_STOP=0 -c "BEGIN" -c "SELECT earmark_reserve(v.a, 1, 'k7') FROM (VALUES ('acme')) v (a)" \
         -c "ROLLBACK" -c "SELECT 'after'" 2>&1 | grep -c -e '^after$' -e 'ERROR:  .*node that does not hold')" 2 \
    "in a transaction block too: refused on the coordinator, and the session goes on"
@@ -132,5 +136,69 @@ is "$(ct_val 0 "SELECT count(*) FROM earmark_check() c, (VALUES ('acme')) v (a) 
 is "$(ct_val 0 "SELECT (earmark_budget(x)).remaining FROM unnest(ARRAY['acme']) x")" 980 \
    "a budget over a set-returning function"
 is "$(ct_val 0 "SELECT count(*) FROM (SELECT 1) x, (VALUES (2)) v")" 1 "a statement that calls no added function"
+
+# --- review: shapes the filter must also cover ------------------------------
+# A CTE that reads a sibling CTE (its reference is one level up from the
+# CTE's body); a CTE of an outer level read after another FROM item of a
+# subquery; GROUP BY () and grouping sets over a bare call (the planner
+# rewrites groupingSets in place, and Citus's deparse of that crashes); a
+# FROM function the planner folds to a constant (an RTE_RESULT Citus cannot
+# deparse).  Each must run on the coordinator and answer (reads) or refuse
+# with 0A000 (writes), never crash it, for any role.
+ct_sql 0 -q <<'SQL' >/dev/null
+CREATE FUNCTION public.cs_acme() RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN RETURN 'acme'; END $$;
+SQL
+each_gives "alive" "review: runs on the coordinator and answers" \
+    "WITH a AS (SELECT 'acme'::text AS x), b AS (SELECT * FROM a) SELECT earmark_budget(b.x) FROM b" \
+    "WITH a AS (SELECT 'acme'::text AS x), b AS (SELECT x FROM a) SELECT b.x, r.remaining FROM b, LATERAL earmark_budget(b.x) r" \
+    "WITH a AS (SELECT * FROM earmark_budget('acme')), b AS (SELECT * FROM a) SELECT * FROM b" \
+    "WITH a AS (SELECT 'acme'::text AS x) SELECT earmark_budget(s.x) FROM (SELECT a.x FROM (VALUES (1)) v, a) s" \
+    "SELECT count(*) FROM earmark_budget('acme') GROUP BY ()" \
+    "SELECT earmark_budget('acme') GROUP BY GROUPING SETS (())" \
+    "SELECT lim, count(*) FROM earmark_budget('acme') GROUP BY ROLLUP (lim)" \
+    "SELECT lim, count(*) FROM earmark_budget('acme') GROUP BY CUBE (lim)" \
+    "DO \$\$ BEGIN PERFORM count(*) FROM earmark_budget('acme') GROUP BY (); END \$\$" \
+    "PREPARE cs_w (text) AS WITH a AS (SELECT \$1 AS x), b AS (SELECT * FROM a) SELECT earmark_budget(b.x) FROM b; EXECUTE cs_w('acme')" \
+    "SELECT earmark_budget(x) FROM lower('acme') x" \
+    "SELECT earmark_budget(x) FROM cs_acme() x" \
+    "SELECT lim FROM earmark_budget('acme') GROUP BY lim HAVING count(*) > 0 AND count(*) < 5" \
+    "SET ROLE cs_app; SELECT count(*) FROM earmark_budget('acme') GROUP BY ()" \
+    "SET ROLE cs_app; WITH a AS (SELECT 'acme'::text AS x), b AS (SELECT * FROM a) SELECT * FROM b, LATERAL earmark_budget(b.x)"
+each_gives "0A000 alive" "review: runs on the coordinator, refused there" \
+    "WITH a AS (SELECT 'acme'::text AS x), b AS (SELECT * FROM a) SELECT earmark_reserve(b.x, 1, 'rv1') FROM b" \
+    "SELECT count(*) FROM earmark_reserve('acme', 1, 'rv2') GROUP BY ()" \
+    "SELECT earmark_reserve(x, 1, 'rv3') FROM lower('acme') x" \
+    "SET ROLE cs_app; WITH a AS (SELECT 'acme'::text AS x) SELECT r.admitted FROM (SELECT a.x FROM (SELECT 1) z, a) s, LATERAL earmark_reserve(s.x, 1, 'rv4') r"
+# a worker that does not hold the account delegates too (Citus's metadata
+# is on every node): the same statement must not crash either worker
+for n in 1 2; do
+    r=$(ct_sql $n -A -t -q -v ON_ERROR_STOP=0 -c "SELECT count(*) FROM earmark_budget('acme') GROUP BY ()" \
+        -c "SELECT 'session alive'" 2>&1 | grep -c '^session alive$')
+    is "$r" 1 "review: GROUP BY () over a bare call on worker $n, no crash"
+    ct_ready "$n" 60 2>/dev/null
+done
+# the planner hook's walk of the FROM tree: CTEs nested in CTEs, each read
+# twice, must not cost time exponential in the depth (26 levels: about 2^26
+# walks of the innermost one, minutes, which would not see a
+# cancel); planned at once, well within a statement_timeout of 30 s
+nested="SELECT 1 AS x"
+for _ in $(seq 1 26); do nested="WITH c AS ($nested) SELECT a.x FROM c a, c b"; done
+ct_sql 0 -A -t -q -v ON_ERROR_STOP=1 -c "SET statement_timeout = '30s'" \
+    -c "EXPLAIN (COSTS OFF) SELECT * FROM ($nested) s, generate_series(1, 1) g" >/dev/null 2>&1
+ok $? "review: 26 levels of nested CTEs, each read twice, planned within the statement_timeout"
+# statements over Citus tables are left alone, also in a set operation
+ct_sql 0 -q <<'SQL' >/dev/null
+CREATE TABLE public.cs_dist (a text, n int);
+SELECT create_distributed_table('cs_dist', 'a');
+INSERT INTO cs_dist SELECT 'k' || g, g FROM generate_series(1, 20) g;
+CREATE TABLE public.cs_ref (a text);
+SELECT create_reference_table('cs_ref');
+INSERT INTO cs_ref VALUES ('acme'), ('beta');
+CREATE FUNCTION public.cs_plus(int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN RETURN $1 + 1; END $$;
+SQL
+is "$(fenced "SELECT sum(cs_plus(s.n)) FROM (SELECT a, n FROM cs_dist UNION ALL SELECT a, n FROM cs_dist) s")" 0 \
+   "review: no filter on a statement over a distributed table in a UNION ALL subquery"
+is "$(fenced "SELECT s.a, b.remaining FROM (SELECT a FROM cs_ref UNION SELECT a FROM cs_ref) s, LATERAL earmark_budget(s.a) b")" 0 \
+   "review: no filter on a statement over a reference table in a UNION subquery"
 is "$(procs)" "$before" "the coordinator did not restart"
 done_testing
