@@ -1,6 +1,7 @@
 -- review_fence_walk: earmark's planner hook (delegation.c) walks the FROM
--- tree of every SELECT, on any install, before it asks whether earmark is
--- distributed.  CTEs nested in CTEs, each read twice, must not make that
+-- tree of a SELECT where Citus is installed (here it is not: the hook
+-- looks at the top level only, and must stay so cheap on every install).
+-- CTEs nested in CTEs, each read twice, must not make that
 -- walk exponential in the depth: 26 levels would be about 2^26 walks of
 -- the innermost CTE if each reference walked its CTE again (minutes
 -- or more, and the walk would not see a cancel).  A CTE read twice is

@@ -264,6 +264,13 @@ earmark_next_id(PG_FUNCTION_ARGS)
 	PG_RETURN_INT64(v);
 }
 
+/* whether Citus is installed in this database: a catalog cache lookup */
+bool
+em_citus_installed(void)
+{
+	return OidIsValid(get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE));
+}
+
 /*
  * Whether earmark.account is in Citus's pg_dist_partition (earmark_distribute
  * ran), read now.  A direct scan, not SPI: it checks no privilege of the

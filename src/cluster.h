@@ -16,6 +16,7 @@
 
 extern void em_require_schema(void);
 extern int32 em_node_group(void);
+extern bool em_citus_installed(void);
 extern bool em_account_table_distributed(void);
 extern bool em_distributed(void);
 extern void em_require_account_local(text *account);

@@ -166,12 +166,45 @@ cte_not_inlined(CommonTableExpr *cte)
 		(cte->ctematerialized == CTEMaterializeDefault && cte->cterefcount != 1);
 }
 
+/*
+ * A CTE reference: the CTE is found in the query ctelevelsup levels up
+ * ("chain" starts at the query that holds the reference), and its body
+ * walked if the planner inlines it.
+ */
+static bool
+cte_keeps_item(RangeTblEntry *rte, List *chain)
+{
+	Query	   *owner;
+	ListCell   *lc;
+
+	if (rte->ctelevelsup >= list_length(chain))
+		return false;
+	owner = list_nth_node(Query, chain, rte->ctelevelsup);
+	foreach(lc, owner->cteList)
+	{
+		CommonTableExpr *cte = lfirst_node(CommonTableExpr, lc);
+		Query	   *body = (Query *) cte->ctequery;
+		List	   *outer;
+		bool		keeps;
+
+		if (strcmp(cte->ctename, rte->ctename) != 0)
+			continue;
+		if (cte_not_inlined(cte))
+			return true;
+		/* the body's own references count levels from the owner */
+		outer = list_copy_tail(chain, rte->ctelevelsup);
+		keeps = from_keeps_item(body, (Node *) body->jointree, outer);
+		list_free(outer);
+		return keeps;
+	}
+	return false;
+}
+
 static bool
 rte_keeps_item(Query *q, RangeTblEntry *rte, List *outer)
 {
-	List	   *chain = lcons(q, list_copy(outer));
-	Query	   *owner;
-	ListCell   *lc;
+	List	   *chain;
+	bool		keeps;
 
 	switch (rte->rtekind)
 	{
@@ -180,27 +213,17 @@ rte_keeps_item(Query *q, RangeTblEntry *rte, List *outer)
 		case RTE_SUBQUERY:
 			if (rte->subquery->setOperations != NULL)
 				return true;
-			return from_keeps_item(rte->subquery, (Node *) rte->subquery->jointree, chain);
+			chain = lcons(q, list_copy(outer));
+			keeps = from_keeps_item(rte->subquery, (Node *) rte->subquery->jointree, chain);
+			list_free(chain);
+			return keeps;
 		case RTE_CTE:
 			if (rte->self_reference)
 				return true;
-			if (rte->ctelevelsup >= list_length(chain))
-				return false;
-			owner = list_nth_node(Query, chain, rte->ctelevelsup);
-			foreach(lc, owner->cteList)
-			{
-				CommonTableExpr *cte = lfirst_node(CommonTableExpr, lc);
-				Query	   *body = (Query *) cte->ctequery;
-
-				if (strcmp(cte->ctename, rte->ctename) != 0)
-					continue;
-				if (cte_not_inlined(cte))
-					return true;
-				/* the body's own references count levels from the owner */
-				return from_keeps_item(body, (Node *) body->jointree,
-									   list_copy_tail(chain, rte->ctelevelsup));
-			}
-			return false;
+			chain = lcons(q, list_copy(outer));
+			keeps = cte_keeps_item(rte, chain);
+			list_free(chain);
+			return keeps;
 		default:
 			return false;
 	}
@@ -243,9 +266,14 @@ static PlannedStmt *
 em_planner(Query *parse, const char *query_string, int cursorOptions,
 		   ParamListInfo boundParams)
 {
-	/* cheapest tests first: the catalog scan runs for the few that pass */
+	/*
+	 * Cheapest tests first: without Citus only the shape of the statement's
+	 * top level is looked at; the walks and the catalog scan run for the
+	 * few statements that pass.
+	 */
 	if (parse->commandType == CMD_SELECT && parse->setOperations == NULL &&
-		!is_bare(parse) && !from_keeps_item(parse, (Node *) parse->jointree, NIL) &&
+		!is_bare(parse) && em_citus_installed() &&
+		!from_keeps_item(parse, (Node *) parse->jointree, NIL) &&
 		calls_added_function((Node *) parse, NULL) &&
 		em_account_table_distributed())
 		parse->jointree->quals = make_and_qual(parse->jointree->quals, fence());
