@@ -30,7 +30,9 @@
  *	  node refuse with 0A000 (em_require_account_local).  It is done on a
  *	  distributed install only, decided without the caller's privileges.
  *	  Grouping sets and HAVING count as not bare: Citus also crashes (or
- *	  errs) writing out what the planner made of them in place.
+ *	  errs) writing out what the planner made of them in place.  A bare
+ *	  call whose account (its first argument) the planner folds to NULL
+ *	  gets the filter too: Citus hashes the NULL and crashes.
  *
  *	  Why not refuse, or decide on the planned form: the statement as
  *	  written does not show what the planner will pull up (an earlier guard
@@ -56,6 +58,7 @@
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
 #include "nodes/nodeFuncs.h"
+#include "optimizer/optimizer.h"
 #include "optimizer/planner.h"
 #include "parser/parsetree.h"
 #include "utils/fmgroids.h"
@@ -66,12 +69,20 @@
 
 static planner_hook_type prev_planner_hook = NULL;
 
-static bool rte_keeps_item(Query *q, RangeTblEntry *rte, List *outer);
+/* the FROM walk's memory: the CTEs whose bodies were found to keep nothing */
+typedef struct FromWalk
+{
+	List	   *walked;
+} FromWalk;
+
+static bool rte_keeps_item(FromWalk *w, Query *q, RangeTblEntry *rte, List *outer);
 
 /*
  * Whether planning may replace a call of the function in FROM: an SQL
- * function may be inlined, an immutable one that returns no set folded to
- * a constant (which Citus cannot write out for the worker).  True for an
+ * function may be inlined; an immutable one that returns no set may be
+ * folded to a constant, and a strict one that returns no set and no record
+ * to NULL when an argument is NULL (evaluate_function in clauses.c).
+ * Citus cannot write out the RTE_RESULT that takes its place.  True for an
  * unknown function: the caller then adds the filter.
  */
 static bool
@@ -85,7 +96,8 @@ planner_may_replace(Oid funcid)
 		return true;
 	proc = (Form_pg_proc) GETSTRUCT(tup);
 	replaced = proc->prolang == SQLlanguageId ||
-		(proc->provolatile == PROVOLATILE_IMMUTABLE && !proc->proretset);
+		(proc->provolatile == PROVOLATILE_IMMUTABLE && !proc->proretset) ||
+		(proc->proisstrict && !proc->proretset && proc->prorettype != RECORDOID);
 	ReleaseSysCache(tup);
 	return replaced;
 }
@@ -130,10 +142,11 @@ is_bare(Query *q)
  * twice, MATERIALIZED, recursive, data-modifying) stays a CTE scan.  Where
  * it cannot tell, it answers false, and the caller adds the filter.
  * "outer" holds the enclosing queries, innermost first, for CTEs of outer
- * levels; it is not changed.
+ * levels; it is not changed.  Each CTE's body is walked once (w), so the
+ * walk is linear in the statement however often its CTEs are read.
  */
 static bool
-from_keeps_item(Query *q, Node *jtnode, List *outer)
+from_keeps_item(FromWalk *w, Query *q, Node *jtnode, List *outer)
 {
 	check_stack_depth();
 	CHECK_FOR_INTERRUPTS();
@@ -144,15 +157,15 @@ from_keeps_item(Query *q, Node *jtnode, List *outer)
 		ListCell   *lc;
 
 		foreach(lc, ((FromExpr *) jtnode)->fromlist)
-			if (from_keeps_item(q, lfirst(lc), outer))
+			if (from_keeps_item(w, q, lfirst(lc), outer))
 				return true;
 		return false;
 	}
 	if (IsA(jtnode, JoinExpr))
-		return from_keeps_item(q, ((JoinExpr *) jtnode)->larg, outer) ||
-			from_keeps_item(q, ((JoinExpr *) jtnode)->rarg, outer);
+		return from_keeps_item(w, q, ((JoinExpr *) jtnode)->larg, outer) ||
+			from_keeps_item(w, q, ((JoinExpr *) jtnode)->rarg, outer);
 	if (IsA(jtnode, RangeTblRef))
-		return rte_keeps_item(q, rt_fetch(((RangeTblRef *) jtnode)->rtindex, q->rtable), outer);
+		return rte_keeps_item(w, q, rt_fetch(((RangeTblRef *) jtnode)->rtindex, q->rtable), outer);
 	return false;
 }
 
@@ -163,7 +176,8 @@ cte_not_inlined(CommonTableExpr *cte)
 	return cte->cterecursive || !IsA(cte->ctequery, Query) ||
 		((Query *) cte->ctequery)->commandType != CMD_SELECT ||
 		cte->ctematerialized == CTEMaterializeAlways ||
-		(cte->ctematerialized == CTEMaterializeDefault && cte->cterefcount != 1);
+		(cte->ctematerialized == CTEMaterializeDefault && cte->cterefcount != 1) ||
+		contain_volatile_functions(cte->ctequery);
 }
 
 /*
@@ -172,7 +186,7 @@ cte_not_inlined(CommonTableExpr *cte)
  * walked if the planner inlines it.
  */
 static bool
-cte_keeps_item(RangeTblEntry *rte, List *chain)
+cte_keeps_item(FromWalk *w, RangeTblEntry *rte, List *chain)
 {
 	Query	   *owner;
 	ListCell   *lc;
@@ -189,19 +203,23 @@ cte_keeps_item(RangeTblEntry *rte, List *chain)
 
 		if (strcmp(cte->ctename, rte->ctename) != 0)
 			continue;
+		if (list_member_ptr(w->walked, cte))
+			return false;
 		if (cte_not_inlined(cte))
 			return true;
 		/* the body's own references count levels from the owner */
 		outer = list_copy_tail(chain, rte->ctelevelsup);
-		keeps = from_keeps_item(body, (Node *) body->jointree, outer);
+		keeps = from_keeps_item(w, body, (Node *) body->jointree, outer);
 		list_free(outer);
+		if (!keeps)
+			w->walked = lappend(w->walked, cte);
 		return keeps;
 	}
 	return false;
 }
 
 static bool
-rte_keeps_item(Query *q, RangeTblEntry *rte, List *outer)
+rte_keeps_item(FromWalk *w, Query *q, RangeTblEntry *rte, List *outer)
 {
 	List	   *chain;
 	bool		keeps;
@@ -214,14 +232,14 @@ rte_keeps_item(Query *q, RangeTblEntry *rte, List *outer)
 			if (rte->subquery->setOperations != NULL)
 				return true;
 			chain = lcons(q, list_copy(outer));
-			keeps = from_keeps_item(rte->subquery, (Node *) rte->subquery->jointree, chain);
+			keeps = from_keeps_item(w, rte->subquery, (Node *) rte->subquery->jointree, chain);
 			list_free(chain);
 			return keeps;
 		case RTE_CTE:
 			if (rte->self_reference)
 				return true;
 			chain = lcons(q, list_copy(outer));
-			keeps = cte_keeps_item(rte, chain);
+			keeps = cte_keeps_item(w, rte, chain);
 			list_free(chain);
 			return keeps;
 		default:
@@ -262,20 +280,83 @@ fence(void)
 	return (Node *) test;
 }
 
+/*
+ * Whether the bare call's first argument (the account, the argument earmark
+ * distributes its functions by) is NULL once folded as the planner will
+ * fold it, with the statement's parameters: Citus 13.2 hashes a NULL
+ * distribution argument and crashes.  Written NULL, a default (the account
+ * of earmark_reconcile() is NULL: every account), a folded expression, a
+ * bound parameter or a PL/pgSQL variable.  The call is the one Citus would
+ * take: the whole select list, or the function in FROM.
+ */
+static bool
+null_first_argument(Query *q, ParamListInfo boundParams)
+{
+	PlannerGlobal glob;
+	PlannerInfo root;
+	List	   *calls = NIL;
+	ListCell   *lc;
+
+	if (list_length(q->targetList) == 1)
+		calls = lappend(calls, linitial_node(TargetEntry, q->targetList)->expr);
+	if (q->rtable != NIL)
+		calls = lappend(calls, linitial_node(RangeTblFunction,
+											 linitial_node(RangeTblEntry, q->rtable)->functions)->funcexpr);
+	MemSet(&glob, 0, sizeof(glob));
+	glob.type = T_PlannerGlobal;
+	glob.boundParams = boundParams;
+	MemSet(&root, 0, sizeof(root));
+	root.type = T_PlannerInfo;
+	root.glob = &glob;
+	foreach(lc, calls)
+	{
+		Node	   *call = lfirst(lc);
+		Node	   *folded;
+		Node	   *arg;
+
+		if (!IsA(call, FuncExpr) || !is_not_built_in(((FuncExpr *) call)->funcid, NULL))
+			continue;
+		folded = eval_const_expressions(&root, copyObject(call));
+		if (!IsA(folded, FuncExpr) || ((FuncExpr *) folded)->args == NIL)
+			continue;
+		arg = strip_implicit_coercions(linitial(((FuncExpr *) folded)->args));
+		if (IsA(arg, Const) && ((Const *) arg)->constisnull)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * Whether the statement gets the filter: on a distributed install, a SELECT
+ * that could become a bare call only by planning (see the file header), or
+ * a bare call whose account is NULL.  Cheapest tests first: without Citus
+ * only the statement's top level is looked at; the walks and the catalog
+ * scan run for the few statements that pass.
+ */
+static bool
+needs_fence(Query *parse, ParamListInfo boundParams)
+{
+	FromWalk	w = {NIL};
+
+	if (parse->commandType != CMD_SELECT || parse->setOperations != NULL)
+		return false;
+	if (is_bare(parse))
+	{
+		if (!em_citus_installed() || !null_first_argument(parse, boundParams))
+			return false;
+	}
+	else if (!em_citus_installed() ||
+			 from_keeps_item(&w, parse, (Node *) parse->jointree, NIL) ||
+			 !calls_added_function((Node *) parse, NULL))
+		return false;
+	return em_account_table_distributed();
+}
+
 static PlannedStmt *
 em_planner(Query *parse, const char *query_string, int cursorOptions,
 		   ParamListInfo boundParams)
 {
-	/*
-	 * Cheapest tests first: without Citus only the shape of the statement's
-	 * top level is looked at; the walks and the catalog scan run for the
-	 * few statements that pass.
-	 */
-	if (parse->commandType == CMD_SELECT && parse->setOperations == NULL &&
-		!is_bare(parse) && em_citus_installed() &&
-		!from_keeps_item(parse, (Node *) parse->jointree, NIL) &&
-		calls_added_function((Node *) parse, NULL) &&
-		em_account_table_distributed())
+	if (needs_fence(parse, boundParams))
 		parse->jointree->quals = make_and_qual(parse->jointree->quals, fence());
 
 	if (prev_planner_hook)

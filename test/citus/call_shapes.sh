@@ -186,6 +186,14 @@ for _ in $(seq 1 26); do nested="WITH c AS ($nested) SELECT a.x FROM c a, c b"; 
 ct_sql 0 -A -t -q -v ON_ERROR_STOP=1 -c "SET statement_timeout = '30s'" \
     -c "EXPLAIN (COSTS OFF) SELECT * FROM ($nested) s, generate_series(1, 1) g" >/dev/null 2>&1
 ok $? "review: 26 levels of nested CTEs, each read twice, planned within the statement_timeout"
+# the same with NOT MATERIALIZED CTEs over a volatile function, which the
+# planner never inlines: the walk must not enter each reference's body again
+# (its time and memory doubled with each level)
+nested="SELECT random() AS x"
+for _ in $(seq 1 26); do nested="WITH c AS NOT MATERIALIZED ($nested) SELECT a.x FROM c a, c b"; done
+ct_sql 0 -A -t -q -v ON_ERROR_STOP=1 -c "SET statement_timeout = '30s'" \
+    -c "EXPLAIN (COSTS OFF) SELECT * FROM ($nested) s, generate_series(1, 1) g" >/dev/null 2>&1
+ok $? "review 28c: 26 levels of NOT MATERIALIZED CTEs over random(), each read twice, planned within the statement_timeout"
 # statements over Citus tables are left alone, also in a set operation
 ct_sql 0 -q <<'SQL' >/dev/null
 CREATE TABLE public.cs_dist (a text, n int);
@@ -200,5 +208,48 @@ is "$(fenced "SELECT sum(cs_plus(s.n)) FROM (SELECT a, n FROM cs_dist UNION ALL 
    "review: no filter on a statement over a distributed table in a UNION ALL subquery"
 is "$(fenced "SELECT s.a, b.remaining FROM (SELECT a FROM cs_ref UNION SELECT a FROM cs_ref) s, LATERAL earmark_budget(s.a) b")" 0 \
    "review: no filter on a statement over a reference table in a UNION subquery"
+# --- review 28c ---------------------------------------------------------------
+# A NULL account: Citus 13.2 hashes the NULL distribution argument of a
+# delegated call (FindShardInterval on a NULL Datum) and the node crashes.
+# A bare call with a NULL account, written, defaulted (earmark_reconcile()
+# is "every account"), folded, a bound parameter or a PL/pgSQL variable;
+# and a FROM function that is strict, not immutable and returns no set
+# folds to NULL given a NULL argument (the planner turns the FROM item into
+# an RTE_RESULT): Citus then either writes out an RTE_RESULT (XX000) or,
+# when the account came from that item, hashes a NULL and crashes.  Each
+# must run where it was sent and answer or refuse, never crash, any role.
+ct_sql 0 -q <<'SQL' >/dev/null
+CREATE FUNCTION public.cs_strict(t text) RETURNS text LANGUAGE plpgsql STRICT AS $$ BEGIN RETURN t; END $$;
+SQL
+shape_ok() { case $1 in *crashed*|*XX000*) echo "$1";; *alive) echo ok;; *) echo "$1";; esac; }
+for q in \
+    "SELECT * FROM earmark_budget(NULL)" \
+    "SELECT earmark_budget(NULL::text)" \
+    "SELECT * FROM earmark_budget(nullif('a', 'a'))" \
+    "SELECT * FROM earmark_reserve(NULL, 1, 'n1')" \
+    "SELECT earmark_set_limit(NULL, 5)" \
+    "SELECT count(*) FROM earmark_reconcile()" \
+    "PREPARE cs_n (text) AS SELECT * FROM earmark_budget(\$1); EXECUTE cs_n(NULL)" \
+    "DO \$\$ DECLARE a text; BEGIN PERFORM * FROM earmark_budget(a); END \$\$" \
+    "SET ROLE cs_app; SELECT * FROM earmark_budget(NULL)" \
+    "SELECT earmark_budget(x) FROM to_char(NULL::timestamptz, 'YYYY') x" \
+    "SELECT earmark_budget(x) FROM ROWS FROM (to_char(NULL::timestamptz, 'YYYY')) x" \
+    "SELECT earmark_budget('acme') FROM to_char(NULL::timestamptz, 'YYYY') x" \
+    "SELECT earmark_budget('acme') FROM pg_sleep(NULL) x" \
+    "SELECT earmark_budget('acme') FROM cs_strict(NULL) x" \
+    "SELECT earmark_budget(coalesce(x, 'acme')) FROM to_char(CASE WHEN false THEN now() END, 'YYYY') x" \
+    "SELECT earmark_reserve('acme', 1, 'n2') FROM to_char(NULL::timestamptz, 'YYYY') x" \
+    "SET ROLE cs_app; SELECT earmark_reserve('acme', 1, 'n3') FROM cs_strict(NULL) x" \
+    "SET ROLE cs_app; SELECT earmark_budget(x) FROM cs_strict(NULL) x"; do
+    r=$(shape "$q")
+    is "$(shape_ok "$r")" ok "review 28c: no crash, no XX000 (got: $r): $q"
+    case $r in *crashed*) recover ;; esac
+done
+for n in 1 2; do
+    r=$(ct_sql $n -A -t -q -v ON_ERROR_STOP=0 -c "SELECT * FROM earmark_budget(NULL)" \
+        -c "SELECT 'session alive'" 2>&1 | grep -c '^session alive$')
+    is "$r" 1 "review 28c: a NULL account on worker $n, no crash"
+    ct_ready "$n" 60 2>/dev/null
+done
 is "$(procs)" "$before" "the coordinator did not restart"
 done_testing
