@@ -44,6 +44,16 @@ each_gives() {
         case $r in *crashed*) recover ;; esac
     done
 }
+# on_workers SQL WHAT: SQL on each worker leaves its session alive (a worker
+# that does not hold the account delegates too)
+on_workers() {
+    local n r
+    for n in 1 2; do
+        r=$(ct_sql $n -A -t -q -v ON_ERROR_STOP=0 -c "$1" -c "SELECT 'session alive'" 2>&1 | grep -c '^session alive$')
+        is "$r" 1 "$2 on worker $n, no crash"
+        ct_ready "$n" 60 2>/dev/null
+    done
+}
 # whether the planned statement carries earmark's filter
 fenced() {
     ct_sql 0 -A -t -q -c "EXPLAIN (COSTS OFF) $1" 2>&1 | grep -c 'clock_timestamp() IS NOT NULL'
@@ -171,12 +181,7 @@ each_gives "0A000 alive" "review: runs on the coordinator, refused there" \
     "SET ROLE cs_app; WITH a AS (SELECT 'acme'::text AS x) SELECT r.admitted FROM (SELECT a.x FROM (SELECT 1) z, a) s, LATERAL earmark_reserve(s.x, 1, 'rv4') r"
 # a worker that does not hold the account delegates too (Citus's metadata
 # is on every node): the same statement must not crash either worker
-for n in 1 2; do
-    r=$(ct_sql $n -A -t -q -v ON_ERROR_STOP=0 -c "SELECT count(*) FROM earmark_budget('acme') GROUP BY ()" \
-        -c "SELECT 'session alive'" 2>&1 | grep -c '^session alive$')
-    is "$r" 1 "review: GROUP BY () over a bare call on worker $n, no crash"
-    ct_ready "$n" 60 2>/dev/null
-done
+on_workers "SELECT count(*) FROM earmark_budget('acme') GROUP BY ()" "review: GROUP BY () over a bare call"
 # the planner hook's walk of the FROM tree: CTEs nested in CTEs, each read
 # twice, must not cost time exponential in the depth (26 levels: about 2^26
 # walks of the innermost one, minutes, which would not see a
@@ -245,11 +250,6 @@ for q in \
     is "$(shape_ok "$r")" ok "review 28c: no crash, no XX000 (got: $r): $q"
     case $r in *crashed*) recover ;; esac
 done
-for n in 1 2; do
-    r=$(ct_sql $n -A -t -q -v ON_ERROR_STOP=0 -c "SELECT * FROM earmark_budget(NULL)" \
-        -c "SELECT 'session alive'" 2>&1 | grep -c '^session alive$')
-    is "$r" 1 "review 28c: a NULL account on worker $n, no crash"
-    ct_ready "$n" 60 2>/dev/null
-done
+on_workers "SELECT * FROM earmark_budget(NULL)" "review 28c: a NULL account"
 is "$(procs)" "$before" "the coordinator did not restart"
 done_testing
