@@ -32,7 +32,8 @@
  *	  Grouping sets and HAVING count as not bare: Citus also crashes (or
  *	  errs) writing out what the planner made of them in place.  A bare
  *	  call whose account (its first argument) the planner folds to NULL
- *	  gets the filter too: Citus hashes the NULL and crashes.
+ *	  gets that argument made volatile (same value), which Citus does not
+ *	  delegate either: it would hash the NULL and crash.
  *
  *	  Why not refuse, or decide on the planned form: the statement as
  *	  written does not show what the planner will pull up (an earlier guard
@@ -61,6 +62,7 @@
 #include "optimizer/optimizer.h"
 #include "optimizer/planner.h"
 #include "parser/parsetree.h"
+#include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/syscache.h"
 
@@ -281,27 +283,101 @@ fence(void)
 }
 
 /*
- * Whether the bare call's first argument (the account, the argument earmark
- * distributes its functions by) is NULL once folded as the planner will
- * fold it, with the statement's parameters: Citus 13.2 hashes a NULL
- * distribution argument and crashes.  Written NULL, a default (the account
- * of earmark_reconcile() is NULL: every account), a folded expression, a
- * bound parameter or a PL/pgSQL variable.  The call is the one Citus would
- * take: the whole select list, or the function in FROM.
+ * Whether the function is one of earmark's C functions (the ones
+ * earmark_distribute distributes are all of them; only a superuser can
+ * point a C function at earmark's library).
  */
 static bool
-null_first_argument(Query *q, ParamListInfo boundParams)
+is_earmark_c_function(Oid funcid)
+{
+	HeapTuple	tup;
+	bool		earmark = false;
+
+	if (!is_not_built_in(funcid, NULL))
+		return false;
+	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcid));
+	if (!HeapTupleIsValid(tup))
+		return false;
+	if (((Form_pg_proc) GETSTRUCT(tup))->prolang == ClanguageId)
+	{
+		bool		isnull;
+		Datum		bin = SysCacheGetAttr(PROCOID, tup, Anum_pg_proc_probin, &isnull);
+
+		earmark = !isnull && strcmp(TextDatumGetCString(bin), "$libdir/earmark") == 0;
+	}
+	ReleaseSysCache(tup);
+	return earmark;
+}
+
+/*
+ * The bare call's calls of earmark's functions that Citus could delegate:
+ * the whole select list, or the function in FROM.
+ */
+static List *
+earmark_calls(Query *q)
+{
+	List	   *calls = NIL;
+	Node	   *call;
+
+	if (list_length(q->targetList) == 1)
+	{
+		call = (Node *) linitial_node(TargetEntry, q->targetList)->expr;
+		if (IsA(call, FuncExpr) && is_earmark_c_function(((FuncExpr *) call)->funcid))
+			calls = lappend(calls, call);
+	}
+	if (q->rtable != NIL)
+	{
+		call = linitial_node(RangeTblFunction,
+							 linitial_node(RangeTblEntry, q->rtable)->functions)->funcexpr;
+		if (IsA(call, FuncExpr) && is_earmark_c_function(((FuncExpr *) call)->funcid))
+			calls = lappend(calls, call);
+	}
+	return calls;
+}
+
+/*
+ * The call's first argument as a volatile expression of the same value
+ * (CASE WHEN clock_timestamp() IS NOT NULL THEN arg ELSE arg END): Citus
+ * delegates no call with a volatile argument.  Not a filter: the statement
+ * may be a PL/pgSQL simple expression (v := earmark_budget(NULL)), whose
+ * plan must stay a Result without one.
+ */
+static void
+make_first_argument_volatile(FuncExpr *call)
+{
+	Node	   *arg = linitial(call->args);
+	CaseExpr   *c = makeNode(CaseExpr);
+	CaseWhen   *w = makeNode(CaseWhen);
+
+	w->expr = (Expr *) fence();
+	w->result = (Expr *) copyObject(arg);
+	w->location = -1;
+	c->casetype = exprType(arg);
+	c->casecollid = exprCollation(arg);
+	c->arg = NULL;
+	c->args = list_make1(w);
+	c->defresult = (Expr *) arg;
+	c->location = -1;
+	linitial(call->args) = c;
+}
+
+/*
+ * Fence the bare call's earmark calls whose first argument (the account,
+ * the argument earmark distributes its functions by) is NULL once folded
+ * as the planner will fold it, with the statement's parameters: Citus 13.2
+ * hashes a NULL distribution argument and crashes.  Written NULL, a default
+ * (the account of earmark_reconcile() is NULL: every account), a folded
+ * expression, a bound parameter or a PL/pgSQL variable.  The folded
+ * arguments replace the call's own, so that the planner finds them folded
+ * and does not run an immutable function among them a second time.
+ */
+static void
+fence_null_account(List *calls, ParamListInfo boundParams)
 {
 	PlannerGlobal glob;
 	PlannerInfo root;
-	List	   *calls = NIL;
 	ListCell   *lc;
 
-	if (list_length(q->targetList) == 1)
-		calls = lappend(calls, linitial_node(TargetEntry, q->targetList)->expr);
-	if (q->rtable != NIL)
-		calls = lappend(calls, linitial_node(RangeTblFunction,
-											 linitial_node(RangeTblEntry, q->rtable)->functions)->funcexpr);
 	MemSet(&glob, 0, sizeof(glob));
 	glob.type = T_PlannerGlobal;
 	glob.boundParams = boundParams;
@@ -310,26 +386,26 @@ null_first_argument(Query *q, ParamListInfo boundParams)
 	root.glob = &glob;
 	foreach(lc, calls)
 	{
-		Node	   *call = lfirst(lc);
-		Node	   *folded;
+		FuncExpr   *call = lfirst_node(FuncExpr, lc);
+		Node	   *folded = eval_const_expressions(&root, (Node *) copyObject(call));
 		Node	   *arg;
 
-		if (!IsA(call, FuncExpr) || !is_not_built_in(((FuncExpr *) call)->funcid, NULL))
+		if (!IsA(folded, FuncExpr) || ((FuncExpr *) folded)->funcid != call->funcid)
 			continue;
-		folded = eval_const_expressions(&root, copyObject(call));
-		if (!IsA(folded, FuncExpr) || ((FuncExpr *) folded)->args == NIL)
+		call->args = ((FuncExpr *) folded)->args;
+		if (call->args == NIL)
 			continue;
-		arg = strip_implicit_coercions(linitial(((FuncExpr *) folded)->args));
+		arg = strip_implicit_coercions(linitial(call->args));
 		if (IsA(arg, Const) && ((Const *) arg)->constisnull)
-			return true;
+			make_first_argument_volatile(call);
 	}
-	return false;
 }
 
 /*
  * Whether the statement gets the filter: on a distributed install, a SELECT
- * that could become a bare call only by planning (see the file header), or
- * a bare call whose account is NULL.  Cheapest tests first: without Citus
+ * that could become a bare call only by planning (see the file header).  A
+ * bare call whose account is NULL gets its argument fenced instead.
+ * Cheapest tests first: without Citus
  * only the statement's top level is looked at; the walks and the catalog
  * scan run for the few statements that pass.
  */
@@ -342,8 +418,12 @@ needs_fence(Query *parse, ParamListInfo boundParams)
 		return false;
 	if (is_bare(parse))
 	{
-		if (!em_citus_installed() || !null_first_argument(parse, boundParams))
-			return false;
+		List	   *calls;
+
+		if (em_citus_installed() && (calls = earmark_calls(parse)) != NIL &&
+			em_account_table_distributed())
+			fence_null_account(calls, boundParams);
+		return false;
 	}
 	else if (!em_citus_installed() ||
 			 from_keeps_item(&w, parse, (Node *) parse->jointree, NIL) ||

@@ -237,6 +237,7 @@ for q in \
     "PREPARE cs_n (text) AS SELECT * FROM earmark_budget(\$1); EXECUTE cs_n(NULL)" \
     "DO \$\$ DECLARE a text; BEGIN PERFORM * FROM earmark_budget(a); END \$\$" \
     "SET ROLE cs_app; SELECT * FROM earmark_budget(NULL)" \
+    "DO \$\$ DECLARE v boolean; BEGIN v := earmark_record_usage(NULL, 1, 'n4'); END \$\$" \
     "SELECT earmark_budget(x) FROM to_char(NULL::timestamptz, 'YYYY') x" \
     "SELECT earmark_budget(x) FROM ROWS FROM (to_char(NULL::timestamptz, 'YYYY')) x" \
     "SELECT earmark_budget('acme') FROM to_char(NULL::timestamptz, 'YYYY') x" \
@@ -251,5 +252,26 @@ for q in \
     case $r in *crashed*) recover ;; esac
 done
 on_workers "SELECT * FROM earmark_budget(NULL)" "review 28c: a NULL account"
+# --- review 28d ---------------------------------------------------------------
+# The NULL-account test folds the bare call once more before the planner
+# does: only an earmark call may be looked at.  An immutable function in
+# the call's arguments is then evaluated twice (a WARNING it raises shows
+# twice, a slow one costs twice), and a call of a function that is not
+# earmark's got the filter, whose gating Result a PL/pgSQL simple
+# expression does not expect (exec_save_simple_expr asserts it has none):
+# so a bare call with a NULL account gets no filter, its account is made
+# volatile instead.
+ct_sql 0 -q <<'SQL' >/dev/null
+CREATE FUNCTION public.cs_imm_warn(t text) RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN RAISE WARNING 'cs_imm_warn evaluated'; RETURN t; END $$;
+CREATE FUNCTION public.cs_plain(t text) RETURNS text LANGUAGE plpgsql AS $$ BEGIN RETURN t; END $$;
+SQL
+is "$(ct_sql 0 -A -t -q -c "SELECT cs_plain(cs_imm_warn('x'))" 2>&1 | grep -c 'cs_imm_warn evaluated')" 1 \
+   "review 28d: an immutable argument of a bare call that is not earmark's is evaluated once"
+is "$(ct_sql 0 -A -t -q -c "SELECT * FROM earmark_budget(cs_imm_warn('acme'))" 2>&1 | grep -c 'cs_imm_warn evaluated')" 1 \
+   "review 28d: an immutable argument of a bare earmark call is evaluated once"
+is "$(fenced "SELECT cs_plain(NULL)")" 0 "review 28d: no filter on a bare call with a NULL first argument of a function that is not earmark's"
+is "$(fenced "SELECT * FROM earmark_budget(NULL)")" 0 "review 28d: no filter on a bare earmark call with a NULL account (its plan may be a PL/pgSQL simple expression's) ..."
+is "$(ct_sql 0 -A -t -q -c "EXPLAIN (VERBOSE, COSTS OFF) SELECT * FROM earmark_budget(NULL)" 2>&1 | grep -c 'earmark_budget(CASE WHEN (clock_timestamp() IS NOT NULL) THEN NULL::text ELSE NULL::text END')" 1 \
+   "... but its account made volatile, with the same value"
 is "$(procs)" "$before" "the coordinator did not restart"
 done_testing
