@@ -404,10 +404,10 @@ fence_null_account(List *calls, ParamListInfo boundParams)
 /*
  * Whether the statement gets the filter: on a distributed install, a SELECT
  * that could become a bare call only by planning (see the file header).  A
- * bare call whose account is NULL gets its argument fenced instead.
- * Cheapest tests first: without Citus
- * only the statement's top level is looked at; the walks and the catalog
- * scan run for the few statements that pass.
+ * bare call whose account is NULL gets its argument fenced here instead
+ * (fence_null_account changes the call).  Cheapest tests first: without
+ * Citus only the statement's top level is looked at; the walks and the
+ * catalog scan run for the few statements that pass.
  */
 static bool
 needs_fence(Query *parse, ParamListInfo boundParams)
