@@ -264,11 +264,18 @@ earmark_next_id(PG_FUNCTION_ARGS)
 	PG_RETURN_INT64(v);
 }
 
-/* whether Citus is installed in this database: a catalog cache lookup */
+/* Citus's pg_dist_partition, or InvalidOid: a catalog cache lookup */
+static Oid
+dist_partition_relid(void)
+{
+	return get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE);
+}
+
+/* whether Citus is installed in this database */
 bool
 em_citus_installed(void)
 {
-	return OidIsValid(get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE));
+	return OidIsValid(dist_partition_relid());
 }
 
 /*
@@ -276,13 +283,13 @@ em_citus_installed(void)
  * ran), read now.  A direct scan, not SPI: it checks no privilege of the
  * caller (earmark's planner hook asks it for any role's statement, and
  * earmark_user has no USAGE on schema earmark) and resolves no name through
- * the caller's search_path.  Without Citus it costs two catalog cache
- * lookups.
+ * the caller's search_path.  Without Citus it costs one catalog cache
+ * lookup.
  */
 bool
 em_account_table_distributed(void)
 {
-	Oid			dist = get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE);
+	Oid			dist = dist_partition_relid();
 	Oid			nsp;
 	Oid			account;
 	Oid			index;

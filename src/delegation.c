@@ -406,27 +406,27 @@ fence_null_account(List *calls, ParamListInfo boundParams)
  * that could become a bare call only by planning (see the file header).  A
  * bare call whose account is NULL gets its argument fenced here instead
  * (fence_null_account changes the call).  Cheapest tests first: without
- * Citus only the statement's top level is looked at; the walks and the
- * catalog scan run for the few statements that pass.
+ * Citus it is one catalog cache lookup; the walks and the catalog scan run
+ * for the few statements that pass.
  */
 static bool
 needs_fence(Query *parse, ParamListInfo boundParams)
 {
 	FromWalk	w = {NIL};
 
-	if (parse->commandType != CMD_SELECT || parse->setOperations != NULL)
+	if (parse->commandType != CMD_SELECT || parse->setOperations != NULL ||
+		!em_citus_installed())
 		return false;
 	if (is_bare(parse))
 	{
 		List	   *calls;
 
-		if (em_citus_installed() && (calls = earmark_calls(parse)) != NIL &&
+		if ((calls = earmark_calls(parse)) != NIL &&
 			em_account_table_distributed())
 			fence_null_account(calls, boundParams);
 		return false;
 	}
-	else if (!em_citus_installed() ||
-			 from_keeps_item(&w, parse, (Node *) parse->jointree, NIL) ||
+	else if (from_keeps_item(&w, parse, (Node *) parse->jointree, NIL) ||
 			 !calls_added_function((Node *) parse, NULL))
 		return false;
 	return em_account_table_distributed();
