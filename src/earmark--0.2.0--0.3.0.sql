@@ -423,11 +423,17 @@ REVOKE ALL ON FUNCTION earmark.report_cycle(text, bigint, text, bigint, boolean,
 -- that applies the inbox and reports runs there).  Every function that
 -- takes an account is distributed by it, with force_delegation, so that a
 -- call runs on the account's node inside the caller's transaction.
--- Idempotent: a second run finds everything in place and changes nothing.
+-- The workers' own copies of the coordinator's tables are emptied (the
+-- install script's rows there are not the install's), and each node's id
+-- sequences are moved past the ids its group already issued (after a
+-- restore they start again at 1).
+-- Idempotent: a second run finds everything in place and changes nothing;
+-- run it again after citus_add_node and after a restore.
 -- Refuses, changing nothing, without Citus, off the coordinator, with
--- nodes whose metadata is not synced or whose earmark differs, and on a
--- half-distributed install (some tables distributed, or distributed
--- otherwise than this function does).
+-- nodes whose metadata is not synced, whose earmark differs or is not
+-- preloaded, on a half-distributed install (some tables distributed, or
+-- distributed otherwise than this function does), and when a worker's own
+-- copy of an earmark table holds rows a call wrote there.
 CREATE FUNCTION earmark_distribute()
 RETURNS TABLE (object text, action text)
 LANGUAGE plpgsql
@@ -492,6 +498,24 @@ BEGIN
         RAISE EXCEPTION 'earmark is not the same version on every node: %', bad
             USING ERRCODE = '55000',
                   HINT = 'Install the same earmark library on every node and run ALTER EXTENSION earmark UPDATE on the coordinator.';
+    END IF;
+
+    -- earmark's planner hook (installed only when the library is preloaded)
+    -- keeps Citus from crashing on a call that planning made bare: every
+    -- node must preload it.  earmark.database is a postmaster setting only
+    -- when the library was preloaded.
+    SELECT string_agg(n, ', ') INTO bad FROM (
+        SELECT 'the coordinator' AS n
+         WHERE (SELECT context FROM pg_settings WHERE name = 'earmark.database')
+               IS DISTINCT FROM 'postmaster'
+        UNION ALL
+        SELECT nodename || ':' || nodeport
+          FROM run_command_on_workers($c$SELECT context FROM pg_settings WHERE name = 'earmark.database'$c$)
+         WHERE NOT success OR result IS DISTINCT FROM 'postmaster') s;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'earmark is not in shared_preload_libraries on every node: %', bad
+            USING ERRCODE = '55000',
+                  HINT = 'Set shared_preload_libraries = ''citus,earmark'' on every node, restart them, and run earmark_distribute() again.';
     END IF;
 
     -- whole or nothing: a half-distributed install is refused

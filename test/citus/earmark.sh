@@ -10,7 +10,7 @@
 #
 #   1. earmark_distribute(): what it distributes, a second run changes
 #      nothing, and it refuses (55000, nothing changed) without Citus, on a
-#      worker and on a half-distributed install
+#      worker, on a half-distributed install and without earmark preloaded
 #   2. the five-job race in five transactions, for an account on each worker
 #   3. the load run (120 jobs of 1,000, 50 at a time, room for 100), on one
 #      account and on 20 accounts over both workers
@@ -240,6 +240,19 @@ ok "$(matches "$got" "^55000: earmark tables on worker nodes hold rows of their 
    "with an event in worker 1's own inbox_event earmark_distribute refuses: ${got:0:120}"
 is "$(dist_state)" none "  ... and nothing was distributed"
 ct_val 1 "DELETE FROM earmark.inbox_event" >/dev/null
+
+# a node that does not preload earmark has no planner hook to fence the calls
+# Citus 13.2 crashes on: refused, naming the coordinator and the worker
+for n in 0 2; do ct_val $n "ALTER SYSTEM SET shared_preload_libraries = 'citus'" >/dev/null; done
+for n in 0 2; do ct_restart_node $n >/dev/null 2>&1; done
+got=$(ct_try 0 "SELECT * FROM earmark_distribute()")
+ok "$(matches "$got" "^55000: earmark is not in shared_preload_libraries on every node: the coordinator, [^,]*:$(ct_port 2)$")" \
+   "without earmark preloaded on the coordinator and worker 2 earmark_distribute refuses: ${got:0:120}"
+is "$(dist_state)" none "  ... and nothing was distributed"
+for n in 0 2; do ct_val $n "ALTER SYSTEM RESET shared_preload_libraries" >/dev/null; done
+for n in 0 2; do ct_restart_node $n >/dev/null 2>&1; done
+is "$(for n in 0 1 2; do ct_val $n "SELECT context FROM pg_settings WHERE name = 'earmark.database'"; done | paste -sd' ')" \
+   "postmaster postmaster postmaster" "  ... and after a restart with citus,earmark every node preloads it again"
 
 ct_sql 0 -A -t -q -c "SELECT * FROM earmark_distribute()" >"$WORK/distribute.out" 2>"$WORK/distribute.err"
 ok $? "earmark_distribute() on the coordinator"
