@@ -275,8 +275,9 @@ if layer citus; then
     # batch's repeats and errors in array order) and review_key_order.sh
     # (the key's index led by the key, distributed and moved) and
     # call_shapes.sh (statements Citus would crash the coordinator on),
-    # each on a cluster of its own
-    for ct in earmark escrow_settle mark_shard_move mark_one review_batch_repeat review_key_order call_shapes; do
+    # refresh_lock.sh (the worker's limit read and earmark_refresh_limits
+    # store one after the other), each on a cluster of its own
+    for ct in earmark escrow_settle mark_shard_move mark_one review_batch_repeat review_key_order call_shapes refresh_lock; do
         em_log "citus: test/citus/$ct.sh"
         CT_PORT=${EM_CITUS_PORT:-$(( ${EM_TEST_PORT:-55432} + 300 ))} timeout 1800 \
             bash test/citus/$ct.sh >"$OUT/citus-$ct.log" 2>&1

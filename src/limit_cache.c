@@ -37,19 +37,22 @@
  *	  A transaction that wrote one of the account's limit rows before it
  *	  reads the limits (earmark_set_limit, then earmark_refresh_limits) can
  *	  deadlock with another read of the account that waits for that row.
- *	  On Citus the lock is the node's: the worker stores from the
- *	  coordinator, earmark_refresh_limits on the account's node, and the
- *	  two do not meet.
+ *	  The lock is the node's: on Citus the worker stores on the account's
+ *	  node through a call of its own (earmark.store_limits), which Citus
+ *	  runs there, where earmark_refresh_limits takes the lock too.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "catalog/pg_type.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/timestamp.h"
 
 #include "account.h"
+#include "cluster.h"
 #include "earmark.h"
 #include "limit_cache.h"
 #include "provider.h"
@@ -57,6 +60,7 @@
 #include "spi.h"
 
 PG_FUNCTION_INFO_V1(earmark_refresh_limits);
+PG_FUNCTION_INFO_V1(earmark_store_limits);
 
 /* a failed read is tried again no sooner than this */
 #define LIMIT_RETRY_S	Min(earmark_limit_fresh_s, 10)
@@ -204,8 +208,8 @@ refresh_lock(const char *account)
  * under the refresh lock: read before another refresh's commit, they would
  * miss a limit it added that this answer lacks, and it would stay.
  */
-int
-em_store_account_limits(const char *account, List *limits)
+static int
+store_account_limits(const char *account, List *limits)
 {
 	Datum		args[3];
 	char		nulls[3] = {' ', ' ', ' '};
@@ -240,8 +244,8 @@ em_store_account_limits(const char *account, List *limits)
 }
 
 /* record a failed read: tried now, with its error; the flag stays */
-void
-em_limits_read_failed(const char *account, const char *error)
+static void
+limits_read_failed(const char *account, const char *error)
 {
 	Datum		args[3];
 
@@ -281,10 +285,72 @@ em_refresh_account_limits(const char *account, char **error)
 	limits = em_provider_limits(account, customer, NULL, NULL, error, NULL);
 	if (*error)
 	{
-		em_limits_read_failed(account, *error);
+		limits_read_failed(account, *error);
 		return -1;
 	}
-	return em_store_account_limits(account, limits);
+	return store_account_limits(account, limits);
+}
+
+/* on a distributed install: the worker's store, on the account's node */
+static EmStatement call_store_limits = {
+	"SELECT earmark.store_limits($1, $2, $3, $4)",
+	4, {TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TEXTOID}
+};
+
+/* the limits as the arrays of earmark.store_limits: a NULL is unlimited */
+static void
+limits_to_arrays(List *limits, Datum *features, Datum *lims)
+{
+	int			n = list_length(limits);
+	int			dims[1] = {n};
+	int			lbs[1] = {1};
+	Datum	   *f = palloc(sizeof(Datum) * Max(n, 1));
+	Datum	   *v = palloc(sizeof(Datum) * Max(n, 1));
+	bool	   *vnull = palloc(sizeof(bool) * Max(n, 1));
+	int			i = 0;
+	ListCell   *lc;
+
+	foreach(lc, limits)
+	{
+		EmLimit    *l = (EmLimit *) lfirst(lc);
+
+		f[i] = CStringGetTextDatum(l->feature);
+		v[i] = Int64GetDatum(l->lim);
+		vnull[i] = l->unlimited;
+		i++;
+	}
+	*features = PointerGetDatum(construct_array(f, n, TEXTOID, -1, false, TYPALIGN_INT));
+	*lims = PointerGetDatum(construct_md_array(v, vnull, 1, dims, lbs, INT8OID,
+											   sizeof(int64), FLOAT8PASSBYVAL,
+											   TYPALIGN_DOUBLE));
+}
+
+/*
+ * The worker's store of one account's read (its limits, or with error its
+ * failure), in the caller's SPI connection.  On a distributed install it
+ * is a call of earmark.store_limits made on its own, which Citus runs on
+ * the account's node: the account's refresh lock is taken there, where
+ * earmark_refresh_limits takes it.
+ */
+int
+em_store_limits_read(const char *account, List *limits, const char *error)
+{
+	Datum		args[4];
+	char		nulls[4] = {' ', ' ', ' ', ' '};
+
+	if (!em_distributed())
+	{
+		if (error == NULL)
+			return store_account_limits(account, limits);
+		limits_read_failed(account, error);
+		return 0;
+	}
+	args[0] = CStringGetTextDatum(account);
+	limits_to_arrays(error ? NIL : limits, &args[1], &args[2]);
+	args[3] = error ? CStringGetTextDatum(error) : (Datum) 0;
+	nulls[3] = error ? ' ' : 'n';
+	em_exec(&call_store_limits, args, nulls, 1);
+	return (int) em_get_int64(0, 1, 0);
 }
 
 /* the accounts whose limits an admission asked for: EmWantedLimits, in cxt */
@@ -329,6 +395,7 @@ earmark_refresh_limits(PG_FUNCTION_ARGS)
 	char	   *error = NULL;
 	int			n;
 
+	em_require_account_local(account);
 	SPI_connect();
 	if (earmark_provider == EM_PROVIDER_LOCAL)
 	{
@@ -352,5 +419,98 @@ earmark_refresh_limits(PG_FUNCTION_ARGS)
 						text_to_cstring(account), em_provider_name()),
 				 errdetail("%s", error),
 				 errhint("Admissions use the last limits read for up to earmark.limit_stale.")));
+	PG_RETURN_INT32(n);
+}
+
+/* element i of an array argument, which must not be NULL */
+static void
+require_element(bool isnull, const char *what, int i)
+{
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s[%d] must not be NULL", what, i + 1)));
+}
+
+/*
+ * The limits of earmark.store_limits' arrays, checked as a provider's
+ * answer is (provider.c, read_limit): a feature is a name (1 to
+ * EARMARK_MAX_NAME_LEN characters), a limit >= 0 or NULL for unlimited.
+ */
+static List *
+limits_from_arrays(ArrayType *features, ArrayType *lims)
+{
+	Datum	   *f;
+	bool	   *fnull;
+	Datum	   *v;
+	bool	   *vnull;
+	int			nf;
+	int			nv;
+	int			i;
+	List	   *limits = NIL;
+
+	if (ARR_NDIM(features) > 1 || ARR_NDIM(lims) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("features and limits must be one-dimensional arrays")));
+	deconstruct_array(features, TEXTOID, -1, false, TYPALIGN_INT, &f, &fnull, &nf);
+	deconstruct_array(lims, INT8OID, sizeof(int64), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
+					  &v, &vnull, &nv);
+	if (nf != nv)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("features and limits must have the same length (%d and %d)", nf, nv)));
+	for (i = 0; i < nf; i++)
+	{
+		EmLimit    *l = palloc(sizeof(EmLimit));
+
+		require_element(fnull[i], "features", i);
+		l->feature = text_to_cstring(em_check_name(DatumGetTextPP(f[i]),
+												   psprintf("features[%d]", i + 1)));
+		l->unlimited = vnull[i];
+		l->lim = vnull[i] ? 0 : DatumGetInt64(v[i]);
+		if (l->lim < 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("limits[%d] must be >= 0 or NULL (unlimited)", i + 1)));
+		limits = lappend(limits, l);
+	}
+	return limits;
+}
+
+/*
+ * earmark.store_limits(account, features, limits, error): the worker's
+ * store of one account's read on a distributed install, which Citus runs
+ * on the account's node (em_store_limits_read).  With an error, the
+ * failure is recorded and the arrays are not read.  Returns the number of
+ * limits stored.
+ */
+Datum
+earmark_store_limits(PG_FUNCTION_ARGS)
+{
+	text	   *account = em_arg_name(fcinfo, 0, "account");
+	char	   *name = text_to_cstring(account);
+	List	   *limits = NIL;
+	Datum		arg = PointerGetDatum(account);
+	int			n = 0;
+
+	if (PG_ARGISNULL(3) && (PG_ARGISNULL(1) || PG_ARGISNULL(2)))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("features and limits must not be NULL without an error")));
+	if (PG_ARGISNULL(3))
+		limits = limits_from_arrays(PG_GETARG_ARRAYTYPE_P(1), PG_GETARG_ARRAYTYPE_P(2));
+	em_require_account_local(account);
+	SPI_connect();
+	em_exec(&account_customer, &arg, NULL, 1);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_EARMARK_UNKNOWN_ACCOUNT),
+				 errmsg("account \"%s\" does not exist", name)));
+	if (PG_ARGISNULL(3))
+		n = store_account_limits(name, limits);
+	else
+		limits_read_failed(name, text_to_cstring(PG_GETARG_TEXT_PP(3)));
+	SPI_finish();
 	PG_RETURN_INT32(n);
 }

@@ -35,7 +35,6 @@ extern EmLimitAge em_limit_age(bool has_row, bool provider_row, bool has_fetched
 extern void em_want_limits(text *account);
 extern int	em_refresh_account_limits(const char *account, char **error);
 extern List *em_wanted_limit_accounts(int max, MemoryContext cxt);
-extern int	em_store_account_limits(const char *account, List *limits);
-extern void em_limits_read_failed(const char *account, const char *error);
+extern int	em_store_limits_read(const char *account, List *limits, const char *error);
 
 #endif							/* EARMARK_LIMIT_CACHE_H */

@@ -23,9 +23,9 @@
  *	  On a distributed install (Citus, earmark_distribute) only the
  *	  coordinator's worker works; the workers of the other nodes wait.  It
  *	  finds work with reads over the cluster, and does each account's part
- *	  in a call of its own (earmark.sweep_account, earmark.report_cycle)
- *	  that Citus runs on the account's node, where that account's writers
- *	  take their locks.
+ *	  in a call of its own (earmark.sweep_account, earmark.report_cycle,
+ *	  earmark.store_limits) that Citus runs on the account's node, where
+ *	  that account's writers take their locks.
  *
  *	  HTTP to the provider (the reporter's sends, the limit reads, the
  *	  Kinde token) runs outside any transaction, and between two polls the
@@ -478,12 +478,7 @@ store_limits_fn(void *arg)
 {
 	LimitsRead *r = (LimitsRead *) arg;
 
-	if (r->error)
-	{
-		em_limits_read_failed(r->account, r->error);
-		return 0;
-	}
-	return em_store_account_limits(r->account, r->limits);
+	return em_store_limits_read(r->account, r->limits, r->error);
 }
 
 /*

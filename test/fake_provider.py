@@ -38,7 +38,7 @@ Control (no authentication, not logged, not subject to faults):
                    "release": true, "token_expires_in": "<raw JSON text>" or null,
                    "down": bool, "set_meter", "set_entitlement" (with "remove": true, the
                    feature is no longer listed), "set_limit" (an object
-                   or a list of them), "revoke_tokens": true, "reset_concurrency": true
+                   or a list of them; "remove": true as for set_entitlement), "revoke_tokens": true, "reset_concurrency": true
                    (max_concurrent starts again from the requests open now).
   GET  /_state     meters, write counts, tokens issued, requests seen, requests in
                    flight (waiting on a hang or slow), rate_limited_until, and
@@ -341,6 +341,10 @@ def main():
                                           opt_limit(e.get("limit"), "limit"))))
             elif key == "set_limit":
                 for e in as_list(v, key):
+                    if e.get("remove") is True:
+                        actions.append(("remove_limit", (need_str(e, "account"),
+                                                         need_str(e, "feature"))))
+                        continue
                     actions.append((key, (need_str(e, "account"), need_str(e, "feature"),
                                           opt_limit(e.get("limit"), "limit"))))
             else:
@@ -383,6 +387,8 @@ def main():
                 elif kind == "set_limit":
                     acct, feat, lim = a
                     st.limits.setdefault(acct, {})[feat] = lim
+                elif kind == "remove_limit":
+                    st.limits.get(a[0], {}).pop(a[1], None)
         return 200, {"ok": True}
 
     def state_json():

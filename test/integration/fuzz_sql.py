@@ -1024,6 +1024,9 @@ KINDS = {
     # (it went through) and feature (with no cycle) are what it passes
     "earmark.report_cycle": {"account": "account", "cycle_account": "account_nullable",
                              "error": "free_text_nullable", "feature": "feature_nullable"},
+    # the worker's store of a limit read: NULL arrays only with an error
+    "earmark.store_limits": {"account": "account", "features": "arr_nullable:feature",
+                             "limits": "arr_nullable:lim", "error": "free_text_nullable"},
 }
 
 # a NULL of these means something (unlimited, now, keep, the setting, remove)

@@ -3,7 +3,7 @@
 -- runs the gate, earmark_admin also sets limits and accounts and sweeps;
 -- nothing is granted to PUBLIC.
 BEGIN;
-SELECT plan(80);
+SELECT plan(81);
 
 SELECT n.nspname AS emschema
   FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
@@ -42,6 +42,21 @@ SELECT is((SELECT array_agg(p.proname::text ORDER BY p.proname)
             WHERE n.nspname = :'emschema' AND p.proname LIKE 'earmark\_%'
               AND a.grantee = 0 AND a.privilege_type = 'EXECUTE'),
           NULL::text[], 'PUBLIC has no EXECUTE on any earmark_* function');
+
+-- 1: the internal functions of schema earmark (the id default and the
+-- worker's steps on a distributed install) are the superuser's alone:
+-- each listed with the roles that may EXECUTE it (none)
+SELECT is((SELECT array_agg(p.proname || ':' || concat_ws(',',
+                      CASE WHEN EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+                                         WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') THEN 'PUBLIC' END,
+                      CASE WHEN has_function_privilege('earmark_user', p.oid, 'EXECUTE') THEN 'earmark_user' END,
+                      CASE WHEN has_function_privilege('earmark_admin', p.oid, 'EXECUTE') THEN 'earmark_admin' END)
+                      ORDER BY p.proname)
+             FROM pg_proc p
+            WHERE p.pronamespace = 'earmark'::regnamespace
+              AND p.proname IN ('next_id', 'sweep_account', 'report_cycle', 'store_limits')),
+          ARRAY['next_id:', 'report_cycle:', 'store_limits:', 'sweep_account:'],
+          'no role but the superuser may EXECUTE earmark.next_id, report_cycle, store_limits or sweep_account');
 
 -- ---------------------------------------------------------------------
 -- set-up as the superuser: roles, an account with a limit, a running job
