@@ -174,6 +174,7 @@ FUNCTIONS="earmark_reserve(text,bigint,text,text,interval) earmark_charge(text,b
 earmark_heartbeat(text,bigint) earmark_settle(text,bigint,bigint,text) earmark_budget(text,text,timestamptz)
 earmark_record_usage(text,bigint,text,text,timestamptz) earmark_set_limit(text,bigint,text)
 earmark_set_account(text,timestamptz,text,text) earmark_set_escrow(text,int) earmark.sweep_account(text,int)
+earmark.store_limits(text,text[],bigint[],text)
 earmark_reconcile(text,text) earmark_refresh_limits(text)
 earmark_record_usage_many(text,bigint[],text[],text[],timestamptz[])
 earmark_reserve_many(text,bigint[],text[],text[],interval) earmark_settle_many(text,bigint[],bigint[],text[])
@@ -258,7 +259,7 @@ ct_sql 0 -A -t -q -c "SELECT * FROM earmark_distribute()" >"$WORK/distribute.out
 ok $? "earmark_distribute() on the coordinator"
 [ -s "$WORK/distribute.err" ] && sed 's/^/#   /' "$WORK/distribute.err"
 is "$(cut -d'|' -f2 "$WORK/distribute.out" | sort | uniq -c | awk '{$1=$1; print}' | paste -sd';')" \
-   "12 distributed by account;16 distributed by account, delegated;1 emptied on the workers;2 reference table" \
+   "12 distributed by account;17 distributed by account, delegated;1 emptied on the workers;2 reference table" \
    "  ... reports 12 tables distributed by account, 2 reference tables, 16 functions delegated, the coordinator's tables emptied on the workers"
 is "$(ct_val 0 "SELECT count(*) FROM pg_dist_partition p
                  WHERE p.logicalrelid::text IN ($(sql_list "$PER_ACCOUNT")) AND p.partmethod = 'h'
@@ -276,15 +277,15 @@ is "$(ct_val 0 "SELECT count(*) FROM pg_dist_object o
                    AND o.objid IN ($(sql_list "$FUNCTIONS" regprocedure))
                    AND o.distribution_argument_index = 0 AND o.force_delegation
                    AND o.colocationid = (SELECT colocationid FROM pg_dist_partition
-                                          WHERE logicalrelid = 'earmark.account'::regclass)")" 16 \
-   "pg_dist_object: the 16 account functions distributed by account, colocated, with force_delegation"
+                                          WHERE logicalrelid = 'earmark.account'::regclass)")" 17 \
+   "pg_dist_object: the 17 account functions distributed by account, colocated, with force_delegation"
 is "$(for n in 0 1 2; do
         ct_val $n "SELECT count(*) FROM pg_class WHERE oid::regclass::text IN ($(sql_list "$PER_ACCOUNT $REFERENCE"))
                     AND pg_relation_size(oid) > 0"; done | paste -sd' ')" "0 0 0" \
    "no node keeps hidden rows in its own copy of a distributed or reference table (pg_relation_size 0)"
 
 before=$(dist_state)
-is "$(awk -F';' '{ print NF }' <<<"$before")" 30 "pg_dist_partition and pg_dist_object hold 30 earmark rows (14 tables, 16 functions)"
+is "$(awk -F';' '{ print NF }' <<<"$before")" 31 "pg_dist_partition and pg_dist_object hold 31 earmark rows (14 tables, 17 functions)"
 is "$(ct_val 0 "SELECT count(*) FROM earmark_distribute()")" 0 "a second earmark_distribute() reports nothing to do"
 is "$(dist_state)" "$before" "  ... and changes nothing in pg_dist_partition / pg_dist_object"
 got=$(ct_try 1 "SELECT * FROM earmark_distribute()")
