@@ -400,13 +400,13 @@ REVOKE ALL ON FUNCTION earmark.sweep_account(text, int) FROM PUBLIC;
 -- One account's limit read, stored: what the worker calls per account on a
 -- distributed install (Citus runs it on the account's node, where
 -- earmark_refresh_limits takes the account's refresh lock).  A NULL limit
--- is unlimited; with an error the failure is recorded instead.
-CREATE FUNCTION earmark.store_limits(account text, features text[], limits bigint[], error text)
+-- is unlimited.
+CREATE FUNCTION earmark.store_limits(account text, features text[], limits bigint[])
 RETURNS int
 AS 'MODULE_PATHNAME', 'earmark_store_limits'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
-REVOKE ALL ON FUNCTION earmark.store_limits(text, text[], bigint[], text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION earmark.store_limits(text, text[], bigint[]) FROM PUBLIC;
 
 -- One cycle's last report step: what the worker calls per cycle on a
 -- distributed install (Citus runs it on the account's node, where the
@@ -476,7 +476,7 @@ DECLARE
         'earmark_reconcile(text, text)',
         'earmark_refresh_limits(text)',
         'earmark.sweep_account(text, int)',
-        'earmark.store_limits(text, text[], bigint[], text)',
+        'earmark.store_limits(text, text[], bigint[])',
         'earmark.report_cycle(text, bigint, text, bigint, boolean, integer, text, double precision, boolean, boolean, bigint, text, timestamptz, timestamptz)'];
     t text;
     f text;

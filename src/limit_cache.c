@@ -292,8 +292,8 @@ em_refresh_account_limits(const char *account, char **error)
 
 /* on a distributed install: the worker's store, on the account's node */
 static EmStatement call_store_limits = {
-	"SELECT earmark.store_limits($1, $2, $3, $4)",
-	4, {TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TEXTOID}
+	"SELECT earmark.store_limits($1, $2, $3)",
+	3, {TEXTOID, TEXTARRAYOID, INT8ARRAYOID}
 };
 
 /* the limits as the arrays of earmark.store_limits: a NULL is unlimited */
@@ -326,29 +326,31 @@ limits_to_arrays(List *limits, Datum *features, Datum *lims)
 
 /*
  * The worker's store of one account's read (its limits, or with error its
- * failure), in the caller's SPI connection.  On a distributed install it
- * is a call of earmark.store_limits made on its own, which Citus runs on
- * the account's node: the account's refresh lock is taken there, where
- * earmark_refresh_limits takes it.
+ * failure), in the caller's SPI connection.  On a distributed install the
+ * limits are stored by a call of earmark.store_limits made on its own,
+ * which Citus runs on the account's node: the account's refresh lock is
+ * taken there, where earmark_refresh_limits takes it.
  */
 int
 em_store_limits_read(const char *account, List *limits, const char *error)
 {
-	Datum		args[4];
-	char		nulls[4] = {' ', ' ', ' ', ' '};
+	Datum		args[3];
 
-	if (!em_distributed())
+	/*
+	 * A failure is recorded from here (on Citus the coordinator, which
+	 * routes the account row's update to its node): it takes no refresh
+	 * lock, and it must not depend on the call whose failure it may be.
+	 */
+	if (error != NULL)
 	{
-		if (error == NULL)
-			return store_account_limits(account, limits);
 		limits_read_failed(account, error);
 		return 0;
 	}
+	if (!em_distributed())
+		return store_account_limits(account, limits);
 	args[0] = CStringGetTextDatum(account);
-	limits_to_arrays(error ? NIL : limits, &args[1], &args[2]);
-	args[3] = error ? CStringGetTextDatum(error) : (Datum) 0;
-	nulls[3] = error ? ' ' : 'n';
-	em_exec(&call_store_limits, args, nulls, 1);
+	limits_to_arrays(limits, &args[1], &args[2]);
+	em_exec(&call_store_limits, args, NULL, 1);
 	return (int) em_get_int64(0, 1, 0);
 }
 
@@ -478,38 +480,35 @@ limits_from_arrays(ArrayType *features, ArrayType *lims)
 }
 
 /*
- * earmark.store_limits(account, features, limits, error): the worker's
- * store of one account's read on a distributed install, which Citus runs
- * on the account's node (em_store_limits_read).  With an error, the
- * failure is recorded and the arrays are not read.  Returns the number of
- * limits stored.
+ * earmark.store_limits(account, features, limits): the worker's store of
+ * one account's read on a distributed install, which Citus runs on the
+ * account's node (em_store_limits_read).  Returns the number of limits
+ * stored.
  */
 Datum
 earmark_store_limits(PG_FUNCTION_ARGS)
 {
 	text	   *account = em_arg_name(fcinfo, 0, "account");
 	char	   *name = text_to_cstring(account);
-	List	   *limits = NIL;
+	List	   *limits;
 	Datum		arg = PointerGetDatum(account);
-	int			n = 0;
+	int			n;
 
-	if (PG_ARGISNULL(3) && (PG_ARGISNULL(1) || PG_ARGISNULL(2)))
+	if (PG_ARGISNULL(1) || PG_ARGISNULL(2))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("features and limits must not be NULL without an error")));
-	if (PG_ARGISNULL(3))
-		limits = limits_from_arrays(PG_GETARG_ARRAYTYPE_P(1), PG_GETARG_ARRAYTYPE_P(2));
+				 errmsg("features and limits must not be NULL")));
+	limits = limits_from_arrays(PG_GETARG_ARRAYTYPE_P(1), PG_GETARG_ARRAYTYPE_P(2));
 	em_require_account_local(account);
+	/* the provider limits stored are read after the refresh lock's wait */
+	em_require_read_committed("earmark.store_limits");
 	SPI_connect();
 	em_exec(&account_customer, &arg, NULL, 1);
 	if (SPI_processed == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_EARMARK_UNKNOWN_ACCOUNT),
 				 errmsg("account \"%s\" does not exist", name)));
-	if (PG_ARGISNULL(3))
-		n = store_account_limits(name, limits);
-	else
-		limits_read_failed(name, text_to_cstring(PG_GETARG_TEXT_PP(3)));
+	n = store_account_limits(name, limits);
 	SPI_finish();
 	PG_RETURN_INT32(n);
 }

@@ -734,6 +734,8 @@ earmark_report_cycle(PG_FUNCTION_ARGS)
 	op.cycle_start = PG_GETARG_TIMESTAMPTZ(12);
 	op.cycle_end = PG_GETARG_TIMESTAMPTZ(13);
 	em_require_account_local(cstring_to_text(op.mark_account));
+	/* the cycle's total is read after its mark lock is taken */
+	em_require_read_committed("earmark.report_cycle");
 	SPI_connect();
 	/* a cycle that is not marked (any more) has nothing to finish */
 	key[0] = Int64GetDatum(op.budget_id);

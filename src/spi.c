@@ -483,7 +483,11 @@ em_exec_latest(EmStatement *stmt, Datum *values, const char *nulls, long count)
  * Under REPEATABLE READ a mark could be deleted for usage the report never
  * saw, so they refuse to run there.  So do earmark_set_account with an
  * anchor and earmark_set_escrow, which must see every budget row of the
- * account, also one a reserve created after the caller's snapshot.
+ * account, also one a reserve created after the caller's snapshot, and
+ * the worker's steps that Citus runs on the account's node
+ * (earmark.report_cycle, earmark.store_limits): Citus sends such a call on
+ * its own, so it runs at the node's default_transaction_isolation, not at
+ * the worker's READ COMMITTED.
  */
 void
 em_require_read_committed(const char *what)

@@ -174,7 +174,7 @@ FUNCTIONS="earmark_reserve(text,bigint,text,text,interval) earmark_charge(text,b
 earmark_heartbeat(text,bigint) earmark_settle(text,bigint,bigint,text) earmark_budget(text,text,timestamptz)
 earmark_record_usage(text,bigint,text,text,timestamptz) earmark_set_limit(text,bigint,text)
 earmark_set_account(text,timestamptz,text,text) earmark_set_escrow(text,int) earmark.sweep_account(text,int)
-earmark.store_limits(text,text[],bigint[],text)
+earmark.store_limits(text,text[],bigint[])
 earmark_reconcile(text,text) earmark_refresh_limits(text)
 earmark_record_usage_many(text,bigint[],text[],text[],timestamptz[])
 earmark_reserve_many(text,bigint[],text[],text[],interval) earmark_settle_many(text,bigint[],bigint[],text[])
@@ -260,7 +260,7 @@ ok $? "earmark_distribute() on the coordinator"
 [ -s "$WORK/distribute.err" ] && sed 's/^/#   /' "$WORK/distribute.err"
 is "$(cut -d'|' -f2 "$WORK/distribute.out" | sort | uniq -c | awk '{$1=$1; print}' | paste -sd';')" \
    "12 distributed by account;17 distributed by account, delegated;1 emptied on the workers;2 reference table" \
-   "  ... reports 12 tables distributed by account, 2 reference tables, 16 functions delegated, the coordinator's tables emptied on the workers"
+   "  ... reports 12 tables distributed by account, 2 reference tables, 17 functions delegated, the coordinator's tables emptied on the workers"
 is "$(ct_val 0 "SELECT count(*) FROM pg_dist_partition p
                  WHERE p.logicalrelid::text IN ($(sql_list "$PER_ACCOUNT")) AND p.partmethod = 'h'
                    AND column_to_column_name(p.logicalrelid, p.partkey) = 'account'

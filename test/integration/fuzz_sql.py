@@ -1024,9 +1024,8 @@ KINDS = {
     # (it went through) and feature (with no cycle) are what it passes
     "earmark.report_cycle": {"account": "account", "cycle_account": "account_nullable",
                              "error": "free_text_nullable", "feature": "feature_nullable"},
-    # the worker's store of a limit read: NULL arrays only with an error
-    "earmark.store_limits": {"account": "account", "features": "arr_nullable:feature",
-                             "limits": "arr_nullable:lim", "error": "free_text_nullable"},
+    # the worker's store of a limit read (a NULL limit is unlimited)
+    "earmark.store_limits": {"account": "account", "features": "arr:feature", "limits": "arr:lim"},
 }
 
 # a NULL of these means something (unlimited, now, keep, the setting, remove)
@@ -1191,7 +1190,7 @@ class Gen:
     # the batch functions' arrays (api.md Batches): 1 to 3 elements of the
     # single call's kind; a bad array has its last element bad.  A NULL
     # array is refused unless optional ("arr_nullable:")
-    ARRAY_TYPES = {"units": "bigint", "amount": "bigint", "used": "bigint", "job": "bigint",
+    ARRAY_TYPES = {"units": "bigint", "amount": "bigint", "used": "bigint", "job": "bigint", "lim": "bigint",
                    "key": "text", "feature": "text", "outcome": "text", "ts_occurred": "timestamptz"}
 
     def array(self, kind, bad):
