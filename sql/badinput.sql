@@ -164,11 +164,11 @@ SELECT earmark.store_limits('sl', '{a}', '{3}') AS stored;
 SELECT feature, lim, source FROM earmark.account_limit WHERE account = 'sl' ORDER BY feature;
 SELECT limits_fetched_at IS NOT NULL AS read, limits_error FROM earmark.account WHERE account = 'sl';
 
--- the worker's steps on a distributed install read what writers committed
--- while they waited for a lock: under a transaction snapshot (a Citus
--- node whose default_transaction_isolation is repeatable read) they refuse
+-- the worker's limit store on a distributed install reads the stored
+-- limits after the refresh lock's wait: under a transaction snapshot (a
+-- Citus node whose default_transaction_isolation is repeatable read) it
+-- refuses
 BEGIN ISOLATION LEVEL REPEATABLE READ;
 SELECT try($$SELECT earmark.store_limits('sl', '{a}', '{4}')$$);
-SELECT try(format($$SELECT earmark.report_cycle('rc', %s, 'rc', 5, true, 200, NULL, 1.0, false, false, 5, 'default', now(), now())$$, :rc_budget));
 COMMIT;
 SELECT feature, lim, source FROM earmark.account_limit WHERE account = 'sl' ORDER BY feature;

@@ -109,14 +109,21 @@ static EmStatement count_in_shard = {
 	4, {TEXTOID, INT8OID, INT4OID, INT8OID}
 };
 
+/*
+ * The cycle's total; with latest, in a snapshot that sees every commit so
+ * far (spi.c em_exec_latest) whatever the transaction's isolation.
+ */
 int64
-em_cycle_total(text *account, int64 budget_id, bool *found)
+em_cycle_total(text *account, int64 budget_id, bool latest, bool *found)
 {
 	Datum		args[2];
 
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
-	em_exec(&cycle_total, args, NULL, 1);
+	if (latest)
+		em_exec_latest(&cycle_total, args, NULL, 1);
+	else
+		em_exec(&cycle_total, args, NULL, 1);
 	*found = SPI_processed == 1;
 	return *found ? em_get_int64(0, 1, 0) : 0;
 }
@@ -317,7 +324,7 @@ check_correction(text *account, int64 budget_id, int64 units, TimestampTz start)
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
 	em_exec(&lock_budget_for_correction, args, NULL, 1);
-	total = em_cycle_total(account, budget_id, &found);
+	total = em_cycle_total(account, budget_id, false, &found);
 	if (total + units < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -27,7 +27,7 @@
 extern int32 em_usage_shard(void);
 
 /* a cycle's total without a scan of its ledger: budget row, slots, counters */
-extern int64 em_cycle_total(text *account, int64 budget_id, bool *found);
+extern int64 em_cycle_total(text *account, int64 budget_id, bool latest, bool *found);
 
 /*
  * earmark_record_usage's steps, for its batch form (batch.c): the checks

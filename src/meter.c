@@ -614,8 +614,12 @@ finish_cycle(EmMeterOp *op, TimestampTz now)
 	em_log_send(op, "report");
 	if (!em_mark_try_lock_exclusive(op->budget_id))
 		return;
+	/*
+	 * The total after the lock, in a snapshot that sees every writer that
+	 * held it: on Citus the call may run at the node's REPEATABLE READ.
+	 */
 	if (op->ok &&
-		em_cycle_total(cstring_to_text(op->account), op->budget_id, &found) == op->total)
+		em_cycle_total(cstring_to_text(op->account), op->budget_id, true, &found) == op->total)
 		em_exec(&delete_mark, arg, NULL, 0);
 	else if (op->ok)
 		one_mark(arg, false, now);	/* usage arrived meanwhile: it keeps its place */
@@ -636,7 +640,7 @@ note_for_review(EmMeterOp *op, TimestampTz now)
 	args[2] = CStringGetTextDatum(op->feature);
 	args[3] = TimestampTzGetDatum(op->cycle_start);
 	args[4] = TimestampTzGetDatum(op->cycle_end);
-	args[5] = Int64GetDatum(em_cycle_total(cstring_to_text(op->account), op->budget_id, &found));
+	args[5] = Int64GetDatum(em_cycle_total(cstring_to_text(op->account), op->budget_id, false, &found));
 	args[6] = Int64GetDatum(op->read_total);
 	nulls[6] = op->read_total < 0 ? 'n' : ' ';
 	args[7] = CStringGetTextDatum("The cycle closed before its last total reached the meter; "
@@ -734,8 +738,6 @@ earmark_report_cycle(PG_FUNCTION_ARGS)
 	op.cycle_start = PG_GETARG_TIMESTAMPTZ(12);
 	op.cycle_end = PG_GETARG_TIMESTAMPTZ(13);
 	em_require_account_local(cstring_to_text(op.mark_account));
-	/* the cycle's total is read after its mark lock is taken */
-	em_require_read_committed("earmark.report_cycle");
 	SPI_connect();
 	/* a cycle that is not marked (any more) has nothing to finish */
 	key[0] = Int64GetDatum(op.budget_id);

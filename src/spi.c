@@ -484,10 +484,12 @@ em_exec_latest(EmStatement *stmt, Datum *values, const char *nulls, long count)
  * saw, so they refuse to run there.  So do earmark_set_account with an
  * anchor and earmark_set_escrow, which must see every budget row of the
  * account, also one a reserve created after the caller's snapshot, and
- * the worker's steps that Citus runs on the account's node
- * (earmark.report_cycle, earmark.store_limits): Citus sends such a call on
- * its own, so it runs at the node's default_transaction_isolation, not at
- * the worker's READ COMMITTED.
+ * earmark.store_limits, the worker's limit store that Citus runs on the
+ * account's node: Citus sends such a call on its own, so it runs at the
+ * node's default_transaction_isolation, not at the worker's READ
+ * COMMITTED.  (earmark.report_cycle reads its total in the latest
+ * snapshot instead: a refusal there would stop every later cycle's
+ * report.)
  */
 void
 em_require_read_committed(const char *what)
