@@ -10,6 +10,8 @@
 #                                     # the above, tap.sh, ct_start with citus
 #                                     # and earmark preloaded, CREATE EXTENSION
 #                                     # earmark, earmark_distribute() (one TAP line)
+#   ct_fake_provider [NAME=VALUE ...]  # then the fake provider, every node's
+#                                     # earmark.provider at it
 #   ct_start [postgresql.conf lines]  # start, CREATE EXTENSION citus, register
 #   ct_sql 0 -c 'SELECT ...'          # psql on node 0 (coordinator), 1, 2 (workers)
 #   ct_val 1 'SELECT ...'             # one value, unaligned, no header
@@ -74,6 +76,25 @@ ct_begin() {
         || { echo "Bail out! the Citus cluster did not start"; exit 1; }
     ct_sql 0 -q -c "CREATE EXTENSION earmark" -c "SELECT * FROM earmark_distribute()" >/dev/null
     ok $? "CREATE EXTENSION earmark and earmark_distribute() on the coordinator"
+}
+
+# ct_fake_provider [NAME=VALUE ...]: after ct_begin, the fake provider
+# (test/fake_provider.py) on loopback, its base URL in BASE and its work
+# directory in WORK, and on every node earmark.provider 'http' at its
+# /generic endpoints, with the settings given (ALTER SYSTEM, reloaded);
+# stopped at exit with the cluster
+ct_fake_provider() {
+    local n kv args
+    WORK=$(mktemp -d /tmp/earmark-citus-provider.XXXXXX)
+    chmod 755 "$WORK"
+    trap 'fake_provider_stop; rm -rf "$WORK"; ct_stop' EXIT
+    fake_provider "$WORK" || { echo "Bail out! the fake provider did not start"; exit 1; }
+    args=(-c "ALTER SYSTEM SET earmark.provider = 'http'"
+          -c "ALTER SYSTEM SET earmark.provider_url = '$BASE/generic'")
+    for kv in "$@"; do args+=(-c "ALTER SYSTEM SET ${kv%%=*} = '${kv#*=}'"); done
+    for n in $(seq 0 "$CT_WORKERS"); do
+        ct_sql "$n" -q "${args[@]}" -c "SELECT pg_reload_conf()" >/dev/null
+    done
 }
 
 # ct_ports_free FIRST COUNT: whether COUNT TCP ports from FIRST can be bound

@@ -16,16 +16,7 @@
 #   EM_PREFIX=/work/pfx/NAME CT_PORT=55930 bash test/citus/refresh_lock.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
 ct_begin
-WORK=$(mktemp -d /tmp/earmark-citus-refresh.XXXXXX)
-chmod 755 "$WORK"
-trap 'fake_provider_stop; rm -rf "$WORK"; ct_stop' EXIT
-fake_provider "$WORK" || { echo "Bail out! the fake provider did not start"; exit 1; }
-
-for n in 0 1 2; do
-    ct_sql $n -q -c "ALTER SYSTEM SET earmark.provider = 'http'" \
-                 -c "ALTER SYSTEM SET earmark.provider_url = '$BASE/generic'" \
-                 -c "ALTER SYSTEM SET earmark.http_timeout = '60s'" -c "SELECT pg_reload_conf()" >/dev/null
-done
+ct_fake_provider earmark.http_timeout=60s
 limits() {
     ct_val 0 "SELECT string_agg(feature || '=' || lim || ':' || source, ',' ORDER BY feature)
               FROM earmark.account_limit WHERE account = 'acme'"

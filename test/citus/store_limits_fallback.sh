@@ -13,16 +13,7 @@
 #   EM_PREFIX=/work/pfx/NAME CT_PORT=55930 bash test/citus/store_limits_fallback.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
 ct_begin
-WORK=$(mktemp -d /tmp/earmark-citus-slf.XXXXXX)
-chmod 755 "$WORK"
-trap 'fake_provider_stop; rm -rf "$WORK"; ct_stop' EXIT
-fake_provider "$WORK" || { echo "Bail out! the fake provider did not start"; exit 1; }
-
-for n in 0 1 2; do
-    ct_sql $n -q -c "ALTER SYSTEM SET earmark.provider = 'http'" \
-                 -c "ALTER SYSTEM SET earmark.provider_url = '$BASE/generic'" \
-                 -c "ALTER SYSTEM SET earmark.sweep_interval = '500ms'" -c "SELECT pg_reload_conf()" >/dev/null
-done
+ct_fake_provider earmark.sweep_interval=500ms
 reads() { state "len([r for r in d['requests'] if r['path'] == '/generic/limits'])"; }
 
 ct_sql 0 -q -c "SELECT earmark_set_account('acme')" >/dev/null
