@@ -316,19 +316,20 @@ is_earmark_c_function(Oid funcid)
 static List *
 earmark_calls(Query *q)
 {
+	List	   *candidates = NIL;
 	List	   *calls = NIL;
-	Node	   *call;
+	ListCell   *lc;
 
 	if (list_length(q->targetList) == 1)
-	{
-		call = (Node *) linitial_node(TargetEntry, q->targetList)->expr;
-		if (IsA(call, FuncExpr) && is_earmark_c_function(((FuncExpr *) call)->funcid))
-			calls = lappend(calls, call);
-	}
+		candidates = lappend(candidates, linitial_node(TargetEntry, q->targetList)->expr);
 	if (q->rtable != NIL)
+		candidates = lappend(candidates,
+							 linitial_node(RangeTblFunction,
+										   linitial_node(RangeTblEntry, q->rtable)->functions)->funcexpr);
+	foreach(lc, candidates)
 	{
-		call = linitial_node(RangeTblFunction,
-							 linitial_node(RangeTblEntry, q->rtable)->functions)->funcexpr;
+		Node	   *call = lfirst(lc);
+
 		if (IsA(call, FuncExpr) && is_earmark_c_function(((FuncExpr *) call)->funcid))
 			calls = lappend(calls, call);
 	}

@@ -260,26 +260,32 @@ limits_read_failed(const char *account, const char *error)
  * *error set (the failure is recorded).  No earmark lock is held during the
  * read: the account row is updated after it.
  */
-int
-em_refresh_account_limits(const char *account, char **error)
+/*
+ * The account's provider customer (NULL when it has none), in the caller's
+ * SPI connection; EM007 for an account that does not exist, with every
+ * provider.
+ */
+static char *
+account_customer_of(const char *account)
 {
-	Datum		arg;
+	Datum		arg = CStringGetTextDatum(account);
 	bool		isnull;
-	char	   *customer = NULL;
-	List	   *limits;
+	Datum		d;
 
-	arg = CStringGetTextDatum(account);
 	em_exec(&account_customer, &arg, NULL, 1);
 	if (SPI_processed == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_EARMARK_UNKNOWN_ACCOUNT),
 				 errmsg("account \"%s\" does not exist", account)));
-	{
-		Datum		d = em_get(0, 1, &isnull);
+	d = em_get(0, 1, &isnull);
+	return isnull ? NULL : TextDatumGetCString(d);
+}
 
-		if (!isnull)
-			customer = TextDatumGetCString(d);
-	}
+int
+em_refresh_account_limits(const char *account, char **error)
+{
+	char	   *customer = account_customer_of(account);
+	List	   *limits;
 
 	limits = em_provider_limits(account, customer, NULL, NULL, error, NULL);
 	if (*error)
@@ -401,13 +407,7 @@ earmark_refresh_limits(PG_FUNCTION_ARGS)
 	if (earmark_provider == EM_PROVIDER_LOCAL)
 	{
 		/* nothing to read, but an unknown account is an error everywhere */
-		Datum		arg = PointerGetDatum(account);
-
-		em_exec(&account_customer, &arg, NULL, 1);
-		if (SPI_processed == 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_EARMARK_UNKNOWN_ACCOUNT),
-					 errmsg("account \"%s\" does not exist", text_to_cstring(account))));
+		(void) account_customer_of(text_to_cstring(account));
 		SPI_finish();
 		PG_RETURN_INT32(0);
 	}
@@ -491,7 +491,6 @@ earmark_store_limits(PG_FUNCTION_ARGS)
 	text	   *account = em_arg_name(fcinfo, 0, "account");
 	char	   *name = text_to_cstring(account);
 	List	   *limits;
-	Datum		arg = PointerGetDatum(account);
 	int			n;
 
 	if (PG_ARGISNULL(1) || PG_ARGISNULL(2))
@@ -503,11 +502,7 @@ earmark_store_limits(PG_FUNCTION_ARGS)
 	/* the provider limits stored are read after the refresh lock's wait */
 	em_require_read_committed("earmark.store_limits");
 	SPI_connect();
-	em_exec(&account_customer, &arg, NULL, 1);
-	if (SPI_processed == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_EARMARK_UNKNOWN_ACCOUNT),
-				 errmsg("account \"%s\" does not exist", name)));
+	(void) account_customer_of(name);
 	n = store_account_limits(name, limits);
 	SPI_finish();
 	PG_RETURN_INT32(n);
