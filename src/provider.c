@@ -870,8 +870,38 @@ build_write(EmMeterOp *op, const char *base, const char *token, EmHttpRequest *r
 	return true;
 }
 
-void
-em_meter_write(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg)
+/* a meter write's answer: success is the status */
+static void
+take_write(EmMeterOp *op, EmHttpRequest *r)
+{
+	op->http_status = r->status;
+	op->retry_at = r->retry_at;
+	op->elapsed_ms = r->elapsed_ms;
+	op->ok = r->error == NULL && r->status >= 200 && r->status < 300;
+	if (!op->ok)
+		op->error = status_error(r);
+	if (r->status == 401 && earmark_provider == EM_PROVIDER_KINDE)
+		forget_kinde_token();
+}
+
+/* what a write and a read each do with one op: locally, or over HTTP */
+typedef struct MeterCall
+{
+	void		(*local) (EmMeterOp *op);
+	bool		(*build) (EmMeterOp *op, const char *base, const char *token,
+						  EmHttpRequest *req);
+	void		(*take) (EmMeterOp *op, EmHttpRequest *r);
+} MeterCall;
+
+/*
+ * ops through the local provider, or as HTTP requests sent
+ * earmark_report_parallel at a time.  An op whose request cannot be made
+ * keeps the error its build gave; when provider_connect cannot make the
+ * requests (no address, or no token to be had), every op carries its error.
+ * Each request's own failure is the op's answer (take).
+ */
+static void
+meter_run(const MeterCall *call, EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg)
 {
 	EmHttpRequest *reqs;
 	int		   *which;
@@ -885,7 +915,7 @@ em_meter_write(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg)
 	if (earmark_provider == EM_PROVIDER_LOCAL)
 	{
 		for (i = 0; i < n; i++)
-			local_write_one(&ops[i]);
+			call->local(&ops[i]);
 		return;
 	}
 
@@ -900,26 +930,22 @@ em_meter_write(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg)
 	which = palloc(sizeof(int) * n);
 	for (i = 0; i < n; i++)
 	{
-		if (build_write(&ops[i], base, token, &reqs[m]))
+		if (call->build(&ops[i], base, token, &reqs[m]))
 			which[m++] = i;
 		else if (reqs[m].auth_header)
 			em_forget(reqs[m].auth_header, strlen(reqs[m].auth_header));
 	}
 	em_http_run(reqs, m, earmark_report_parallel, earmark_http_timeout_ms, tick, tick_arg);
 	for (i = 0; i < m; i++)
-	{
-		EmMeterOp  *op = &ops[which[i]];
-		EmHttpRequest *r = &reqs[i];
+		call->take(&ops[which[i]], &reqs[i]);
+}
 
-		op->http_status = r->status;
-		op->retry_at = r->retry_at;
-		op->elapsed_ms = r->elapsed_ms;
-		op->ok = r->error == NULL && r->status >= 200 && r->status < 300;
-		if (!op->ok)
-			op->error = status_error(r);
-		if (r->status == 401 && earmark_provider == EM_PROVIDER_KINDE)
-			forget_kinde_token();
-	}
+static const MeterCall meter_write_call = {local_write_one, build_write, take_write};
+
+void
+em_meter_write(EmMeterOp *ops, int n, EmHttpTick tick, void *tick_arg)
+{
+	meter_run(&meter_write_call, ops, n, tick, tick_arg);
 }
 
 /*
@@ -1017,44 +1043,12 @@ take_read(EmMeterOp *op, EmHttpRequest *r)
 	op->ok = true;
 }
 
+static const MeterCall meter_read_call = {local_read_one, build_read, take_read};
+
 void
 em_meter_read(EmMeterOp *ops, int n)
 {
-	EmHttpRequest *reqs;
-	int		   *which;
-	int			m = 0;
-	int			i;
-	const char *base;
-	const char *token = NULL;
-	char	   *error = NULL;
-
-	clear_ops(ops, n);
-	if (earmark_provider == EM_PROVIDER_LOCAL)
-	{
-		for (i = 0; i < n; i++)
-			local_read_one(&ops[i]);
-		return;
-	}
-
-	if (!provider_connect(&base, &token, NULL, NULL, &error))
-	{
-		for (i = 0; i < n; i++)
-			ops[i].error = error;
-		return;
-	}
-
-	reqs = palloc0(sizeof(EmHttpRequest) * n);
-	which = palloc(sizeof(int) * n);
-	for (i = 0; i < n; i++)
-	{
-		if (build_read(&ops[i], base, token, &reqs[m]))
-			which[m++] = i;
-		else if (reqs[m].auth_header)
-			em_forget(reqs[m].auth_header, strlen(reqs[m].auth_header));
-	}
-	em_http_run(reqs, m, earmark_report_parallel, earmark_http_timeout_ms, NULL, NULL);
-	for (i = 0; i < m; i++)
-		take_read(&ops[which[i]], &reqs[i]);
+	meter_run(&meter_read_call, ops, n, NULL, NULL);
 }
 
 /* ---------------------------------------------------------------------
