@@ -255,12 +255,6 @@ limits_read_failed(const char *account, const char *error)
 }
 
 /*
- * Read one account's limits from the provider and store them, in the
- * caller's transaction.  Returns the number of limits read, or -1 with
- * *error set (the failure is recorded).  No earmark lock is held during the
- * read: the account row is updated after it.
- */
-/*
  * The account's provider customer (NULL when it has none), in the caller's
  * SPI connection; EM007 for an account that does not exist, with every
  * provider.
@@ -281,6 +275,12 @@ account_customer_of(const char *account)
 	return isnull ? NULL : TextDatumGetCString(d);
 }
 
+/*
+ * Read one account's limits from the provider and store them, in the
+ * caller's transaction.  Returns the number of limits read, or -1 with
+ * *error set (the failure is recorded).  No earmark lock is held during the
+ * read: the account row is updated after it.
+ */
 int
 em_refresh_account_limits(const char *account, char **error)
 {

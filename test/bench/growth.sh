@@ -10,9 +10,9 @@
 # GROWTH_ROUNDS interleaved rounds of earmark_many.sql and ref_many.sql
 # (bench_run: BENCH_CLIENTS clients, BENCH_SECONDS after BENCH_WARMUP,
 # each run after VACUUM ANALYZE and CHECKPOINT, the books checked), then
-# GROWTH_JOBS settled jobs more in each system, through each one's own
-# reserve and settle (2,000 a transaction, synchronous_commit off), and
-# VACUUM ANALYZE and CHECKPOINT.  Prints, per size and round, each job
+# GROWTH_JOBS settled jobs more in each system (bench_history: each one's
+# own reserve and settle, 1,000 a transaction, synchronous_commit off),
+# and VACUUM ANALYZE and CHECKPOINT.  Prints, per size and round, each job
 # table's rows and size with its indexes, jobs/s, full-page images and WAL
 # bytes a job.  Counts of full-page images follow the checkpoint: each run
 # starts on one, as gate.sh's do.
@@ -42,31 +42,6 @@ table() {
                || pg_size_pretty(pg_total_relation_size('$1')) FROM $1"
 }
 
-grow() {
-    em_psql -d "$BENCH_DB" >/dev/null <<SQL
-CREATE PROCEDURE pg_temp.grow(step int, n int)
-LANGUAGE plpgsql AS \$\$
-DECLARE
-    j bigint;
-BEGIN
-    FOR b IN 0 .. (n - 1) / 2000 LOOP
-        FOR i IN b * 2000 + 1 .. least(b * 2000 + 2000, n) LOOP
-            SELECT r.job_id INTO j
-              FROM earmark_reserve('a' || (i % $BENCH_ACCOUNTS + 1), 10, 'grow' || step || '-' || i) r;
-            PERFORM earmark_settle('a' || (i % $BENCH_ACCOUNTS + 1), j, 5);
-            PERFORM ref.settle(ref.reserve('a' || (i % $BENCH_ACCOUNTS + 1), 10,
-                                           'grow' || step || '-' || i), 5);
-        END LOOP;
-        COMMIT;
-    END LOOP;
-END \$\$;
-SET synchronous_commit = off;
-SET jit = off;
-CALL pg_temp.grow($1, $JOBS);
-SQL
-    em_psql -d "$BENCH_DB" -c "VACUUM ANALYZE" -c "CHECKPOINT" >/dev/null
-}
-
 ROWS=()
 for step in $(seq 0 "$STEPS"); do
     sizes="$(table earmark.job) / $(table ref.job)"
@@ -79,7 +54,7 @@ for step in $(seq 0 "$STEPS"); do
     done
     if [ "$step" -lt "$STEPS" ]; then
         em_log "growing: $JOBS settled jobs more in each system"
-        grow "$step"
+        bench_history "$JOBS" "grow$step-"
     fi
 done
 

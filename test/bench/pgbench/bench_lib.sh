@@ -129,14 +129,16 @@ bench_scenarios() {
 
 # History: BENCH_HISTORY (50,000) settled jobs in each system, spread over
 # the 10,000 accounts, through each system's own reserve and settle, 1,000
-# a transaction, with ANALYZE along the way.  A job table is never empty in
+# a transaction, with ANALYZE along the way.  bench_history [N [KEYS]]:
+# N jobs (BENCH_HISTORY) with keys KEYS || i ('history-'), so that a
+# second call (growth.sh) adds new jobs rather than finding old ones.  A job table is never empty in
 # use, and the planner needs to know it: a session whose cached generic
 # plans were made while earmark.job (or ref.job) was nearly empty keeps
 # scanning the whole table for every key and job look-up, and in one long
 # session nothing triggers a re-plan (measured: 100,000 reserves in one
 # session went from seconds to more than 15 minutes).
 bench_history() {
-    local n=${BENCH_HISTORY:-50000}
+    local n=${1:-${BENCH_HISTORY:-50000}} keys=${2:-history-}
     em_log "history: $n settled jobs in each system"
     em_psql -d "$BENCH_DB" >/dev/null <<SQL
 CREATE PROCEDURE pg_temp.history(n int)
@@ -146,9 +148,9 @@ DECLARE
 BEGIN
     FOR b IN 0 .. (n - 1) / 1000 LOOP
         FOR i IN b * 1000 + 1 .. least(b * 1000 + 1000, n) LOOP
-            SELECT r.job_id INTO j FROM earmark_reserve('a' || (i % $BENCH_ACCOUNTS + 1), 10, 'history-' || i) r;
+            SELECT r.job_id INTO j FROM earmark_reserve('a' || (i % $BENCH_ACCOUNTS + 1), 10, '$keys' || i) r;
             PERFORM earmark_settle('a' || (i % $BENCH_ACCOUNTS + 1), j, 5);
-            PERFORM ref.settle(ref.reserve('a' || (i % $BENCH_ACCOUNTS + 1), 10, 'history-' || i), 5);
+            PERFORM ref.settle(ref.reserve('a' || (i % $BENCH_ACCOUNTS + 1), 10, '$keys' || i), 5);
         END LOOP;
         IF b < 10 OR b % 10 = 0 THEN
             ANALYZE earmark.job;
