@@ -185,6 +185,13 @@ CREATE TABLE earmark.job (
     -- in; its settlement returns room only to a slot of that generation
     -- (added in 0.3.0, hence last)
     gen             bigint,
+    -- Led by the account, not by job_id, although led by job_id (rising)
+    -- a reserve's entry would go to the index's rightmost leaf and with a
+    -- long history write fewer full-page images: under SERIALIZABLE a
+    -- B-tree read locks the whole leaf, and a settlement reads and writes
+    -- its job's leaf, so every open hold in the same few leaves made
+    -- accounts that share no row fail one another with 40001
+    -- (isolation spec serializable_accounts, docs/benchmarks.md).
     PRIMARY KEY (account, job_id)
 ) WITH (fillfactor = 70);
 ALTER SEQUENCE earmark.job_id_seq OWNED BY earmark.job.job_id;
