@@ -34,11 +34,8 @@ em_setup
 em_start_cluster "$PORT" "shared_preload_libraries = 'earmark'" \
     "earmark.database = 'postgres'" "earmark.rate_limit = 0" \
     "max_wal_size = '4GB'" "checkpoint_timeout = '30min'"
-BENCH_TMP=$(mktemp -d /tmp/earmark-serializable.XXXXXX)
-chmod 755 "$BENCH_TMP"
-trap 'rm -rf "$BENCH_TMP"; em_stop_cluster' EXIT
 # shellcheck disable=SC1091
-source "$HERE/pgbench/bench_lib.sh"
+source "$HERE/pgbench/bench_lib.sh"     # its BENCH_TMP, removed on exit with the cluster
 bench_load
 
 # run LEVEL SCRIPT: one run at the level (PGOPTIONS spelling); leaves
