@@ -5,11 +5,11 @@
 # them.  REPEATABLE READ takes no predicate locks: its failures are those
 # of two transactions updating one row (the same account's budget, say),
 # which SERIALIZABLE has too; what SERIALIZABLE fails beyond them is its
-# read/write dependencies.  Each pgbench
-# run is a job (reserve, charge, settle: three transactions) and is not
-# retried (--max-tries=1): a job whose transaction fails counts as failed,
-# and the client goes on to the next.  The share of failed jobs is a
-# count, not a timing: the machine's load moves it little.
+# read/write dependencies.  Each pgbench run is a job (reserve, charge,
+# settle: three transactions) and is not retried (--max-tries=1): a job
+# whose transaction fails counts as failed, and the client goes on to the
+# next.  The share of failed jobs is a count, not a timing: the machine's
+# load moves it little.
 #
 #   sudo bash test/bench/serializable.sh
 #
@@ -46,8 +46,9 @@ source "$HERE/pgbench/bench_lib.sh"     # its BENCH_TMP, removed on exit with th
 bench_load
 
 # run LEVEL SCRIPT: one run at the level (PGOPTIONS spelling); leaves
-# "jobs/s | jobs done | jobs failed | of them 40001 | share failed" in row (not printed:
-# bench_check's verdict must reach this shell, not a subshell's)
+# "jobs/s | done | failed | of them 40001 | share failed" in
+# $BENCH_TMP/row, not printed: bench_check's verdict must reach this
+# shell, not a subshell's
 run() {
     local level=$1 script=$2 out=$BENCH_TMP/run.log
     em_psql -d "$BENCH_DB" -c "VACUUM ANALYZE" -c "CHECKPOINT" >/dev/null
