@@ -131,8 +131,8 @@ bench_scenarios() {
 # the 10,000 accounts, through each system's own reserve and settle, 1,000
 # a transaction, with ANALYZE along the way.  bench_history [N [KEYS]]:
 # N jobs (BENCH_HISTORY) with keys KEYS || i ('history-'), so that a
-# second call (growth.sh) adds new jobs rather than finding old ones.  A job table is never empty in
-# use, and the planner needs to know it: a session whose cached generic
+# second call (growth.sh) adds new jobs rather than finding old ones.  A
+# job table is never empty in use, and the planner needs to know it: a session whose cached generic
 # plans were made while earmark.job (or ref.job) was nearly empty keeps
 # scanning the whole table for every key and job look-up, and in one long
 # session nothing triggers a re-plan (measured: 100,000 reserves in one
