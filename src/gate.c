@@ -1776,7 +1776,7 @@ settle_release(text *account, Job *j, Settle *s, int32 slot)
  * statement (em_entry_settle_local, entries.c: a statement fewer); not
  * on Citus, which plans a statement of several writes in steps whose
  * intermediate results go to every node: there the statements run one
- * after another.
+ * after another; nor under SERIALIZABLE (below).
  */
 static void
 write_settlement(text *account, Job *j, Settle *s, int32 slot, bool marked)
@@ -1790,8 +1790,19 @@ write_settlement(text *account, Job *j, Settle *s, int32 slot, bool marked)
 		/* a cycle marked already needs the release only (budget.c) */
 		if (s->charged <= 0 || em_mark_seen(account, j->budget_id))
 			em_budget_release(account, j->budget_id, j->amount, s->charged);
-		else
+		else if (!IsolationIsSerializable())
 			em_entry_settle_local(account, j->budget_id, j->amount, s->charged);
+		else
+		{
+			/*
+			 * The planned statement finds the budget row by the planner's
+			 * choice: on a small table a sequential scan, whose predicate
+			 * lock is the whole table, so that any two accounts' settles
+			 * fail each other.  The direct release reads by budget_pkey.
+			 */
+			em_budget_release(account, j->budget_id, j->amount, s->charged);
+			em_mark_cycle(account, j->budget_id);
+		}
 		return;
 	}
 	wrote_budget = settle_release(account, j, s, slot);
