@@ -6,7 +6,9 @@
  *	  gate uses.
  *
  *	  Tables: earmark.account, earmark.account_limit (written here) and
- *	  earmark.budget (read here, locked by earmark_set_account).
+ *	  earmark.budget (read here, locked by earmark_set_account).  The
+ *	  cycle anchor that reserve and earmark_record_usage read is read by
+ *	  the account's key, by index from C on a single node (direct.c).
  *
  *	  Locks: earmark_set_account takes the account's lock exclusive (an
  *	  advisory lock in a key space no SQL function reaches, keyed by a
@@ -42,6 +44,7 @@
 
 #include "account.h"
 #include "cluster.h"
+#include "direct.h"
 #include "earmark.h"
 #include "spi.h"
 
@@ -221,18 +224,50 @@ static EmStatement account_anchor = {
 	1, {TEXTOID}
 };
 
-/* the anchor out of account_anchor's result; false if it found no row */
-static bool
-anchor_of_result(bool *has_anchor, TimestampTz *anchor)
-{
-	bool		isnull;
-	Datum		d;
+/*
+ * The same read by index from C (direct.c: by the primary key, in the
+ * snapshot the statement would take), on a single node; the statement on
+ * Citus, whose tables here are shells.  The statement's plan reads a small
+ * account table whole: under SERIALIZABLE that is a predicate lock on the
+ * table, which any other account's write of its own row (a limit
+ * refresh's flag, automatic escrow's slot count) conflicts with.  Read by
+ * the key, it is the row and its index page.
+ */
+static EmDirect anchor_of_account = {
+	.table = "account", .nkeys = 1, .keys = {"account"},
+	.ncols = 1, .cols = {"cycle_anchor"}
+};
 
-	if (SPI_processed == 0)
+/* the anchor in a new snapshot: a statement's, or with latest the latest */
+static bool
+read_anchor(text *account, bool latest, bool *has_anchor, TimestampTz *anchor)
+{
+	Datum		args[1];
+	Datum		v[1];
+	bool		n[1];
+	Snapshot	snap;
+	bool		found;
+
+	args[0] = PointerGetDatum(account);
+	if (em_distributed())
+	{
+		if (latest)
+			em_exec_latest(&account_anchor, args, NULL, 1);
+		else
+			em_exec(&account_anchor, args, NULL, 1);
+		found = SPI_processed > 0;
+		v[0] = found ? em_get(0, 1, &n[0]) : (Datum) 0;
+	}
+	else
+	{
+		snap = latest ? em_direct_latest_snapshot() : em_direct_statement_snapshot();
+		found = em_direct_get(&anchor_of_account, args, snap, v, n);
+		em_direct_release(snap);
+	}
+	if (!found)
 		return false;
-	d = em_get(0, 1, &isnull);
-	*has_anchor = !isnull;
-	*anchor = isnull ? 0 : DatumGetTimestampTz(d);
+	*has_anchor = !n[0];
+	*anchor = n[0] ? 0 : DatumGetTimestampTz(v[0]);
 	return true;
 }
 
@@ -246,12 +281,8 @@ anchor_of_result(bool *has_anchor, TimestampTz *anchor)
 bool
 em_account_anchor_shared(text *account, bool *has_anchor, TimestampTz *anchor)
 {
-	Datum		args[1];
-
 	account_lock(account, ShareLock);
-	args[0] = PointerGetDatum(account);
-	em_exec(&account_anchor, args, NULL, 1);
-	return anchor_of_result(has_anchor, anchor);
+	return read_anchor(account, false, has_anchor, anchor);
 }
 
 /*
@@ -262,11 +293,7 @@ em_account_anchor_shared(text *account, bool *has_anchor, TimestampTz *anchor)
 bool
 em_account_anchor_latest(text *account, bool *has_anchor, TimestampTz *anchor)
 {
-	Datum		args[1];
-
-	args[0] = PointerGetDatum(account);
-	em_exec_latest(&account_anchor, args, NULL, 1);
-	return anchor_of_result(has_anchor, anchor);
+	return read_anchor(account, true, has_anchor, anchor);
 }
 
 static EmStatement lock_account_row = {

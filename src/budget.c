@@ -30,11 +30,11 @@
  *	  Citus every taker runs on the node that holds the account (cluster.c
  *	  checks it).
  *
- *	  On a single node the row's lock and the writes of its used and held,
- *	  and the expiry of each dead job row, are made by index from C
- *	  (direct.c), as the SQL statements below would make them; on Citus,
- *	  or where the table has something the executor would run, the
- *	  statements are used.
+ *	  On a single node the row's look-up (em_budget_find) and lock, the
+ *	  writes of its used and held, and the expiry of each dead job row,
+ *	  are made by index from C (direct.c), as the SQL statements below
+ *	  would make them; on Citus, or where the table has something the
+ *	  executor would run, the statements are used.
  *
  *	  Every statement names the account (account = $1 on every relation),
  *	  so that on Citus it runs on the account's shard alone.
@@ -97,7 +97,8 @@ static EmStatement release_budget = {
 /*
  * The same lock by index from C (direct.c: as SELECT ... FOR UPDATE takes
  * it, READ COMMITTED's re-check and REPEATABLE READ's 40001 included), on
- * a single node; lock_budget through SPI on Citus.
+ * a single node; lock_budget through SPI on Citus.  Also the read without
+ * a lock of em_budget_find.
  */
 static EmDirect budget_of_cycle = {
 	.table = "budget", .nkeys = 3, .keys = {"account", "feature", "cycle_start"},
@@ -195,6 +196,51 @@ em_budget_lock(text *account, text *feature, TimestampTz start, EmBudget *b)
 	return true;
 }
 
+/* the cycle's budget row's id, without a lock (em_budget_find, on Citus) */
+static EmStatement find_budget = {
+	"SELECT budget_id FROM earmark.budget "
+	"WHERE account = $1 AND feature = $2 AND cycle_start = $3",
+	3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
+};
+
+/*
+ * The id of the cycle's budget row; false when it does not exist.  No
+ * lock: read as find_budget reads it, in the snapshot the statement would
+ * take, by budget_of_cycle's index from C on a single node.  find_budget's
+ * plan reads a small budget table whole, and under SERIALIZABLE that
+ * predicate lock on the table meets every other account's budget write
+ * (a reserve, a settle): two accounts' transactions that each recorded
+ * usage and reserved or settled failed each other with 40001 (isolation
+ * spec serializable_usage_accounts).
+ */
+bool
+em_budget_find(text *account, text *feature, TimestampTz start, int64 *budget_id)
+{
+	Datum		args[3];
+	Datum		v[7];
+	bool		n[7];
+	Snapshot	snap;
+	bool		found;
+
+	args[0] = PointerGetDatum(account);
+	args[1] = PointerGetDatum(feature);
+	args[2] = TimestampTzGetDatum(start);
+	if (em_distributed())
+	{
+		em_exec(&find_budget, args, NULL, 1);
+		if (SPI_processed == 0)
+			return false;
+		*budget_id = em_get_int64(0, 1, 0);
+		return true;
+	}
+	snap = em_direct_statement_snapshot();
+	found = em_direct_get(&budget_of_cycle, args, snap, v, n);
+	em_direct_release(snap);
+	if (found)
+		*budget_id = DatumGetInt64(v[0]);
+	return found;
+}
+
 /* create the cycle's row unless it exists (the caller then locks it) */
 void
 em_budget_create(text *account, text *feature, TimestampTz start,
@@ -249,15 +295,15 @@ change_numbers(Datum *values, bool *nulls, void *arg)
 	return true;
 }
 
-/* the change by index from C; false when the SQL must make it */
-static bool
+/* the change by index from C: EM_DIRECT_UNWRITABLE when the SQL must make it */
+static EmDirectWrite
 budget_change_direct(text *account, int64 budget_id, BudgetChange *c)
 {
 	Datum		keys[2];
 
 	keys[0] = PointerGetDatum(account);
 	keys[1] = Int64GetDatum(budget_id);
-	return em_direct_update(&budget_numbers, keys, change_numbers, c) != EM_DIRECT_UNWRITABLE;
+	return em_direct_update(&budget_numbers, keys, change_numbers, c);
 }
 
 void
@@ -266,7 +312,7 @@ em_budget_write(text *account, int64 budget_id, int64 used, int64 held)
 	BudgetChange c = {true, used, held};
 	Datum		args[4];
 
-	if (budget_change_direct(account, budget_id, &c))
+	if (budget_change_direct(account, budget_id, &c) != EM_DIRECT_UNWRITABLE)
 		return;
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
@@ -275,20 +321,26 @@ em_budget_write(text *account, int64 budget_id, int64 used, int64 held)
 	em_exec(&write_budget, args, NULL, 0);
 }
 
-/* holds of *released ended, *charged of them used: into the budget row */
-void
+/*
+ * holds of *released ended, *charged of them used: into the budget row;
+ * whether the row was written (a BEFORE trigger may skip it, an operator
+ * may have deleted it)
+ */
+bool
 em_budget_release(text *account, int64 budget_id, int64 released, int64 charged)
 {
 	BudgetChange c = {false, charged, released};
 	Datum		args[4];
+	EmDirectWrite w = budget_change_direct(account, budget_id, &c);
 
-	if (budget_change_direct(account, budget_id, &c))
-		return;
+	if (w != EM_DIRECT_UNWRITABLE)
+		return w == EM_DIRECT_WRITTEN;
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
 	args[2] = Int64GetDatum(released);
 	args[3] = Int64GetDatum(charged);
 	em_exec(&release_budget, args, NULL, 0);
+	return SPI_processed > 0;
 }
 
 /* limit - used - held, at least 0; unlimited reads as PG_INT64_MAX */

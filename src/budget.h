@@ -63,11 +63,13 @@ typedef struct EmBudget
 
 extern bool em_budget_lock(text *account, text *feature, TimestampTz start,
 						   EmBudget *b);
+extern bool em_budget_find(text *account, text *feature, TimestampTz start,
+						   int64 *budget_id);
 extern void em_budget_create(text *account, text *feature, TimestampTz start,
 							 TimestampTz end);
 extern void em_budget_write(text *account, int64 budget_id, int64 used,
 							int64 held);
-extern void em_budget_release(text *account, int64 budget_id, int64 released,
+extern bool em_budget_release(text *account, int64 budget_id, int64 released,
 							  int64 charged);
 extern EmAdmit em_budget_admit(EmHold *h, EmBudget *b);
 extern int64 em_bigint_sum(INT128 sum);

@@ -92,7 +92,10 @@ static EmStatement key_rows = {
  * first; the caller runs it when it saw no mark (em_mark_seen).  (The job
  * row, which the caller's settlement wrote, is the ledger entry.)  Not on
  * Citus, which plans a statement of several writes
- * in steps whose intermediate results go to every node.
+ * in steps whose intermediate results go to every node; nor under
+ * SERIALIZABLE, where the plan's read of the budget table (a sequential
+ * scan of a small one) would be a predicate lock on every account's
+ * budgets (gate.c's write_settlement).
  */
 static EmStatement settle_local = {
 	"WITH b AS (UPDATE earmark.budget SET held = held - $3, used = used + $4 "

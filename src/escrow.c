@@ -391,6 +391,26 @@ add_slot(Datum *values, bool *nulls, void *arg)
 	return true;
 }
 
+/*
+ * The budget's slots' used and held, summed as snap sees them, by index
+ * from C (a single node): what gate.c reports as the room of a budget a
+ * repeated key's job is in.
+ */
+void
+em_escrow_slot_totals(text *account, int64 budget_id, Snapshot snap,
+					  int64 *used, int64 *held)
+{
+	Datum		keys[2];
+	INT128		sums[3];
+
+	keys[0] = PointerGetDatum(account);
+	keys[1] = Int64GetDatum(budget_id);
+	sums[0] = sums[1] = sums[2] = int64_to_int128(0);
+	(void) em_direct_scan(&slots_of_budget, keys, snap, add_slot, sums);
+	*used = em_bigint_sum(sums[0]);
+	*held = em_bigint_sum(sums[1]);
+}
+
 /* false when fast_numbers would return no row */
 static bool
 fast_read_direct(EmHold *h, TimestampTz cycle_start, Snapshot snap, FastRead *f)

@@ -11,6 +11,8 @@
 
 #include "postgres.h"
 
+#include "utils/snapshot.h"
+
 #include "budget.h"
 
 /* a budget's numbers as the fast path saw them, before its hold */
@@ -41,5 +43,7 @@ extern bool em_escrow_slot_move(text *account, int64 budget_id, int32 slot,
 extern EmAdmit em_escrow_rebalance(EmHold *h, EmBudget *b, int64 *remaining);
 extern int	em_random_slot(int slots);
 extern void em_escrow_set_slots(text *account, int64 budget_id, int slots);
+extern void em_escrow_slot_totals(text *account, int64 budget_id, Snapshot snap,
+								  int64 *used, int64 *held);
 
 #endif							/* EARMARK_ESCROW_H */

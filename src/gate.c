@@ -50,16 +50,23 @@
  *	  Every statement names the account (account = $1 on every relation),
  *	  so that on Citus it runs on the account's shard alone; the one
  *	  statement of several writes (a settlement's budget and
- *	  mark, em_entry_settle_local) runs only on a single node.  A lease end
+ *	  mark, em_entry_settle_local) runs only on a single node, and not
+ *	  under SERIALIZABLE (write_settlement).  A lease end
  *	  computed from a column is done in UTC timestamps, which Citus accepts
  *	  in an UPDATE (timestamptz + interval is only STABLE).
  *
- *	  On a single node the charge that fits (charge_fits) and the
+ *	  On a single node the charge that fits (charge_fits), the charge past
+ *	  the hold (write_charge), the heartbeat (heartbeat_job) and the
  *	  settlement (settle_job) update the job row from C (direct.c,
  *	  em_direct_update), as those statements would, with their locks: the
- *	  statement's WHERE clause and SET clause are charge_fit and settle_fit
- *	  below; on Citus, or where the table has something the executor would
- *	  run, the statements run.
+ *	  statement's WHERE clause and SET clause are charge_fit, heartbeat_fit
+ *	  and settle_fit below; on Citus, or where the table has something the
+ *	  executor would run, the statements run.  The calls' other reads and
+ *	  locks of a row go by key from C too: a planned statement on a small
+ *	  table runs as a sequential scan, which under SERIALIZABLE is a
+ *	  predicate lock on every account's rows, so that two accounts that
+ *	  share no row would fail each other with 40001
+ *	  (sql/serializable_reads.sql, isolation spec serializable_small).
  *
  *	  Time is the wall clock (GetCurrentTimestamp), not the transaction
  *	  start: a lease that passes inside a long transaction has passed.
@@ -246,12 +253,6 @@ enum
 {
 	RS_ANCHOR = 1, RS_ESCROW_SLOTS, RS_FETCHED_AT, RS_WANTED, RS_HAS_LIMIT,
 	RS_SOURCE, RS_JOB_ID, RS_AMOUNT, RS_FEATURE, RS_BUDGET_ID, RS_LIM
-};
-
-/* the cycle's budget row, if it exists (no lock) */
-static EmStatement cycle_budget_id = {
-	"SELECT budget_id FROM earmark.budget WHERE account = $1 AND feature = $2 AND cycle_start = $3",
-	3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
 };
 
 static EmStatement job_by_key = {
@@ -514,6 +515,50 @@ existing_job(Reserve *r, KeyJob *k)
 	return k->budget_id;
 }
 
+/*
+ * budget_numbers by index from C on a single node, in one snapshot taken
+ * as the SQL's: a planned statement would read small tables whole, which
+ * under SERIALIZABLE is a predicate lock on every account's rows
+ * (sql/serializable_reads.sql).  The limit's row is limit_row's.
+ */
+static EmDirect budget_totals = {
+	.table = "budget", .nkeys = 2, .keys = {"account", "budget_id"},
+	.ncols = 3, .cols = {"used", "held", "feature"}
+};
+
+static void
+remaining_of_budget_direct(text *account, int64 budget_id, Admission *result)
+{
+	Snapshot	snap = em_direct_statement_snapshot();
+	Datum		keys[2];
+	Datum		v[EM_DIRECT_MAX_COLS];
+	bool		n[EM_DIRECT_MAX_COLS];
+	int64		used;
+	int64		held;
+	int64		slots_used;
+	int64		slots_held;
+	bool		known;
+
+	keys[0] = PointerGetDatum(account);
+	keys[1] = Int64GetDatum(budget_id);
+	if (!em_direct_get(&budget_totals, keys, snap, v, n))
+	{
+		em_direct_release(snap);
+		return;
+	}
+	used = DatumGetInt64(v[0]) + em_budget_recorded(account, budget_id, snap);
+	held = DatumGetInt64(v[1]);
+	em_escrow_slot_totals(account, budget_id, snap, &slots_used, &slots_held);
+	used += slots_used;
+	held += slots_held;
+	keys[1] = v[2];				/* the budget's feature */
+	known = em_direct_get(&limit_row, keys, snap, v, n);
+	em_direct_release(snap);
+	result->unlimited = known && n[0];
+	result->remaining = known ?
+		em_room_left(result->unlimited, n[0] ? 0 : DatumGetInt64(v[0]), used, held) : 0;
+}
+
 /* "remaining" of the existing job's budget */
 static void
 remaining_of_budget(text *account, int64 budget_id, Admission *result)
@@ -521,6 +566,11 @@ remaining_of_budget(text *account, int64 budget_id, Admission *result)
 	Datum		args[2];
 	bool		isnull;
 
+	if (!em_distributed())
+	{
+		remaining_of_budget_direct(account, budget_id, result);
+		return;
+	}
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
 	em_exec(&budget_numbers, args, NULL, 1);
@@ -939,7 +989,7 @@ rate_limited(Reserve *r)
 {
 	TimestampTz start;
 	TimestampTz end;
-	Datum		args[3];
+	int64		budget_id;
 
 	if (em_rate_conforms(r->h.account, r->h.now))
 	{
@@ -948,12 +998,8 @@ rate_limited(Reserve *r)
 	}
 	r->result->reason = "rate limited";
 	em_cycle_bounds(r->anchor, r->has_anchor, r->h.now, &start, &end);
-	args[0] = PointerGetDatum(r->h.account);
-	args[1] = PointerGetDatum(r->h.feature);
-	args[2] = TimestampTzGetDatum(start);
-	em_exec(&cycle_budget_id, args, NULL, 1);
-	if (SPI_processed == 1)
-		remaining_of_budget(r->h.account, em_get_int64(0, 1, 0), r->result);
+	if (em_budget_find(r->h.account, r->h.feature, start, &budget_id))
+		remaining_of_budget(r->h.account, budget_id, r->result);
 	else
 		r->result->remaining = r->no_budget_remaining;
 	return true;
@@ -1182,15 +1228,53 @@ job_slot_from_spi(Job *j, int slot_col, int gen_col)
 	j->gen = isnull ? 0 : DatumGetInt64(d);
 }
 
+/*
+ * lock_job by index from C on a single node (direct.c: the lock as SELECT
+ * ... FOR UPDATE takes it, READ COMMITTED's newest version and REPEATABLE
+ * READ's 40001 included): a planned statement would read a small job table
+ * whole, which under SERIALIZABLE is a predicate lock on every account's
+ * jobs (sql/serializable_reads.sql).
+ */
+static EmDirect job_row = {
+	.table = "job", .nkeys = 2, .keys = {"account", "job_id"},
+	.ncols = 9, .cols = {"budget_id", "amount", "used", "status", "lease_until", "lease",
+	"last_step", "slot", "gen"}
+};
+
+static void
+job_from_direct(Datum *v, bool *n, Job *j)
+{
+	j->budget_id = DatumGetInt64(v[0]);
+	j->amount = DatumGetInt64(v[1]);
+	j->used = DatumGetInt64(v[2]);
+	j->status = status_const(TextDatumGetCString(v[3]));
+	j->lease_until = DatumGetTimestampTz(v[4]);
+	j->lease = DatumGetIntervalP(v[5]);
+	j->has_last_step = !n[6];
+	j->last_step = n[6] ? 0 : DatumGetInt64(v[6]);
+	j->has_slot = !n[7];
+	j->has_gen = !n[8];
+	j->gen = n[8] ? 0 : DatumGetInt64(v[8]);
+}
+
 static void
 read_job(text *account, int64 job_id, Job *j)
 {
 	Datum		args[2];
+	Datum		v[EM_DIRECT_MAX_COLS];
+	bool		n[EM_DIRECT_MAX_COLS];
 	bool		isnull;
 	Datum		d;
 
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(job_id);
+	if (!em_distributed())
+	{
+		if (!em_direct_lock(&job_row, args, v, n))
+			unknown_job(account, job_id);
+		job_from_direct(v, n, j);
+		return;
+	}
 	em_exec(&lock_job, args, NULL, 1);
 	if (SPI_processed == 0)
 		unknown_job(account, job_id);
@@ -1335,6 +1419,71 @@ charge_fitting(text *account, int64 job_id, int64 tokens, bool has_step,
 }
 
 /*
+ * write_charge on the job row charge_locked holds: from C on a single
+ * node (the same columns, job_charge_write), else the SQL.
+ */
+static EmDirect job_charge_write = {
+	.table = "job", .nkeys = 2, .keys = {"account", "job_id"},
+	.ncols = 4, .cols = {"used", "last_step", "status", "lease_until"},
+	.nwrite = 4, .types = {INT8OID, INT8OID, TEXTOID, TIMESTAMPTZOID},
+	.nullok = {[1] = true}
+};
+
+typedef struct ChargeWrite
+{
+	int64		used;
+	bool		has_step;
+	int64		step;
+	const char *status;
+	TimestampTz renewed;
+} ChargeWrite;
+
+static bool
+charge_write_fit(Datum *v, bool *n, void *arg)
+{
+	ChargeWrite *w = (ChargeWrite *) arg;
+
+	v[0] = Int64GetDatum(w->used);
+	if (w->has_step)
+	{
+		v[1] = Int64GetDatum(w->step);
+		n[1] = false;
+	}
+	v[2] = CStringGetTextDatum(w->status);
+	v[3] = TimestampTzGetDatum(Max(DatumGetTimestampTz(v[3]), w->renewed));
+	return true;
+}
+
+static void
+write_charge_locked(text *account, int64 job_id, Job *j, bool has_step,
+					int64 step, const char *status, TimestampTz renewed)
+{
+	ChargeWrite cw = {j->used, has_step, step, status, renewed};
+	Datum		args[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+
+	if (job_write_direct(&job_charge_write, account, job_id, charge_write_fit, &cw) !=
+		EM_DIRECT_UNWRITABLE)
+		return;
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(job_id);
+	args[2] = Int64GetDatum(j->used);
+	args[3] = Int64GetDatum(step);
+	nulls[3] = has_step ? ' ' : 'n';
+	args[4] = CStringGetTextDatum(status);
+	args[5] = TimestampTzGetDatum(renewed);
+	em_exec(&write_charge, args, nulls, 0);
+	/* the row is locked: only a trigger or a rule can have kept it */
+	if (SPI_processed != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+				 errmsg("the charge of job " INT64_FORMAT " of account \"%s\" was not written",
+						job_id, text_to_cstring(account)),
+				 errdetail("The job's update wrote no row."),
+				 errhint("A BEFORE UPDATE trigger or a rule on earmark.job must let earmark's update through.")));
+}
+
+/*
  * The general path: capped, a repeated step, a dead lease, settled, or
  * unknown; the job row locked.
  */
@@ -1343,8 +1492,6 @@ charge_locked(text *account, int64 job_id, int64 tokens, bool has_step,
 			  int64 step, TimestampTz now, Charge *c)
 {
 	Job			j;
-	Datum		args[6];
-	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
 
 	read_job(account, job_id, &j);
 	c->status = j.status;
@@ -1361,14 +1508,8 @@ charge_locked(text *account, int64 job_id, int64 tokens, bool has_step,
 		j.used += c->charged;
 		if (c->capped)
 			c->status = "capped";
-		args[0] = PointerGetDatum(account);
-		args[1] = Int64GetDatum(job_id);
-		args[2] = Int64GetDatum(j.used);
-		args[3] = Int64GetDatum(step);
-		nulls[3] = has_step ? ' ' : 'n';
-		args[4] = CStringGetTextDatum(c->status);
-		args[5] = TimestampTzGetDatum(em_plus_utc(now, j.lease));
-		em_exec(&write_charge, args, nulls, 0);
+		write_charge_locked(account, job_id, &j, has_step, step,
+							c->status, em_plus_utc(now, j.lease));
 	}
 	c->room = j.amount - j.used;
 }
@@ -1445,6 +1586,93 @@ static EmStatement job_exists = {
 	2, {TEXTOID, INT8OID}
 };
 
+/*
+ * heartbeat_job from C on a single node (direct.c), as job_charge is for
+ * the charge: its WHERE clause tested in heartbeat_fit on the version the
+ * UPDATE would update (the newest after a concurrent update, under READ
+ * COMMITTED), its SET clause computed there.  A planned statement would
+ * read a small job table whole, which under SERIALIZABLE is a predicate
+ * lock on every account's jobs (sql/serializable_reads.sql).
+ */
+static EmDirect job_heartbeat = {
+	.table = "job", .nkeys = 2, .keys = {"account", "job_id"},
+	.ncols = 3, .cols = {"lease_until", "status", "lease"},
+	.nwrite = 1, .types = {TIMESTAMPTZOID, TEXTOID, INTERVALOID}
+};
+
+typedef struct HeartbeatFit
+{
+	TimestampTz now;
+	TimestampTz lease_until;	/* the new lease end */
+} HeartbeatFit;
+
+static bool
+heartbeat_fit(Datum *v, bool *n, void *arg)
+{
+	HeartbeatFit *h = (HeartbeatFit *) arg;
+	TimestampTz lease_until = DatumGetTimestampTz(v[0]);
+	TimestampTz renewed;
+
+	if (!(text_is(v[1], "running") || text_is(v[1], "capped")) || lease_until < h->now)
+		return false;
+	renewed = em_plus_utc(h->now, DatumGetIntervalP(v[2]));
+	h->lease_until = Max(lease_until, renewed);
+	v[0] = TimestampTzGetDatum(h->lease_until);
+	return true;
+}
+
+/* whether the job exists, in the statement's snapshot, by index from C */
+static bool
+job_found_direct(text *account, int64 job_id)
+{
+	Snapshot	snap = em_direct_statement_snapshot();
+	Datum		keys[2];
+	Datum		v[EM_DIRECT_MAX_COLS];
+	bool		n[EM_DIRECT_MAX_COLS];
+	bool		found;
+
+	keys[0] = PointerGetDatum(account);
+	keys[1] = Int64GetDatum(job_id);
+	found = em_direct_get(&job_heartbeat, keys, snap, v, n);
+	em_direct_release(snap);
+	return found;
+}
+
+/*
+ * The lease renewed: from C on a single node, else heartbeat_job; false
+ * when the job is not open or its lease has passed (an unknown job is an
+ * error).
+ */
+static bool
+heartbeat_write(text *account, int64 job_id, TimestampTz now,
+				TimestampTz *lease_until)
+{
+	HeartbeatFit fit = {now, 0};
+	EmDirectWrite w = job_write_direct(&job_heartbeat, account, job_id, heartbeat_fit, &fit);
+	Datum		args[3];
+	bool		isnull;
+
+	if (w == EM_DIRECT_WRITTEN)
+		*lease_until = fit.lease_until;
+	if (w == EM_DIRECT_NO_ROW && !job_found_direct(account, job_id))
+		unknown_job(account, job_id);
+	if (w != EM_DIRECT_UNWRITABLE)
+		return w == EM_DIRECT_WRITTEN;
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(job_id);
+	args[2] = TimestampTzGetDatum(now);
+	em_exec(&heartbeat_job, args, NULL, 1);
+	if (SPI_processed == 1)
+	{
+		*lease_until = DatumGetTimestampTz(em_get(0, 1, &isnull));
+		return true;
+	}
+	em_exec(&job_exists, args, NULL, 1);
+	if (SPI_processed == 0)
+		unknown_job(account, job_id);
+	return false;
+}
+
 static Datum heartbeat_body(PG_FUNCTION_ARGS);
 
 /* the body under earmark's own search path (spi.c): no SET clause */
@@ -1459,29 +1687,15 @@ heartbeat_body(PG_FUNCTION_ARGS)
 {
 	text	   *account;
 	int64		job_id;
-	Datum		args[3];
 	TimestampTz result = 0;
 	bool		found;
-	bool		isnull;
 
 	em_require_schema();
 	account = em_arg_name(fcinfo, 0, "account");
 	job_id = em_arg_int64(fcinfo, 1, "job_id");
 
 	SPI_connect();
-	args[0] = PointerGetDatum(account);
-	args[1] = Int64GetDatum(job_id);
-	args[2] = TimestampTzGetDatum(GetCurrentTimestamp());
-	em_exec(&heartbeat_job, args, NULL, 1);
-	found = SPI_processed == 1;
-	if (found)
-		result = DatumGetTimestampTz(em_get(0, 1, &isnull));
-	else
-	{
-		em_exec(&job_exists, args, NULL, 1);
-		if (SPI_processed == 0)
-			unknown_job(account, job_id);
-	}
+	found = heartbeat_write(account, job_id, GetCurrentTimestamp(), &result);
 	SPI_finish();
 
 	if (!found)
@@ -1524,11 +1738,6 @@ heartbeat_body(PG_FUNCTION_ARGS)
  * budget row, the release only lowers held, and a rebalance hands it out
  * again only if the limit has room).
  */
-static EmStatement settle_budget = {
-	"UPDATE earmark.budget SET held = held - $3, used = used + $4 "
-	"WHERE account = $1 AND budget_id = $2",
-	4, {TEXTOID, INT8OID, INT8OID, INT8OID}
-};
 
 /* a free slot of the hold's generation ($4), from $3 up, or below $3 */
 static EmStatement settle_slot_from = {
@@ -1751,18 +1960,12 @@ settle_target(text *account, int64 job_id, const SettleFit *f, Job *j,
 static bool
 settle_release(text *account, Job *j, Settle *s, int32 slot)
 {
-	Datum		args[4];
-
 	/* into the slot: held to used, the rest back to room */
 	if (slot >= 0)
 		return em_escrow_slot_move(account, j->budget_id, slot,
 								   j->amount - s->charged, -j->amount, s->charged);
-	args[0] = PointerGetDatum(account);
-	args[1] = Int64GetDatum(j->budget_id);
-	args[2] = Int64GetDatum(j->amount);
-	args[3] = Int64GetDatum(s->charged);
-	em_exec(&settle_budget, args, NULL, 0);
-	return SPI_processed > 0;
+	/* by budget_pkey from C on a single node, budget.c's release_budget elsewhere */
+	return em_budget_release(account, j->budget_id, j->amount, s->charged);
 }
 
 /*
@@ -1797,11 +2000,15 @@ write_settlement(text *account, Job *j, Settle *s, int32 slot, bool marked)
 			/*
 			 * The planned statement finds the budget row by the planner's
 			 * choice: on a small table a sequential scan, whose predicate
-			 * lock is the whole table, so that any two accounts' settles
-			 * fail each other.  The direct release reads by budget_pkey.
+			 * lock is the whole table, on a larger one budget_order, whose
+			 * leaves cycles made together share; two accounts' first
+			 * charged settles of a cycle would fail each other.  The
+			 * release reads by budget_pkey from C (unless direct.c must
+			 * leave the row to the SQL: a trigger, a rule, row security on
+			 * earmark.budget); no mark for a row that was not written.
 			 */
-			em_budget_release(account, j->budget_id, j->amount, s->charged);
-			em_mark_cycle(account, j->budget_id);
+			if (em_budget_release(account, j->budget_id, j->amount, s->charged))
+				em_mark_cycle(account, j->budget_id);
 		}
 		return;
 	}
@@ -1955,6 +2162,43 @@ settle_write(text *account, int64 job_id, SettleFit *fit, Job *j, Settle *s)
 }
 
 /*
+ * job_status by index from C on a single node, in the snapshot the SQL
+ * would take (a planned statement would read a small job table whole,
+ * which under SERIALIZABLE is a predicate lock on every account's jobs).
+ */
+static EmDirect job_state = {
+	.table = "job", .nkeys = 2, .keys = {"account", "job_id"},
+	.ncols = 5, .cols = {"status", "budget_id", "amount", "slot", "gen"}
+};
+
+static bool
+settle_unmatched_direct(text *account, int64 job_id, Job *j, Settle *s)
+{
+	Snapshot	snap = em_direct_statement_snapshot();
+	Datum		keys[2];
+	Datum		v[EM_DIRECT_MAX_COLS];
+	bool		n[EM_DIRECT_MAX_COLS];
+	bool		found;
+
+	keys[0] = PointerGetDatum(account);
+	keys[1] = Int64GetDatum(job_id);
+	found = em_direct_get(&job_state, keys, snap, v, n);
+	em_direct_release(snap);
+	if (!found)
+		unknown_job(account, job_id);
+	s->status = status_const(TextDatumGetCString(v[0]));
+	if (!is_open(s->status))
+		return false;
+	memset(j, 0, sizeof(Job));
+	j->budget_id = DatumGetInt64(v[1]);
+	j->amount = DatumGetInt64(v[2]);
+	j->has_slot = !n[3];
+	j->has_gen = !n[4];
+	j->gen = n[4] ? 0 : DatumGetInt64(v[4]);
+	return true;
+}
+
+/*
  * A job settle_write did not match, read (job_status): false, with its
  * status in *s, when it is closed; true when it is open, and then *j says
  * whether it was taken from a slot.
@@ -1967,6 +2211,8 @@ settle_unmatched(text *account, int64 job_id, Job *j, Settle *s)
 
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(job_id);
+	if (!em_distributed())
+		return settle_unmatched_direct(account, job_id, j, s);
 	em_exec(&job_status, args, NULL, 1);
 	if (SPI_processed == 0)
 		unknown_job(account, job_id);
@@ -1978,6 +2224,22 @@ settle_unmatched(text *account, int64 job_id, Job *j, Settle *s)
 	j->amount = em_get_int64(0, 3, 0);
 	job_slot_from_spi(j, 4, 5);
 	return true;
+}
+
+/*
+ * An open job whose settlement's update wrote nothing, again and again:
+ * an operator's trigger or rule on earmark.job kept the row as it was.
+ * Without this the settle would try for ever.
+ */
+static void
+settlement_skipped(text *account, int64 job_id)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+			 errmsg("the settlement of job " INT64_FORMAT " of account \"%s\" was not written",
+					job_id, text_to_cstring(account)),
+			 errdetail("The job is open, and its update wrote no row."),
+			 errhint("A BEFORE UPDATE trigger or a rule on earmark.job must let earmark's update through.")));
 }
 
 /*
@@ -1998,11 +2260,15 @@ settle_job_now(text *account, int64 job_id, bool has_used, int64 used,
 	bool		marked = false;
 	Job			j;
 	SettleWrite w;
+	int			passes = 0;
 
 	while ((w = settle_write(account, job_id, &fit, &j, s)) != SW_WRITTEN)
 	{
 		if (w == SW_UNMATCHED && !settle_unmatched(account, job_id, &j, s))
 			return;
+		/* at most: not yet visible, then a slot job's target, then written */
+		if (++passes > 3)
+			settlement_skipped(account, job_id);
 		if (fit.slot_first && j.has_slot && j.has_gen)
 		{
 			if (!settle_target(account, job_id, &fit, &j, s, &slot, &marked))

@@ -10,6 +10,11 @@
  *	  earmark.meter_mark, and earmark.budget rows, which are created here
  *	  on a cycle's first usage but not locked (a positive record touches no
  *	  budget row: that is what keeps many writers on one account apart).
+ *	  The budget row and the account's anchor are read by their keys, by
+ *	  index from C on a single node (budget.c em_budget_find, account.c):
+ *	  under SERIALIZABLE their statements' plans read small tables whole,
+ *	  a predicate lock that every other account's write of those tables
+ *	  conflicts with.
  *
  *	  Locks:
  *	  - the account's advisory lock, shared (as reserve takes it), so that
@@ -68,13 +73,6 @@ static EmStatement key_row = {
 	"WHERE l.account = $1 AND l.entry_key = $2",
 	2, {TEXTOID, TEXTOID}
 };
-
-static EmStatement find_budget = {
-	"SELECT budget_id FROM earmark.budget "
-	"WHERE account = $1 AND feature = $2 AND cycle_start = $3",
-	3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
-};
-
 
 static EmStatement lock_budget_for_correction = {
 	"UPDATE earmark.budget SET slot_rec = NULL WHERE account = $1 AND budget_id = $2",
@@ -275,32 +273,16 @@ lock_anchor(text *account, bool *has_anchor, TimestampTz *anchor)
 		check_anchor_current(account, *has_anchor, *anchor);
 }
 
-/* the budget row of the cycle that starts at start, if it has one */
-static bool
-existing_budget(text *account, text *feature, TimestampTz start, int64 *budget_id)
-{
-	Datum		args[3];
-
-	args[0] = PointerGetDatum(account);
-	args[1] = PointerGetDatum(feature);
-	args[2] = TimestampTzGetDatum(start);
-	em_exec(&find_budget, args, NULL, 1);
-	if (SPI_processed == 0)
-		return false;
-	*budget_id = em_get_int64(0, 1, 0);
-	return true;
-}
-
 /* the budget row of the cycle that contains occurred_at, created on first use */
 static int64
 usage_budget(text *account, text *feature, TimestampTz start, TimestampTz end)
 {
 	int64		budget_id;
 
-	if (existing_budget(account, feature, start, &budget_id))
+	if (em_budget_find(account, feature, start, &budget_id))
 		return budget_id;
 	em_budget_create(account, feature, start, end);
-	if (!existing_budget(account, feature, start, &budget_id))
+	if (!em_budget_find(account, feature, start, &budget_id))
 		elog(ERROR, "earmark: budget row of account \"%s\" vanished",
 			 text_to_cstring(account));
 	return budget_id;
@@ -452,7 +434,7 @@ bool
 em_usage_existing_budget(text *account, text *feature, TimestampTz start,
 						 int64 *budget_id)
 {
-	return existing_budget(account, feature, start, budget_id);
+	return em_budget_find(account, feature, start, budget_id);
 }
 
 void
