@@ -5,9 +5,10 @@
 -- statement triggers on earmark.job and earmark.budget that count the
 -- rows each call wrote.  A BEFORE trigger that skips a write: the cycle is
 -- marked only for a budget row that was written (under READ COMMITTED and
--- under SERIALIZABLE alike), and a settlement or a charge that a trigger
--- keeps from the job row fails with 09000 instead of answering as if it
--- had been written (a settle would otherwise try for ever).  Then a
+-- under SERIALIZABLE alike), and a settlement, a charge or a heartbeat
+-- that a trigger keeps from the job row fails with 09000 instead of
+-- answering as if it had been written, or as if the job had closed (a
+-- settle would otherwise try for ever).  Then a
 -- repeated key's and a rate-limited reserve's remaining room, and the
 -- tables a rate-limited reserve reads whole under SERIALIZABLE: none.
 SET client_min_messages = warning;
@@ -121,8 +122,9 @@ ROLLBACK;
 RESET earmark.rate_limit;
 SELECT count(*) AS check_rows FROM earmark_check();
 
--- 8. a BEFORE trigger that skips the job row's update: the settle and the
--- charge past the hold fail with 09000, and nothing changes
+-- 8. a BEFORE trigger that skips the job row's update: the settle, a
+-- charge past the hold or within it, and the heartbeat fail with 09000,
+-- and nothing changes
 SET earmark.rate_limit = 0;
 SELECT admitted FROM earmark_reserve('fb', 10, 'fb-5', lease => '1 hour');
 SELECT job_id AS skipped_job FROM earmark.job WHERE idempotency_key = 'fb-5' \gset
@@ -131,6 +133,8 @@ CREATE TRIGGER em_test_job_skip BEFORE UPDATE ON earmark.job FOR EACH ROW EXECUT
 \set VERBOSITY sqlstate
 SELECT charged, released, status FROM earmark_settle('fb', :skipped_job, 4);
 SELECT charged, capped FROM earmark_charge('fb', :skipped_job, 500);
+SELECT charged, capped FROM earmark_charge('fb', :skipped_job, 1);
+SELECT earmark_heartbeat('fb', :skipped_job);
 \set VERBOSITY default
 SELECT charged, released, status FROM earmark_settle('fb', :skipped_job, 4);
 DROP TRIGGER em_test_job_skip ON earmark.job;

@@ -1582,7 +1582,7 @@ static EmStatement heartbeat_job = {
 };
 
 static EmStatement job_exists = {
-	"SELECT 1 FROM earmark.job WHERE account = $1 AND job_id = $2",
+	"SELECT status, lease_until FROM earmark.job WHERE account = $1 AND job_id = $2",
 	2, {TEXTOID, INT8OID}
 };
 
@@ -1670,6 +1670,18 @@ heartbeat_write(text *account, int64 job_id, TimestampTz now,
 	em_exec(&job_exists, args, NULL, 1);
 	if (SPI_processed == 0)
 		unknown_job(account, job_id);
+	/*
+	 * Open and alive, yet not written: an operator's trigger or rule kept
+	 * the row (a job never opens again, and only a write renews a lease).
+	 */
+	if (is_open(TextDatumGetCString(em_get(0, 1, &isnull))) &&
+		DatumGetTimestampTz(em_get(0, 2, &isnull)) >= now)
+		ereport(ERROR,
+				(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+				 errmsg("the heartbeat of job " INT64_FORMAT " of account \"%s\" was not written",
+						job_id, text_to_cstring(account)),
+				 errdetail("The job is open and its lease has not passed, and its update wrote no row."),
+				 errhint("A BEFORE UPDATE trigger or a rule on earmark.job must let earmark's update through.")));
 	return false;
 }
 
