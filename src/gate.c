@@ -1621,21 +1621,33 @@ heartbeat_fit(Datum *v, bool *n, void *arg)
 	return true;
 }
 
+/*
+ * The row of (account, key) by d's index from C, in the snapshot the SQL
+ * statement would take; its columns into v and n.  False when none is
+ * visible.
+ */
+static bool
+row_of_key(EmDirect *d, text *account, int64 key, Datum *v, bool *n)
+{
+	Snapshot	snap = em_direct_statement_snapshot();
+	Datum		keys[2];
+	bool		found;
+
+	keys[0] = PointerGetDatum(account);
+	keys[1] = Int64GetDatum(key);
+	found = em_direct_get(d, keys, snap, v, n);
+	em_direct_release(snap);
+	return found;
+}
+
 /* whether the job exists, in the statement's snapshot, by index from C */
 static bool
 job_found_direct(text *account, int64 job_id)
 {
-	Snapshot	snap = em_direct_statement_snapshot();
-	Datum		keys[2];
 	Datum		v[EM_DIRECT_MAX_COLS];
 	bool		n[EM_DIRECT_MAX_COLS];
-	bool		found;
 
-	keys[0] = PointerGetDatum(account);
-	keys[1] = Int64GetDatum(job_id);
-	found = em_direct_get(&job_heartbeat, keys, snap, v, n);
-	em_direct_release(snap);
-	return found;
+	return row_of_key(&job_heartbeat, account, job_id, v, n);
 }
 
 /*
@@ -1843,18 +1855,13 @@ static EmDirect budget_slots = {
 static int32
 settle_find_slot_direct(text *account, Job *j)
 {
-	Snapshot	snap = em_direct_statement_snapshot();
 	EmSlotWant	w = {j->gen, false, 0, 0, 0};
-	Datum		keys[2];
 	Datum		v[1];
 	bool		n[1];
 	int			slots = 0;
 
-	keys[0] = PointerGetDatum(account);
-	keys[1] = Int64GetDatum(j->budget_id);
-	if (em_direct_get(&budget_slots, keys, snap, v, n))
+	if (row_of_key(&budget_slots, account, j->budget_id, v, n))
 		slots = DatumGetInt32(v[0]);
-	em_direct_release(snap);
 	return em_escrow_lock_slot(account, j->budget_id, em_random_slot(slots), &w);
 }
 
@@ -2186,17 +2193,10 @@ static EmDirect job_state = {
 static bool
 settle_unmatched_direct(text *account, int64 job_id, Job *j, Settle *s)
 {
-	Snapshot	snap = em_direct_statement_snapshot();
-	Datum		keys[2];
 	Datum		v[EM_DIRECT_MAX_COLS];
 	bool		n[EM_DIRECT_MAX_COLS];
-	bool		found;
 
-	keys[0] = PointerGetDatum(account);
-	keys[1] = Int64GetDatum(job_id);
-	found = em_direct_get(&job_state, keys, snap, v, n);
-	em_direct_release(snap);
-	if (!found)
+	if (!row_of_key(&job_state, account, job_id, v, n))
 		unknown_job(account, job_id);
 	s->status = status_const(TextDatumGetCString(v[0]));
 	if (!is_open(s->status))
