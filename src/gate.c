@@ -190,6 +190,24 @@ unknown_job(text *account, int64 job_id)
 			 errhint("Use the account and the job_id that earmark_reserve returned.")));
 }
 
+/*
+ * A write of an open job's row (what: its settlement, charge or
+ * heartbeat) that wrote nothing though nothing else could have kept it:
+ * an operator's trigger or rule on earmark.job kept the row as it was.
+ * Answering as if it had been written would be wrong, and a settle would
+ * try for ever.
+ */
+static void
+job_write_kept(text *account, int64 job_id, const char *what, const char *detail)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+			 errmsg("the %s of job " INT64_FORMAT " of account \"%s\" was not written",
+					what, job_id, text_to_cstring(account)),
+			 errdetail("%s", detail),
+			 errhint("A BEFORE UPDATE trigger or a rule on earmark.job must let earmark's update through.")));
+}
+
 /* ---------------------------------------------------------------------
  * earmark_reserve(account, amount, idempotency_key, feature, lease)
  *	  RETURNS TABLE (job_id, admitted, remaining, reason)
@@ -1475,12 +1493,7 @@ write_charge_locked(text *account, int64 job_id, Job *j, bool has_step,
 	em_exec(&write_charge, args, nulls, 0);
 	/* the row is locked: only a trigger or a rule can have kept it */
 	if (SPI_processed != 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
-				 errmsg("the charge of job " INT64_FORMAT " of account \"%s\" was not written",
-						job_id, text_to_cstring(account)),
-				 errdetail("The job's update wrote no row."),
-				 errhint("A BEFORE UPDATE trigger or a rule on earmark.job must let earmark's update through.")));
+		job_write_kept(account, job_id, "charge", "The job's update wrote no row.");
 }
 
 /*
@@ -1688,12 +1701,8 @@ heartbeat_write(text *account, int64 job_id, TimestampTz now,
 	 */
 	if (is_open(TextDatumGetCString(em_get(0, 1, &isnull))) &&
 		DatumGetTimestampTz(em_get(0, 2, &isnull)) >= now)
-		ereport(ERROR,
-				(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
-				 errmsg("the heartbeat of job " INT64_FORMAT " of account \"%s\" was not written",
-						job_id, text_to_cstring(account)),
-				 errdetail("The job is open and its lease has not passed, and its update wrote no row."),
-				 errhint("A BEFORE UPDATE trigger or a rule on earmark.job must let earmark's update through.")));
+		job_write_kept(account, job_id, "heartbeat",
+					   "The job is open and its lease has not passed, and its update wrote no row.");
 	return false;
 }
 
@@ -2239,22 +2248,6 @@ settle_unmatched(text *account, int64 job_id, Job *j, Settle *s)
 }
 
 /*
- * An open job whose settlement's update wrote nothing, again and again:
- * an operator's trigger or rule on earmark.job kept the row as it was.
- * Without this the settle would try for ever.
- */
-static void
-settlement_skipped(text *account, int64 job_id)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
-			 errmsg("the settlement of job " INT64_FORMAT " of account \"%s\" was not written",
-					job_id, text_to_cstring(account)),
-			 errdetail("The job is open, and its update wrote no row."),
-			 errhint("A BEFORE UPDATE trigger or a rule on earmark.job must let earmark's update through.")));
-}
-
-/*
  * Settle the job (settle_write) and write what follows from it; *s is the
  * answer.  A job found closed answers its status, charging and releasing
  * nothing.  A job taken from a slot gets its release's target locked
@@ -2280,7 +2273,8 @@ settle_job_now(text *account, int64 job_id, bool has_used, int64 used,
 			return;
 		/* at most: not yet visible, then a slot job's target, then written */
 		if (++passes > 3)
-			settlement_skipped(account, job_id);
+			job_write_kept(account, job_id, "settlement",
+						   "The job is open, and its update wrote no row.");
 		if (fit.slot_first && j.has_slot && j.has_gen)
 		{
 			if (!settle_target(account, job_id, &fit, &j, s, &slot, &marked))
