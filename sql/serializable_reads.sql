@@ -125,4 +125,20 @@ SELECT earmark_record_usage('sra', 1, 'sra-u0');
 SELECT pg_temp.whole_tables() AS "record_usage, its key again";
 ROLLBACK;
 
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+SELECT earmark_record_usage('sra', -1, 'sra-u2');
+SELECT pg_temp.whole_tables() AS "record_usage, a correction";
+ROLLBACK;
+
+\set VERBOSITY terse
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+SELECT earmark_record_usage('sra', -5, 'sra-u3');
+ROLLBACK;
+\set VERBOSITY default
+
+-- (the correction's check: sra's cycle has 1 unit, of the set-up's usage
+-- record; srb's too, which a correction of 1 takes to 0)
+SELECT earmark_record_usage('srb', -1, 'srb-u1');
+SELECT used FROM earmark_budget('srb');
+
 RESET earmark.rate_limit;

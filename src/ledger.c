@@ -11,10 +11,11 @@
  *	  on a cycle's first usage but not locked (a positive record touches no
  *	  budget row: that is what keeps many writers on one account apart).
  *	  The budget row and the account's anchor are read by their keys, by
- *	  index from C on a single node (budget.c em_budget_find, account.c):
- *	  under SERIALIZABLE their statements' plans read small tables whole,
- *	  a predicate lock that every other account's write of those tables
- *	  conflicts with.
+ *	  index from C on a single node (budget.c em_budget_find, account.c),
+ *	  and so are a correction's write of the budget row and a cycle's total
+ *	  (budget_slot_rec, cycle_total_direct): under SERIALIZABLE their
+ *	  statements' plans read small tables whole, a predicate lock that
+ *	  every other account's write of those tables conflicts with.
  *
  *	  Locks:
  *	  - the account's advisory lock, shared (as reserve takes it), so that
@@ -39,6 +40,7 @@
 
 #include "access/xact.h"
 #include "catalog/pg_type.h"
+#include "common/int.h"
 #include "miscadmin.h"
 #include "storage/lmgr.h"
 #include "storage/lock.h"
@@ -52,6 +54,7 @@
 #include "direct.h"
 #include "earmark.h"
 #include "entries.h"
+#include "escrow.h"
 #include "ledger.h"
 #include "spi.h"
 
@@ -108,6 +111,42 @@ static EmStatement count_in_shard = {
 };
 
 /*
+ * cycle_total by index from C on a single node (direct.c), its three
+ * reads in one snapshot: the statement's plan reads small tables whole,
+ * and under SERIALIZABLE that is a predicate lock on every account's rows
+ * (sql/serializable_reads.sql).  The sums as the SQL's: only a total past
+ * a bigint is an error.
+ */
+static EmDirect budget_used = {
+	.table = "budget", .nkeys = 2, .keys = {"account", "budget_id"},
+	.ncols = 1, .cols = {"used"}
+};
+
+static int64
+cycle_total_direct(text *account, int64 budget_id, Snapshot snap, bool *found)
+{
+	Datum		keys[2];
+	Datum		v[1];
+	bool		n[1];
+	int64		slots_used;
+	int64		slots_held;
+	int64		total;
+
+	keys[0] = PointerGetDatum(account);
+	keys[1] = Int64GetDatum(budget_id);
+	*found = em_direct_get(&budget_used, keys, snap, v, n);
+	if (!*found)
+		return 0;
+	em_escrow_slot_totals(account, budget_id, snap, &slots_used, &slots_held);
+	if (pg_add_s64_overflow(DatumGetInt64(v[0]), slots_used, &total) ||
+		pg_add_s64_overflow(total, em_budget_recorded(account, budget_id, snap), &total))
+		ereport(ERROR,
+				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+				 errmsg("bigint out of range")));
+	return total;
+}
+
+/*
  * The cycle's total; with latest, in a snapshot that sees every commit so
  * far (spi.c em_exec_latest) whatever the transaction's isolation.
  */
@@ -116,6 +155,14 @@ em_cycle_total(text *account, int64 budget_id, bool latest, bool *found)
 {
 	Datum		args[2];
 
+	if (!em_distributed())
+	{
+		Snapshot	snap = latest ? em_direct_latest_snapshot() : em_direct_statement_snapshot();
+		int64		total = cycle_total_direct(account, budget_id, snap, found);
+
+		em_direct_release(snap);
+		return total;
+	}
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
 	if (latest)
@@ -289,6 +336,37 @@ usage_budget(text *account, text *feature, TimestampTz start, TimestampTz end)
 }
 
 /*
+ * lock_budget_for_correction by index from C on a single node (direct.c:
+ * the update with its wait, READ COMMITTED's re-check and REPEATABLE
+ * READ's 40001), else the SQL.
+ */
+static EmDirect budget_slot_rec = {
+	.table = "budget", .nkeys = 2, .keys = {"account", "budget_id"},
+	.ncols = 1, .cols = {"slot_rec"},
+	.nwrite = 1, .types = {INT8OID}, .nullok = {[0] = true}
+};
+
+static bool
+slot_rec_null(Datum *values, bool *nulls, void *arg)
+{
+	values[0] = (Datum) 0;
+	nulls[0] = true;
+	return true;
+}
+
+static void
+forget_recorded(text *account, int64 budget_id)
+{
+	Datum		args[2];
+
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	if (em_direct_update(&budget_slot_rec, args, slot_rec_null, NULL) != EM_DIRECT_UNWRITABLE)
+		return;
+	em_exec(&lock_budget_for_correction, args, NULL, 1);
+}
+
+/*
  * A correction (negative units) may not take the cycle's total below zero.
  * It updates the budget row first: corrections of one cycle queue there,
  * and one whose snapshot missed another's commit fails with 40001 instead
@@ -299,13 +377,10 @@ usage_budget(text *account, text *feature, TimestampTz start, TimestampTz end)
 static void
 check_correction(text *account, int64 budget_id, int64 units, TimestampTz start)
 {
-	Datum		args[2];
 	bool		found;
 	int64		total;
 
-	args[0] = PointerGetDatum(account);
-	args[1] = Int64GetDatum(budget_id);
-	em_exec(&lock_budget_for_correction, args, NULL, 1);
+	forget_recorded(account, budget_id);
 	total = em_cycle_total(account, budget_id, false, &found);
 	if (total + units < 0)
 		ereport(ERROR,
