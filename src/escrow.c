@@ -392,9 +392,11 @@ add_slot(Datum *values, bool *nulls, void *arg)
 }
 
 /*
- * The budget's slots' used and held, summed as snap sees them, by index
- * from C (a single node): what gate.c reports as the room of a budget a
- * repeated key's job is in.
+ * The budget's slots' used and (unless held is NULL) held, summed as snap
+ * sees them, by index from C (a single node): what gate.c reports as the
+ * room of a budget a repeated key's job is in, and ledger.c's cycle total.
+ * A sum past a bigint is an error, as the SQL's sum()::bigint; a caller
+ * that sums used only (held NULL) does not fail on held's.
  */
 void
 em_escrow_slot_totals(text *account, int64 budget_id, Snapshot snap,
@@ -408,7 +410,8 @@ em_escrow_slot_totals(text *account, int64 budget_id, Snapshot snap,
 	sums[0] = sums[1] = sums[2] = int64_to_int128(0);
 	(void) em_direct_scan(&slots_of_budget, keys, snap, add_slot, sums);
 	*used = em_bigint_sum(sums[0]);
-	*held = em_bigint_sum(sums[1]);
+	if (held)
+		*held = em_bigint_sum(sums[1]);
 }
 
 /* false when fast_numbers would return no row */

@@ -129,7 +129,6 @@ cycle_total_direct(text *account, int64 budget_id, Snapshot snap, bool *found)
 	Datum		v[1];
 	bool		n[1];
 	int64		slots_used;
-	int64		slots_held;
 	int64		total;
 
 	keys[0] = PointerGetDatum(account);
@@ -137,7 +136,7 @@ cycle_total_direct(text *account, int64 budget_id, Snapshot snap, bool *found)
 	*found = em_direct_get(&budget_used, keys, snap, v, n);
 	if (!*found)
 		return 0;
-	em_escrow_slot_totals(account, budget_id, snap, &slots_used, &slots_held);
+	em_escrow_slot_totals(account, budget_id, snap, &slots_used, NULL);
 	if (pg_add_s64_overflow(DatumGetInt64(v[0]), slots_used, &total) ||
 		pg_add_s64_overflow(total, em_budget_recorded(account, budget_id, snap), &total))
 		ereport(ERROR,
