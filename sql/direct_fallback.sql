@@ -8,9 +8,10 @@
 -- under SERIALIZABLE alike), and a settlement, a charge or a heartbeat
 -- that a trigger keeps from the job row fails with 09000 instead of
 -- answering as if it had been written, or as if the job had closed (a
--- settle would otherwise try for ever).  Then a
--- repeated key's and a rate-limited reserve's remaining room, and the
--- tables a rate-limited reserve reads whole under SERIALIZABLE: none.
+-- settle would otherwise try for ever).  Then a repeated key's and a
+-- rate-limited reserve's remaining room, the tables a rate-limited reserve
+-- reads whole under SERIALIZABLE (none), and a correction's check of the
+-- cycle's total, which sums what its SQL summed.
 SET client_min_messages = warning;
 SET timezone = 'UTC';
 TRUNCATE earmark.meter_mark, earmark.meter_send, earmark.meter_review, earmark.local_meter,
