@@ -342,7 +342,7 @@ known_cycle(UsageBatch *ub, text *feature, TimestampTz start)
 		if (b->start == start && em_text_eq(b->feature, feature))
 			return b;
 	}
-	if (!em_usage_existing_budget(ub->account, feature, start, &budget_id))
+	if (!em_budget_find(ub->account, feature, start, &budget_id))
 		return NULL;
 	return add_cycle(ub, feature, start, budget_id);
 }

@@ -217,8 +217,8 @@ bool
 em_budget_find(text *account, text *feature, TimestampTz start, int64 *budget_id)
 {
 	Datum		args[3];
-	Datum		v[7];
-	bool		n[7];
+	Datum		v[EM_DIRECT_MAX_COLS];
+	bool		n[EM_DIRECT_MAX_COLS];
 	Snapshot	snap;
 	bool		found;
 

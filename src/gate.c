@@ -1594,7 +1594,8 @@ static EmStatement heartbeat_job = {
 	3, {TEXTOID, INT8OID, TIMESTAMPTZOID}
 };
 
-static EmStatement job_exists = {
+/* the job as heartbeat_job left it: gone, closed, dead, or kept by a trigger */
+static EmStatement job_lease = {
 	"SELECT status, lease_until FROM earmark.job WHERE account = $1 AND job_id = $2",
 	2, {TEXTOID, INT8OID}
 };
@@ -1692,7 +1693,7 @@ heartbeat_write(text *account, int64 job_id, TimestampTz now,
 		*lease_until = DatumGetTimestampTz(em_get(0, 1, &isnull));
 		return true;
 	}
-	em_exec(&job_exists, args, NULL, 1);
+	em_exec(&job_lease, args, NULL, 1);
 	if (SPI_processed == 0)
 		unknown_job(account, job_id);
 	/*

@@ -504,13 +504,6 @@ em_usage_budget(text *account, text *feature, TimestampTz start, TimestampTz end
 	return usage_budget(account, feature, start, end);
 }
 
-bool
-em_usage_existing_budget(text *account, text *feature, TimestampTz start,
-						 int64 *budget_id)
-{
-	return em_budget_find(account, feature, start, budget_id);
-}
-
 void
 em_usage_check_correction(text *account, int64 budget_id, int64 units, TimestampTz start)
 {

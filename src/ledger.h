@@ -42,8 +42,6 @@ extern void em_usage_lock_anchor(text *account, bool *has_anchor, TimestampTz *a
 extern bool em_usage_repeat(text *account, text *key, int64 units, text *feature);
 extern int64 em_usage_budget(text *account, text *feature, TimestampTz start,
 							 TimestampTz end);
-extern bool em_usage_existing_budget(text *account, text *feature, TimestampTz start,
-									 int64 *budget_id);
 extern void em_usage_check_correction(text *account, int64 budget_id, int64 units,
 									  TimestampTz start);
 
