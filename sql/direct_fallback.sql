@@ -10,8 +10,9 @@
 -- answering as if it had been written, or as if the job had closed (a
 -- settle would otherwise try for ever).  Then a repeated key's and a
 -- rate-limited reserve's remaining room, the tables a rate-limited reserve
--- reads whole under SERIALIZABLE (none), and a correction's check of the
--- cycle's total, which sums what its SQL summed.
+-- reads whole under SERIALIZABLE (none), a correction's check of the
+-- cycle's total, which sums what its SQL summed, and a refused reserve's
+-- search for dead holds without job_open.
 SET client_min_messages = warning;
 SET timezone = 'UTC';
 TRUNCATE earmark.meter_mark, earmark.meter_send, earmark.meter_review, earmark.local_meter,
@@ -158,3 +159,33 @@ SELECT earmark_record_usage('ho', -1, 'ho-c1');
 DELETE FROM earmark.budget_slot WHERE account = 'ho';
 SELECT used FROM earmark_budget('ho');
 \set VERBOSITY default
+
+-- 10. a refused reserve's search for dead holds goes through job_open by
+-- key from C (budget.c lock_dead), and through its SQL when that index is
+-- gone or its predicate is another (each in a transaction rolled back):
+-- the dead hold is reclaimed either way, and the reserve admitted.  Under
+-- SERIALIZABLE the key's read holds no lock on the job table whole; the
+-- SQL without an index reads it whole.
+SELECT earmark_set_limit('rd', 100) IS NOT NULL AS lim;
+SELECT admitted FROM earmark_reserve('rd', 60, 'rd-dead', lease => '1 hour');
+UPDATE earmark.job SET lease_until = now() - interval '1 minute' WHERE account = 'rd';
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+SELECT admitted, remaining FROM earmark_reserve('rd', 60, 'rd-2', lease => '1 hour');
+SELECT 'earmark.job' = ANY (string_to_array(pg_temp.whole_tables(), ', ')) AS job_read_whole;
+SELECT idempotency_key, status FROM earmark.job WHERE account = 'rd' ORDER BY job_id;
+ROLLBACK;
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+DROP INDEX earmark.job_open;
+SELECT admitted, remaining FROM earmark_reserve('rd', 60, 'rd-2', lease => '1 hour');
+SELECT 'earmark.job' = ANY (string_to_array(pg_temp.whole_tables(), ', ')) AS job_read_whole;
+SELECT idempotency_key, status FROM earmark.job WHERE account = 'rd' ORDER BY job_id;
+ROLLBACK;
+BEGIN;
+DROP INDEX earmark.job_open;
+CREATE INDEX job_open ON earmark.job (account, budget_id) WHERE status <> 'completed';
+SELECT admitted, remaining FROM earmark_reserve('rd', 60, 'rd-2', lease => '1 hour');
+SELECT idempotency_key, status FROM earmark.job WHERE account = 'rd' ORDER BY job_id;
+ROLLBACK;
+-- and by key again once the index is back as it was
+SELECT admitted, remaining FROM earmark_reserve('rd', 60, 'rd-2', lease => '1 hour');
+SELECT idempotency_key, status FROM earmark.job WHERE account = 'rd' ORDER BY job_id;

@@ -638,6 +638,58 @@ em_mark_seen(text *account, int64 budget_id)
 	return em_direct_scan(&mark_of_cycle, keys, SnapshotSelf, count_row, NULL) > 0;
 }
 
+/*
+ * lock_dead_jobs from C on a single node (direct.c), by job_open: the
+ * statement's plan reads a small job table whole, and under SERIALIZABLE
+ * that is a predicate lock on every account's jobs
+ * (sql/serializable_reads.sql).  Its WHERE clause beyond the keys is
+ * dead_hold's; status IN ('running', 'capped') is job_open's predicate,
+ * so the index has every row it can match.
+ */
+static EmDirect dead_holds = {
+	.table = "job", .nkeys = 2, .keys = {"account", "budget_id"},
+	.ncols = 3, .cols = {"job_id", "status", "lease_until"},
+	.pred = "(status = ANY (ARRAY['running'::text, 'capped'::text]))"
+};
+
+/* the collected ids of dead holds, and the time they are dead at */
+typedef struct DeadHolds
+{
+	TimestampTz now;
+	Datum	   *ids;
+	int			n;
+	int			size;
+} DeadHolds;
+
+/* status IN ('running', 'capped') AND lease_until < now */
+static bool
+dead_hold(Datum *values, bool *nulls, void *arg)
+{
+	DeadHolds  *dh = (DeadHolds *) arg;
+	text	   *status = DatumGetTextPP(values[1]);
+	int			len = VARSIZE_ANY_EXHDR(status);
+	const char *s = VARDATA_ANY(status);
+
+	if (nulls[2] || DatumGetTimestampTz(values[2]) >= dh->now)
+		return false;
+	return (len == 7 && memcmp(s, "running", 7) == 0) ||
+		(len == 6 && memcmp(s, "capped", 6) == 0);
+}
+
+static bool
+take_dead(Datum *values, bool *nulls, void *arg)
+{
+	DeadHolds  *dh = (DeadHolds *) arg;
+
+	if (dh->n == dh->size)
+	{
+		dh->size *= 2;
+		dh->ids = repalloc(dh->ids, sizeof(Datum) * dh->size);
+	}
+	dh->ids[dh->n++] = values[0];
+	return true;
+}
+
 /* the ids of up to max dead holds of the budget, locked; palloc'd */
 static int
 lock_dead(text *account, int64 budget_id, TimestampTz now, int max, Datum **ids)
@@ -646,6 +698,18 @@ lock_dead(text *account, int64 budget_id, TimestampTz now, int max, Datum **ids)
 	int			n;
 	int			i;
 
+	if (!em_distributed())
+	{
+		DeadHolds	dh = {now, palloc(sizeof(Datum) * 16), 0, 16};
+
+		args[0] = PointerGetDatum(account);
+		args[1] = Int64GetDatum(budget_id);
+		n = em_direct_lock_skip_all(&dead_holds, args, dead_hold, &dh, max, take_dead, &dh);
+		*ids = dh.ids;
+		if (n >= 0)
+			return n;
+		pfree(dh.ids);
+	}
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
 	args[2] = TimestampTzGetDatum(now);

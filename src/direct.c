@@ -89,6 +89,7 @@
 #include "catalog/pg_am.h"
 #include "catalog/index.h"
 #include "catalog/pg_index.h"
+#include "catalog/pg_namespace.h"
 #include "catalog/pg_trigger.h"
 #include "common/hashfn.h"
 #include "commands/defrem.h"
@@ -100,12 +101,14 @@
 #include "nodes/primnodes.h"
 #include "storage/bufmgr.h"
 #include "storage/proc.h"
+#include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/relcache.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 
 #include "cluster.h"
 #include "direct.h"
@@ -127,18 +130,57 @@ forget_reads(Datum arg, Oid relid)
 }
 
 /*
- * Whether the index has every row that "keys = values" can match: it is
- * not partial, or its predicate is "key IS NOT NULL" for one of the keys
- * (as earmark.ledger_entry's key index: equality never matches a NULL).
+ * Whether a partial index's predicate is d's (EmDirect.pred): printed as
+ * pg_get_expr prints it, with only pg_catalog in the search path, so that
+ * the text does not depend on the caller's path.
  */
 static bool
-index_has_key_rows(Relation idx, AttrNumber *keyatts, int nkeys)
+predicate_is(EmDirect *d, Relation rel, Relation idx)
+{
+	OverrideSearchPath path;
+	HeapTuple	tuple;
+	Datum		pred;
+	bool		isnull;
+	bool		same = false;
+
+	if (d->pred == NULL)
+		return false;
+	tuple = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(RelationGetRelid(idx)));
+	if (!HeapTupleIsValid(tuple))
+		elog(ERROR, "earmark: cache lookup failed for index %u", RelationGetRelid(idx));
+	pred = SysCacheGetAttr(INDEXRELID, tuple, Anum_pg_index_indpred, &isnull);
+	if (!isnull)
+	{
+		memset(&path, 0, sizeof(path));
+		path.schemas = list_make1_oid(PG_CATALOG_NAMESPACE);
+		PushOverrideSearchPath(&path);
+		same = strcmp(TextDatumGetCString(DirectFunctionCall2(pg_get_expr, pred,
+															  ObjectIdGetDatum(RelationGetRelid(rel)))),
+					  d->pred) == 0;
+		PopOverrideSearchPath();
+		list_free(path.schemas);
+	}
+	ReleaseSysCache(tuple);
+	return same;
+}
+
+/*
+ * Whether the index has every row that "keys = values" can match: it is
+ * not partial, or its predicate is "key IS NOT NULL" for one of the keys
+ * (as earmark.ledger_entry's key index: equality never matches a NULL), or
+ * it is d's own (predicate_is: the read's condition implies it).
+ */
+static bool
+index_has_key_rows(EmDirect *d, Relation rel, Relation idx, AttrNumber *keyatts,
+				   int nkeys)
 {
 	List	   *pred;
 	NullTest   *nt;
 	int			i;
 
 	if (heap_attisnull(idx->rd_indextuple, Anum_pg_index_indpred, NULL))
+		return true;
+	if (predicate_is(d, rel, idx))
 		return true;
 	pred = RelationGetIndexPredicate(idx);
 	if (list_length(pred) != 1 || !IsA(linitial(pred), NullTest))
@@ -165,13 +207,13 @@ index_has_key_rows(Relation idx, AttrNumber *keyatts, int nkeys)
  * (em_direct_lock_skip) walks the keys in the statement's ORDER BY.
  */
 static bool
-index_fits(Relation rel, Relation idx, AttrNumber *keyatts, int nkeys)
+index_fits(EmDirect *d, Relation rel, Relation idx, AttrNumber *keyatts, int nkeys)
 {
 	Form_pg_index form = idx->rd_index;
 	int			i;
 
 	if (idx->rd_rel->relam != BTREE_AM_OID || !form->indisvalid ||
-		form->indnkeyatts < nkeys || !index_has_key_rows(idx, keyatts, nkeys))
+		form->indnkeyatts < nkeys || !index_has_key_rows(d, rel, idx, keyatts, nkeys))
 		return false;
 	for (i = 0; i < nkeys; i++)
 	{
@@ -250,11 +292,11 @@ column_value(TupleTableSlot *slot, AttrNumber att, bool *isnull)
  * after a REINDEX CONCURRENTLY or an upgrade gave that a higher OID.
  */
 static int
-index_rank(Relation rel, Relation idx, AttrNumber *keyatts, int nkeys)
+index_rank(EmDirect *d, Relation rel, Relation idx, AttrNumber *keyatts, int nkeys)
 {
 	Form_pg_index form = idx->rd_index;
 
-	if (!index_fits(rel, idx, keyatts, nkeys))
+	if (!index_fits(d, rel, idx, keyatts, nkeys))
 		return 0;
 	return form->indisunique && form->indimmediate && form->indnkeyatts == nkeys ? 2 : 1;
 }
@@ -278,7 +320,7 @@ choose_index(EmDirect *d, Relation rel)
 	foreach(lc, indexes)
 	{
 		Relation	idx = index_open(lfirst_oid(lc), AccessShareLock);
-		int			rank = index_rank(rel, idx, keyatts, d->nkeys);
+		int			rank = index_rank(d, rel, idx, keyatts, d->nkeys);
 
 		index_close(idx, NoLock);
 		if (rank > best_rank)
@@ -288,6 +330,9 @@ choose_index(EmDirect *d, Relation rel)
 		}
 	}
 	list_free(indexes);
+	/* a read by a partial index goes to its SQL without it (d->pred) */
+	if (!OidIsValid(d->indexid) && d->pred != NULL)
+		return;
 	if (!OidIsValid(d->indexid))
 		elog(ERROR, "earmark: no index of earmark.%s leads with the columns it is read by",
 			 d->table);
@@ -1005,23 +1050,58 @@ row_accepted(EmDirect *d, TupleTableSlot *slot, EmDirectRow fn, void *arg)
 	return fn(values, nulls, arg);
 }
 
-/* the row in slot passes begin_range_scan's keys and fn */
-static bool
-range_row_matches(EmDirect *d, TupleTableSlot *slot, AttrNumber *keyatts, Datum *keys,
-				  bool below, EmDirectRow fn, void *arg)
+/*
+ * What a locking probe's rows must match: the keys, all equal, or (range)
+ * all but the last equal and the last at least keys[nkeys - 1] (below:
+ * less than it); and fn, given d's columns.
+ */
+typedef struct Probe
 {
+	EmDirect   *d;
+	Datum	   *keys;
+	AttrNumber	keyatts[EM_DIRECT_MAX_KEYS];
+	bool		range;
+	bool		below;
+	EmDirectRow fn;
+	void	   *arg;
+} Probe;
+
+static void
+probe_init(Probe *p, EmDirect *d, Relation idx, Datum *keys, bool range, bool below,
+		   EmDirectRow fn, void *arg)
+{
+	int			i;
+
+	p->d = d;
+	p->keys = keys;
+	for (i = 0; i < d->nkeys; i++)
+		p->keyatts[i] = idx->rd_index->indkey.values[i];
+	p->range = range;
+	p->below = below;
+	p->fn = fn;
+	p->arg = arg;
+}
+
+/* the row in slot matches the probe (EvalPlanQual's re-check) */
+static bool
+probe_matches(Probe *p, TupleTableSlot *slot)
+{
+	EmDirect   *d = p->d;
 	int			last = d->nkeys - 1;
 	bool		isnull;
 	Datum		v;
 
-	if (last > 0 && !keys_hold(d, slot, keyatts, keys, last))
+	if (!p->range)
+		return keys_hold(d, slot, p->keyatts, p->keys, d->nkeys) &&
+			row_accepted(d, slot, p->fn, p->arg);
+	if (last > 0 && !keys_hold(d, slot, p->keyatts, p->keys, last))
 		return false;
-	v = slot_getattr(slot, keyatts[last], &isnull);
+	v = slot_getattr(slot, p->keyatts[last], &isnull);
 	if (isnull ||
-		!DatumGetBool(OidFunctionCall2Coll(below ? d->ltproc : d->geproc,
-										   d->collation[last], v, keys[last])))
+		!DatumGetBool(OidFunctionCall2Coll(p->below ? d->ltproc : d->geproc,
+										   d->collation[last], v, p->keys[last])))
 		return false;
-	return row_accepted(d, slot, fn, arg);
+	return row_accepted(d, slot, p->fn, p->arg);
 }
 
 /*
@@ -1030,9 +1110,8 @@ range_row_matches(EmDirect *d, TupleTableSlot *slot, AttrNumber *keyatts, Datum 
  * update chain, READ COMMITTED) its newest version still matches.
  */
 static bool
-lock_or_skip(EmDirect *d, Relation rel, Snapshot snap, ItemPointer tid,
-			 TupleTableSlot *locked, AttrNumber *keyatts, Datum *keys, bool below,
-			 EmDirectRow fn, void *arg)
+lock_or_skip(Probe *p, Relation rel, Snapshot snap, ItemPointer tid,
+			 TupleTableSlot *locked)
 {
 	TM_FailureData tmfd;
 	TM_Result	test;
@@ -1047,8 +1126,7 @@ lock_or_skip(EmDirect *d, Relation rel, Snapshot snap, ItemPointer tid,
 	{
 		case TM_Ok:
 			/* EvalPlanQual's re-check of every condition on the newest version */
-			return !tmfd.traversed ||
-				range_row_matches(d, locked, keyatts, keys, below, fn, arg);
+			return !tmfd.traversed || probe_matches(p, locked);
 		default:
 			lock_failed(test);
 			return false;
@@ -1083,9 +1161,8 @@ em_direct_lock_skip(EmDirect *d, Datum *keys, bool below, EmDirectRow fn, void *
 	TupleTableSlot *slot;
 	TupleTableSlot *locked;
 	IndexScanDesc scan;
-	AttrNumber	keyatts[EM_DIRECT_MAX_KEYS];
+	Probe		probe;
 	bool		found = false;
-	int			i;
 
 	locking_allowed();
 	snap = em_direct_statement_snapshot();
@@ -1094,17 +1171,15 @@ em_direct_lock_skip(EmDirect *d, Datum *keys, bool below, EmDirectRow fn, void *
 	slot = table_slot_create(rel, NULL);
 	locked = table_slot_create(rel, NULL);
 	scan = begin_range_scan(d, rel, idx, snap, keys, below);
+	probe_init(&probe, d, idx, keys, true, below, fn, arg);
 
-	for (i = 0; i < d->nkeys; i++)
-		keyatts[i] = idx->rd_index->indkey.values[i];
 	while (!found && index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
 		ItemPointerData tid = slot->tts_tid;
 
 		/* the index scan checked the keys */
 		if (row_accepted(d, slot, fn, arg))
-			found = lock_or_skip(d, rel, snap, &tid, locked, keyatts, keys, below,
-								 fn, arg);
+			found = lock_or_skip(&probe, rel, snap, &tid, locked);
 	}
 	if (found)
 		copy_columns(d, rel, locked, values, nulls);
@@ -1115,6 +1190,69 @@ em_direct_lock_skip(EmDirect *d, Datum *keys, bool below, EmDirectRow fn, void *
 	table_close(rel, NoLock);
 	em_direct_release(snap);
 	return found;
+}
+
+/*
+ * Up to max rows the statement's snapshot sees by d's index with the keys
+ * that fn accepts, each locked as "SELECT ... WHERE <keys> AND <fn> LIMIT
+ * max FOR UPDATE SKIP LOCKED" locks it (ExecLockRows, as
+ * em_direct_lock_skip: a row another transaction locks or updates is
+ * passed over, and under READ COMMITTED every condition is checked again
+ * on the newest version), in the index's order; take is given each locked
+ * version's columns, copied into the current memory context (false
+ * stops).  Returns how many were locked; -1 when the table has no index
+ * this read may go by (d->pred's partial index gone, or its predicate
+ * changed): the caller runs its SQL.  Locks as em_direct_lock_skip.
+ */
+int
+em_direct_lock_skip_all(EmDirect *d, Datum *keys, EmDirectRow fn, void *arg, int max,
+						EmDirectRow take, void *take_arg)
+{
+	Snapshot	snap;
+	Relation	rel;
+	Relation	idx;
+	TupleTableSlot *slot;
+	TupleTableSlot *locked;
+	IndexScanDesc scan;
+	Probe		probe;
+	Datum		values[EM_DIRECT_MAX_COLS];
+	bool		nulls[EM_DIRECT_MAX_COLS];
+	int			n = 0;
+
+	locking_allowed();
+	rel = open_table(d, RowShareLock);
+	if (!OidIsValid(d->indexid))
+	{
+		table_close(rel, NoLock);
+		return -1;
+	}
+	snap = em_direct_statement_snapshot();
+	idx = index_open(d->indexid, AccessShareLock);
+	slot = table_slot_create(rel, NULL);
+	locked = table_slot_create(rel, NULL);
+	scan = begin_scan(d, rel, idx, snap, keys);
+	probe_init(&probe, d, idx, keys, false, false, fn, arg);
+
+	while (n < max && index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		ItemPointerData tid = slot->tts_tid;
+
+		/* the index scan checked the keys */
+		if (!row_accepted(d, slot, fn, arg) ||
+			!lock_or_skip(&probe, rel, snap, &tid, locked))
+			continue;
+		n++;
+		copy_columns(d, rel, locked, values, nulls);
+		if (!take(values, nulls, take_arg))
+			break;
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(locked);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(idx, NoLock);
+	table_close(rel, NoLock);
+	em_direct_release(snap);
+	return n;
 }
 
 /* ---------------------------------------------------------------------

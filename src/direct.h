@@ -36,6 +36,13 @@ typedef struct EmDirect
 	int			ncols;
 	const char *cols[EM_DIRECT_MAX_COLS];
 	int			nwrite;			/* a write changes cols[0 .. nwrite - 1] */
+	/*
+	 * A partial index the read may go by: its predicate as PostgreSQL
+	 * prints it (pg_get_expr, with pg_catalog first in the search path).
+	 * Only for a read whose condition beyond the keys (the caller's fn)
+	 * implies it, so that the index has every row the read can match.
+	 */
+	const char *pred;
 	/* a write's: every column's type, and which may be NULL */
 	Oid			types[EM_DIRECT_MAX_COLS];
 	bool		nullok[EM_DIRECT_MAX_COLS];
@@ -82,6 +89,9 @@ extern bool em_direct_insert_stores(EmDirect *d);
 extern bool em_direct_lock_skip(EmDirect *d, Datum *keys, bool below,
 								EmDirectRow fn, void *arg, Datum *values,
 								bool *nulls);
+extern int	em_direct_lock_skip_all(EmDirect *d, Datum *keys, EmDirectRow fn,
+									void *arg, int max, EmDirectRow take,
+									void *take_arg);
 
 /*
  * A write of one row's columns cols[0 .. nwrite - 1] (an UPDATE without
