@@ -131,8 +131,9 @@ forget_reads(Datum arg, Oid relid)
 
 /*
  * Whether a partial index's predicate is d's (EmDirect.pred): printed as
- * pg_get_expr prints it, with only pg_catalog in the search path, so that
- * the text does not depend on the caller's path.
+ * pg_get_expr prints it, with only pg_catalog in the search path and
+ * quote_all_identifiers off, so that the text does not depend on the
+ * caller's session.
  */
 static bool
 predicate_is(EmDirect *d, Relation rel, Relation idx)
@@ -151,12 +152,24 @@ predicate_is(EmDirect *d, Relation rel, Relation idx)
 	pred = SysCacheGetAttr(INDEXRELID, tuple, Anum_pg_index_indpred, &isnull);
 	if (!isnull)
 	{
+		bool		save_quote = quote_all_identifiers;
+
 		memset(&path, 0, sizeof(path));
 		path.schemas = list_make1_oid(PG_CATALOG_NAMESPACE);
 		PushOverrideSearchPath(&path);
-		same = strcmp(TextDatumGetCString(DirectFunctionCall2(pg_get_expr, pred,
-															  ObjectIdGetDatum(RelationGetRelid(rel)))),
-					  d->pred) == 0;
+		/* the session's quote_all_identifiers would quote "status", "text" */
+		quote_all_identifiers = false;
+		PG_TRY();
+		{
+			same = strcmp(TextDatumGetCString(DirectFunctionCall2(pg_get_expr, pred,
+																  ObjectIdGetDatum(RelationGetRelid(rel)))),
+						  d->pred) == 0;
+		}
+		PG_FINALLY();
+		{
+			quote_all_identifiers = save_quote;
+		}
+		PG_END_TRY();
 		PopOverrideSearchPath();
 		list_free(path.schemas);
 	}
@@ -298,6 +311,14 @@ index_rank(EmDirect *d, Relation rel, Relation idx, AttrNumber *keyatts, int nke
 
 	if (!index_fits(d, rel, idx, keyatts, nkeys))
 		return 0;
+	/*
+	 * A read with a predicate (d->pred) goes by its partial index before any
+	 * other: one that fits without it has every row of the keys, also those
+	 * the predicate leaves out (a settled job's), and the read would walk
+	 * them all.
+	 */
+	if (d->pred != NULL && predicate_is(d, rel, idx))
+		return 3;
 	return form->indisunique && form->indimmediate && form->indnkeyatts == nkeys ? 2 : 1;
 }
 
@@ -1228,6 +1249,24 @@ em_direct_lock_skip_all(EmDirect *d, Datum *keys, EmDirectRow fn, void *arg, int
 	}
 	snap = em_direct_statement_snapshot();
 	idx = index_open(d->indexid, AccessShareLock);
+
+	/*
+	 * An index built over broken HOT chains (indcheckxmin) has no entry for
+	 * a version older than the chain's newest, which this transaction's
+	 * snapshot may see: the planner does not use it until every snapshot is
+	 * newer than the index (get_relation_info), and neither does this read
+	 * (a partial index on status, rebuilt after status changed by HOT
+	 * updates, misses a hold the snapshot sees as open).
+	 */
+	if (idx->rd_index->indcheckxmin &&
+		!TransactionIdPrecedes(HeapTupleHeaderGetXmin(idx->rd_indextuple->t_data),
+							   TransactionXmin))
+	{
+		index_close(idx, NoLock);
+		table_close(rel, NoLock);
+		em_direct_release(snap);
+		return -1;
+	}
 	slot = table_slot_create(rel, NULL);
 	locked = table_slot_create(rel, NULL);
 	scan = begin_scan(d, rel, idx, snap, keys);

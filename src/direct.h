@@ -40,7 +40,9 @@ typedef struct EmDirect
 	 * A partial index the read may go by: its predicate as PostgreSQL
 	 * prints it (pg_get_expr, with pg_catalog first in the search path).
 	 * Only for a read whose condition beyond the keys (the caller's fn)
-	 * implies it, so that the index has every row the read can match.
+	 * implies it, so that the index has every row the read can match; and
+	 * only for em_direct_lock_skip_all, which runs no read without that
+	 * index (the caller's SQL runs instead).
 	 */
 	const char *pred;
 	/* a write's: every column's type, and which may be NULL */
