@@ -21,10 +21,13 @@
 #   charge     SELECT earmark_charge(account, its job, 1) and a heartbeat
 #              in one transaction (the holds are capped at set-up, so the
 #              charge locks the job row and writes nothing)
+#   refused    a reserve past the limit (refused: it looks for the
+#              budget's dead holds to reclaim first, and finds none) and a
+#              heartbeat, in one transaction
 # REPEATABLE READ takes no predicate locks: its failures are two
 # transactions that picked the same account (the same job row); what
 # SERIALIZABLE fails beyond them is read/write dependencies.  Counts, not
-# timings.  SMALL_PORT (55467).
+# timings.  SMALL_SCRIPTS picks scripts (all three); SMALL_PORT (55467).
 
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -66,6 +69,14 @@ SELECT charged FROM earmark_charge('s' || :a::text, :a, 1);
 SELECT earmark_heartbeat('s' || :a::text, :a);
 COMMIT;
 SQL
+cat >"$TMP/refused.sql" <<SQL
+\set a random(1, $ACCOUNTS)
+\set k random(1, 1000000000)
+BEGIN;
+SELECT admitted FROM earmark_reserve('s' || :a::text, 2000000000, 'big-' || :k::text);
+SELECT earmark_heartbeat('s' || :a::text, :a);
+COMMIT;
+SQL
 
 # run LEVEL SCRIPT: on a new database, "transactions/s | done | failed |
 # share failed | sequential scans of earmark.job"
@@ -92,7 +103,7 @@ echo "with one open hold each, $CLIENTS clients, $SECS s a run on a new database
 echo
 echo "| script | level | transactions/s | done | failed | failed share | sequential scans of earmark.job |"
 echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
-for script in heartbeat charge; do
+for script in ${SMALL_SCRIPTS:-heartbeat charge refused}; do
     for level in 'repeatable\ read' serializable; do
         printf '| %s | %s | %s |\n' "$script" "${level/\\/}" "$(run "$level" "$script.sql")"
     done
