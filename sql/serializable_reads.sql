@@ -9,12 +9,13 @@
 -- three accounts with every earmark table analyzed (the planner would
 -- scan each table whole), each call runs in a SERIALIZABLE transaction of
 -- its own and lists the tables it holds a predicate lock on whole.
--- Expected: none, for every call; a refused reserve's reclaim of dead
+-- Expected: none, for every call: a refused reserve's reclaim of dead
 -- holds too (budget.c, lock_dead: every dead hold of the budget, skipping
 -- locked ones, through job_open's partial index; it expires sra's job 2
--- here).  (Index-wide locks are not listed: a scan of an empty index
--- locks it whole, which on a small installation is the one leaf page
--- every account shares anyway.)
+-- here), and earmark_budget's report (ledger.c report_direct).
+-- (Index-wide locks are not listed: a scan of an empty index locks it
+-- whole, which on a small installation is the one leaf page every account
+-- shares anyway.)
 SET client_min_messages = warning;
 TRUNCATE earmark.meter_mark, earmark.ledger_entry, earmark.job, earmark.budget_slot, earmark.budget,
          earmark.usage_shard, earmark.account_limit, earmark.account RESTART IDENTITY CASCADE;
@@ -129,6 +130,12 @@ ROLLBACK;
 BEGIN ISOLATION LEVEL SERIALIZABLE;
 SELECT earmark_record_usage('sra', -1, 'sra-u2');
 SELECT pg_temp.whole_tables() AS "record_usage, a correction";
+ROLLBACK;
+
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+SELECT lim, used, held, remaining, limit_state FROM earmark_budget('sra');
+SELECT lim, used, held, remaining, limit_state FROM earmark_budget('nobody');
+SELECT pg_temp.whole_tables() AS "budget";
 ROLLBACK;
 
 \set VERBOSITY terse

@@ -2,8 +2,8 @@
  *
  * account.c
  *	  Accounts, limits and billing cycles: earmark_set_limit,
- *	  earmark_set_account, earmark_budget, and the cycle arithmetic the
- *	  gate uses.
+ *	  earmark_set_account, and the cycle arithmetic the gate uses
+ *	  (earmark_budget, which reports a cycle's numbers, is ledger.c's).
  *
  *	  Tables: earmark.account, earmark.account_limit (written here) and
  *	  earmark.budget (read here, locked by earmark_set_account).  The
@@ -50,7 +50,6 @@
 
 PG_FUNCTION_INFO_V1(earmark_set_limit);
 PG_FUNCTION_INFO_V1(earmark_set_account);
-PG_FUNCTION_INFO_V1(earmark_budget);
 
 /*
  * A cycle is one month that starts at the anchor's day and time of day, in
@@ -238,36 +237,52 @@ static EmDirect anchor_of_account = {
 	.ncols = 1, .cols = {"cycle_anchor"}
 };
 
+/*
+ * The anchor in the caller's snapshot, by index from C: on a single node
+ * only.  False if no account.
+ */
+bool
+em_account_anchor_in(text *account, Snapshot snap, bool *has_anchor, TimestampTz *anchor)
+{
+	Datum		args[1];
+	Datum		v[1];
+	bool		n[1];
+
+	args[0] = PointerGetDatum(account);
+	if (!em_direct_get(&anchor_of_account, args, snap, v, n))
+		return false;
+	*has_anchor = !n[0];
+	*anchor = n[0] ? 0 : DatumGetTimestampTz(v[0]);
+	return true;
+}
+
 /* the anchor in a new snapshot: a statement's, or with latest the latest */
 static bool
 read_anchor(text *account, bool latest, bool *has_anchor, TimestampTz *anchor)
 {
 	Datum		args[1];
-	Datum		v[1];
-	bool		n[1];
 	Snapshot	snap;
 	bool		found;
+	bool		isnull;
+	Datum		v;
 
-	args[0] = PointerGetDatum(account);
-	if (em_distributed())
-	{
-		if (latest)
-			em_exec_latest(&account_anchor, args, NULL, 1);
-		else
-			em_exec(&account_anchor, args, NULL, 1);
-		found = SPI_processed > 0;
-		v[0] = found ? em_get(0, 1, &n[0]) : (Datum) 0;
-	}
-	else
+	if (!em_distributed())
 	{
 		snap = latest ? em_direct_latest_snapshot() : em_direct_statement_snapshot();
-		found = em_direct_get(&anchor_of_account, args, snap, v, n);
+		found = em_account_anchor_in(account, snap, has_anchor, anchor);
 		em_direct_release(snap);
+		return found;
 	}
-	if (!found)
+	args[0] = PointerGetDatum(account);
+	if (latest)
+		em_exec_latest(&account_anchor, args, NULL, 1);
+	else
+		em_exec(&account_anchor, args, NULL, 1);
+	if (SPI_processed == 0)
 		return false;
-	*has_anchor = !n[0];
-	*anchor = n[0] ? 0 : DatumGetTimestampTz(v[0]);
+	v = em_get(0, 1, &isnull);
+	*has_anchor = !isnull;
+	*anchor = isnull ? 0 : DatumGetTimestampTz(v);
 	return true;
 }
 
@@ -472,122 +487,4 @@ earmark_set_account(PG_FUNCTION_ARGS)
 	SPI_finish();
 
 	PG_RETURN_VOID();
-}
-
-/* the columns of read_account_limit (RL_) and read_budget (RB_) */
-enum
-{
-	RL_ANCHOR = 1, RL_LIM, RL_KNOWN, RL_SOURCE
-};
-enum
-{
-	RB_USED = 1, RB_HELD
-};
-
-static EmStatement read_account_limit = {
-	"SELECT a.cycle_anchor, l.lim, l.account IS NOT NULL, l.source "
-	"FROM earmark.account a "
-	"LEFT JOIN earmark.account_limit l ON l.account = a.account AND l.feature = $2 "
-	"WHERE a.account = $1",
-	2, {TEXTOID, TEXTOID}
-};
-
-/* the cycle's totals, escrow slots included */
-static EmStatement read_budget = {
-	"SELECT b.used + coalesce(pg_catalog.sum(s.used), 0)::bigint "
-	"         + coalesce((SELECT pg_catalog.sum(u.units) FROM earmark.usage_shard u "
-	"                     WHERE u.account = $1 AND u.budget_id = "
-	"                           (SELECT x.budget_id FROM earmark.budget x "
-	"                             WHERE x.account = $1 AND x.feature = $2 AND x.cycle_start = $3)), 0)::bigint, "
-	"       b.held + coalesce(pg_catalog.sum(s.held), 0)::bigint "
-	"FROM earmark.budget b "
-	"LEFT JOIN earmark.budget_slot s ON s.account = b.account AND s.budget_id = b.budget_id "
-	"WHERE b.account = $1 AND b.feature = $2 AND b.cycle_start = $3 "
-	"GROUP BY b.account, b.budget_id",
-	3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
-};
-
-/*
- * earmark_budget(account, feature, at): the numbers of the cycle that
- * contains "at" (NULL: now).  An account the gate has never heard of reads
- * as a calendar-month cycle with nothing used and an unknown limit.
- */
-Datum
-earmark_budget(PG_FUNCTION_ARGS)
-{
-	text	   *account;
-	text	   *feature;
-	TimestampTz at;
-	TimestampTz start;
-	TimestampTz end;
-	TimestampTz anchor = 0;
-	bool		has_anchor = false;
-	bool		known = false;
-	bool		unlimited = false;
-	int64		lim = 0;
-	int64		used = 0;
-	int64		held = 0;
-	char	   *state = "unknown";
-	Datum		values[7];
-	bool		nulls[7] = {false, false, false, false, false, false, false};
-	Datum		args[3];
-	bool		isnull;
-
-	em_require_schema();
-	account = em_arg_name(fcinfo, 0, "account");
-	feature = em_arg_name(fcinfo, 1, "feature");
-	at = PG_ARGISNULL(2) ? GetCurrentTimestamp() : PG_GETARG_TIMESTAMPTZ(2);
-
-	SPI_connect();
-	args[0] = PointerGetDatum(account);
-	args[1] = PointerGetDatum(feature);
-	em_exec(&read_account_limit, args, NULL, 1);
-	if (SPI_processed == 1)
-	{
-		Datum		d = em_get(0, RL_ANCHOR, &isnull);
-
-		has_anchor = !isnull;
-		if (has_anchor)
-			anchor = DatumGetTimestampTz(d);
-		known = DatumGetBool(em_get(0, RL_KNOWN, &isnull));
-		if (known)
-		{
-			d = em_get(0, RL_LIM, &isnull);
-			unlimited = isnull;
-			lim = isnull ? 0 : DatumGetInt64(d);
-			/* the source as a constant, so it outlives SPI's memory */
-			state = strcmp(TextDatumGetCString(em_get(0, RL_SOURCE, &isnull)),
-						   "provider") == 0 ? "provider" : "manual";
-		}
-	}
-	if (TIMESTAMP_NOT_FINITE(at))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("at must be a finite timestamp")));
-	em_cycle_bounds(anchor, has_anchor, at, &start, &end);
-
-	args[2] = TimestampTzGetDatum(start);
-	em_exec(&read_budget, args, NULL, 1);
-	if (SPI_processed == 1)
-	{
-		used = em_get_int64(0, RB_USED, 0);
-		held = em_get_int64(0, RB_HELD, 0);
-	}
-	SPI_finish();
-
-	values[0] = TimestampTzGetDatum(start);
-	values[1] = TimestampTzGetDatum(end);
-	values[2] = Int64GetDatum(lim);
-	nulls[2] = !known || unlimited;
-	values[3] = Int64GetDatum(used);
-	values[4] = Int64GetDatum(held);
-	if (!known)
-		values[5] = Int64GetDatum(0);
-	else if (unlimited)
-		nulls[5] = true;
-	else
-		values[5] = Int64GetDatum(Max(0, lim - used - held));
-	values[6] = CStringGetTextDatum(state);
-	em_return_row(fcinfo, values, nulls);
-	return (Datum) 0;
 }

@@ -241,6 +241,29 @@ em_budget_find(text *account, text *feature, TimestampTz start, int64 *budget_id
 	return found;
 }
 
+/*
+ * The cycle's budget row's id, used and held in snap, by budget_of_cycle's
+ * index from C: on a single node only.  False when there is no row.
+ */
+bool
+em_budget_numbers(text *account, text *feature, TimestampTz start, Snapshot snap,
+				  int64 *budget_id, int64 *used, int64 *held)
+{
+	Datum		args[3];
+	Datum		v[EM_DIRECT_MAX_COLS];
+	bool		n[EM_DIRECT_MAX_COLS];
+
+	args[0] = PointerGetDatum(account);
+	args[1] = PointerGetDatum(feature);
+	args[2] = TimestampTzGetDatum(start);
+	if (!em_direct_get(&budget_of_cycle, args, snap, v, n))
+		return false;
+	*budget_id = DatumGetInt64(v[0]);
+	*used = DatumGetInt64(v[1]);
+	*held = DatumGetInt64(v[2]);
+	return true;
+}
+
 /* create the cycle's row unless it exists (the caller then locks it) */
 void
 em_budget_create(text *account, text *feature, TimestampTz start,

@@ -63,6 +63,9 @@ typedef struct EmBudget
 
 extern bool em_budget_lock(text *account, text *feature, TimestampTz start,
 						   EmBudget *b);
+extern bool em_budget_numbers(text *account, text *feature, TimestampTz start,
+							  Snapshot snap, int64 *budget_id, int64 *used,
+							  int64 *held);
 extern bool em_budget_find(text *account, text *feature, TimestampTz start,
 						   int64 *budget_id);
 extern void em_budget_create(text *account, text *feature, TimestampTz start,

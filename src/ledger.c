@@ -2,7 +2,9 @@
  *
  * ledger.c
  *	  The usage ledger's writers and its counters: earmark_record_usage,
- *	  the cycle's meter mark, and a cycle's total read without a scan.
+ *	  the cycle's meter mark, a cycle's total read without a scan, and
+ *	  earmark_budget, which reports a cycle's numbers (read by index from C
+ *	  on a single node, in one snapshot).
  *
  *	  Tables: earmark.ledger_entry (a key's row read here, by index from C
  *	  on a single node (direct.c), written through entries.c),
@@ -59,6 +61,7 @@
 #include "spi.h"
 
 PG_FUNCTION_INFO_V1(earmark_record_usage);
+PG_FUNCTION_INFO_V1(earmark_budget);
 
 /* how far ahead of the clock a usage's occurred_at may be */
 #define FUTURE_SLACK_US		(5 * 60 * USECS_PER_SEC)
@@ -122,6 +125,19 @@ static EmDirect budget_used = {
 	.ncols = 1, .cols = {"used"}
 };
 
+/* a + b, or the error the SQL's bigint + gives */
+static int64
+bigint_add(int64 a, int64 b)
+{
+	int64		sum;
+
+	if (pg_add_s64_overflow(a, b, &sum))
+		ereport(ERROR,
+				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+				 errmsg("bigint out of range")));
+	return sum;
+}
+
 static int64
 cycle_total_direct(text *account, int64 budget_id, Snapshot snap, bool *found)
 {
@@ -129,7 +145,6 @@ cycle_total_direct(text *account, int64 budget_id, Snapshot snap, bool *found)
 	Datum		v[1];
 	bool		n[1];
 	int64		slots_used;
-	int64		total;
 
 	keys[0] = PointerGetDatum(account);
 	keys[1] = Int64GetDatum(budget_id);
@@ -137,12 +152,8 @@ cycle_total_direct(text *account, int64 budget_id, Snapshot snap, bool *found)
 	if (!*found)
 		return 0;
 	em_escrow_slot_totals(account, budget_id, snap, &slots_used, NULL);
-	if (pg_add_s64_overflow(DatumGetInt64(v[0]), slots_used, &total) ||
-		pg_add_s64_overflow(total, em_budget_recorded(account, budget_id, snap), &total))
-		ereport(ERROR,
-				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
-				 errmsg("bigint out of range")));
-	return total;
+	return bigint_add(bigint_add(DatumGetInt64(v[0]), slots_used),
+					  em_budget_recorded(account, budget_id, snap));
 }
 
 /*
@@ -508,4 +519,196 @@ void
 em_usage_check_correction(text *account, int64 budget_id, int64 units, TimestampTz start)
 {
 	check_correction(account, budget_id, units, start);
+}
+
+/* ---------------------------------------------------------------------
+ * earmark_budget(account, feature, at)
+ * ---------------------------------------------------------------------
+ */
+
+/* a cycle's numbers, as earmark_budget reports them */
+typedef struct CycleReport
+{
+	bool		known;			/* the account has a limit for the feature */
+	bool		unlimited;		/* ... and it is NULL */
+	int64		lim;
+	bool		provider;		/* its source is the provider */
+	TimestampTz start;
+	TimestampTz end;
+	int64		used;			/* the cycle's, escrow slots and recorded usage included */
+	int64		held;
+} CycleReport;
+
+/* the columns of read_account_limit (RL_) and read_budget (RB_) */
+enum
+{
+	RL_ANCHOR = 1, RL_LIM, RL_KNOWN, RL_SOURCE
+};
+enum
+{
+	RB_USED = 1, RB_HELD
+};
+
+static EmStatement read_account_limit = {
+	"SELECT a.cycle_anchor, l.lim, l.account IS NOT NULL, l.source "
+	"FROM earmark.account a "
+	"LEFT JOIN earmark.account_limit l ON l.account = a.account AND l.feature = $2 "
+	"WHERE a.account = $1",
+	2, {TEXTOID, TEXTOID}
+};
+
+/* the cycle's totals, escrow slots included */
+static EmStatement read_budget = {
+	"SELECT b.used + coalesce(pg_catalog.sum(s.used), 0)::bigint "
+	"         + coalesce((SELECT pg_catalog.sum(u.units) FROM earmark.usage_shard u "
+	"                     WHERE u.account = $1 AND u.budget_id = "
+	"                           (SELECT x.budget_id FROM earmark.budget x "
+	"                             WHERE x.account = $1 AND x.feature = $2 AND x.cycle_start = $3)), 0)::bigint, "
+	"       b.held + coalesce(pg_catalog.sum(s.held), 0)::bigint "
+	"FROM earmark.budget b "
+	"LEFT JOIN earmark.budget_slot s ON s.account = b.account AND s.budget_id = b.budget_id "
+	"WHERE b.account = $1 AND b.feature = $2 AND b.cycle_start = $3 "
+	"GROUP BY b.account, b.budget_id",
+	3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
+};
+
+/* the report by its two statements: on Citus (inside SPI) */
+static void
+report_sql(text *account, text *feature, TimestampTz at, CycleReport *r)
+{
+	Datum		args[3];
+	bool		has_anchor = false;
+	TimestampTz anchor = 0;
+	bool		isnull;
+
+	args[0] = PointerGetDatum(account);
+	args[1] = PointerGetDatum(feature);
+	em_exec(&read_account_limit, args, NULL, 1);
+	if (SPI_processed == 1)
+	{
+		Datum		d = em_get(0, RL_ANCHOR, &isnull);
+
+		has_anchor = !isnull;
+		anchor = has_anchor ? DatumGetTimestampTz(d) : 0;
+		r->known = DatumGetBool(em_get(0, RL_KNOWN, &isnull));
+		if (r->known)
+		{
+			d = em_get(0, RL_LIM, &isnull);
+			r->unlimited = isnull;
+			r->lim = isnull ? 0 : DatumGetInt64(d);
+			r->provider = strcmp(TextDatumGetCString(em_get(0, RL_SOURCE, &isnull)),
+								 "provider") == 0;
+		}
+	}
+	em_cycle_bounds(anchor, has_anchor, at, &r->start, &r->end);
+
+	args[2] = TimestampTzGetDatum(r->start);
+	em_exec(&read_budget, args, NULL, 1);
+	if (SPI_processed == 1)
+	{
+		r->used = em_get_int64(0, RB_USED, 0);
+		r->held = em_get_int64(0, RB_HELD, 0);
+	}
+}
+
+/*
+ * The same reads by index from C on a single node (direct.c), in one
+ * snapshot, the statement's: the statements' plans read small tables
+ * whole (the account, its limits and the budget table), and under
+ * SERIALIZABLE that is a predicate lock which every other account's
+ * reserve or settle conflicts with: a transaction that asked for its
+ * numbers and then reserved failed other accounts' transactions with 40001
+ * (sql/serializable_reads.sql).  The sums as the SQL's: only a total past
+ * a bigint is an error.
+ */
+static EmDirect limit_of_feature = {
+	.table = "account_limit", .nkeys = 2, .keys = {"account", "feature"},
+	.ncols = 2, .cols = {"lim", "source"}
+};
+
+static void
+report_direct(text *account, text *feature, TimestampTz at, CycleReport *r)
+{
+	Snapshot	snap = em_direct_statement_snapshot();
+	bool		has_anchor = false;
+	TimestampTz anchor = 0;
+	Datum		keys[2];
+	Datum		v[EM_DIRECT_MAX_COLS];
+	bool		n[EM_DIRECT_MAX_COLS];
+	int64		budget_id;
+	int64		used;
+	int64		held;
+	int64		slots_used;
+	int64		slots_held;
+
+	keys[0] = PointerGetDatum(account);
+	keys[1] = PointerGetDatum(feature);
+	if (em_account_anchor_in(account, snap, &has_anchor, &anchor) &&
+		em_direct_get(&limit_of_feature, keys, snap, v, n))
+	{
+		r->known = true;
+		r->unlimited = n[0];
+		r->lim = n[0] ? 0 : DatumGetInt64(v[0]);
+		r->provider = strcmp(TextDatumGetCString(v[1]), "provider") == 0;
+	}
+	em_cycle_bounds(anchor, has_anchor, at, &r->start, &r->end);
+
+	if (em_budget_numbers(account, feature, r->start, snap, &budget_id, &used, &held))
+	{
+		em_escrow_slot_totals(account, budget_id, snap, &slots_used, &slots_held);
+		r->used = bigint_add(bigint_add(used, slots_used),
+							 em_budget_recorded(account, budget_id, snap));
+		r->held = bigint_add(held, slots_held);
+	}
+	em_direct_release(snap);
+}
+
+/*
+ * earmark_budget(account, feature, at): the numbers of the cycle that
+ * contains "at" (NULL: now).  An account the gate has never heard of reads
+ * as a calendar-month cycle with nothing used and an unknown limit.
+ */
+Datum
+earmark_budget(PG_FUNCTION_ARGS)
+{
+	text	   *account;
+	text	   *feature;
+	TimestampTz at;
+	CycleReport r = {0};
+	Datum		values[7];
+	bool		nulls[7] = {false, false, false, false, false, false, false};
+
+	em_require_schema();
+	account = em_arg_name(fcinfo, 0, "account");
+	feature = em_arg_name(fcinfo, 1, "feature");
+	at = PG_ARGISNULL(2) ? GetCurrentTimestamp() : PG_GETARG_TIMESTAMPTZ(2);
+	if (TIMESTAMP_NOT_FINITE(at))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("at must be a finite timestamp")));
+
+	if (em_distributed())
+	{
+		SPI_connect();
+		report_sql(account, feature, at, &r);
+		SPI_finish();
+	}
+	else
+		report_direct(account, feature, at, &r);
+
+	values[0] = TimestampTzGetDatum(r.start);
+	values[1] = TimestampTzGetDatum(r.end);
+	values[2] = Int64GetDatum(r.lim);
+	nulls[2] = !r.known || r.unlimited;
+	values[3] = Int64GetDatum(r.used);
+	values[4] = Int64GetDatum(r.held);
+	if (!r.known)
+		values[5] = Int64GetDatum(0);
+	else if (r.unlimited)
+		nulls[5] = true;
+	else
+		values[5] = Int64GetDatum(Max(0, r.lim - r.used - r.held));
+	values[6] = CStringGetTextDatum(!r.known ? "unknown" : r.provider ? "provider" : "manual");
+	em_return_row(fcinfo, values, nulls);
+	return (Datum) 0;
 }
