@@ -1110,6 +1110,38 @@ gather(EmHold *h, EmBudget *b, int64 cap, Datum locked, SlotSums *s,
 }
 
 /*
+ * Whether the whole budget lacks room for the job (all: every slot summed,
+ * none locked) even once its dead holds are settled: then the slow path
+ * refuses without locking or cutting a slot.  A gathering cut would lock
+ * every free slot and write each back with no room in it (a row lock and
+ * an update a slot, and a new budget row), for the same refusal, and every
+ * refusal of a full account would do it again.  False when the job may
+ * fit, or when settling dead holds freed something (the caller goes on
+ * and writes the budget row, b's used and held updated).
+ */
+static bool
+refused_outright(EmHold *h, EmBudget *b, int64 cap, const SlotSums *all,
+				 int64 *remaining)
+{
+	int64		whole = cap - b->used - b->held - all->used - all->held;
+	int64		released;
+	int64		charged;
+
+	if (h->amount <= whole)
+		return false;
+	/* a hold whose lease has passed never causes a refusal */
+	if (em_budget_expire(h->account, b->budget_id, h->now, EARMARK_RECLAIM_BATCH,
+						 true, &released, &charged) > 0)
+	{
+		b->held -= released;
+		b->used += charged;
+		return false;
+	}
+	*remaining = Max(whole, 0);
+	return true;
+}
+
+/*
  * Reserve's slow path for an escrow budget, with the budget row locked:
  * reclaim dead holds, see whether the whole budget has room, admit the job
  * outside the slots if it has, and cut the rest of the free room into the
@@ -1145,6 +1177,13 @@ em_escrow_rebalance(EmHold *h, EmBudget *b, int64 *remaining)
 		gen++;
 	create_missing_slots(h->account, b);
 
+	/*
+	 * Without a new generation to cut, a budget that has no room for the
+	 * job anywhere refuses it here (the limit, the fast path's checks and
+	 * the slots are as the last rebalance left them).
+	 */
+	if (gen == b->slot_gen && refused_outright(h, b, cap, &all, remaining))
+		return EM_ADMIT_REFUSED;
 	if (gen == b->slot_gen &&
 		admit_from_unallocated(h, b, cap, gen, &all, &result, remaining))
 		return result;

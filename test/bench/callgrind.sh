@@ -32,6 +32,11 @@
 # count on the event and a receipt without the key; the plain queue has no
 # dedupe, so there is nothing of its to set beside it):
 #   copy      SELECT * FROM earmark_inbox_receive('bench', <a delivered key>, ...)
+# and, with CG_ONLY="earmark_budget earmark_refused", a report and a
+# refusal (cg's cycle holds the pools' open jobs):
+#   budget    SELECT * FROM earmark_budget('cg') (a key each call, unused)
+#   refused   SELECT * FROM earmark_reserve('cg', 2 x 10^15, $1): past the
+#             limit, after its search for dead holds (none)
 # Each also reports the instructions inside the function call itself
 # (inclusive): fmgr_security_definer for earmark's gate (its functions are
 # SECURITY DEFINER with a pinned search_path, so this wraps the C function
@@ -107,6 +112,8 @@ declare -A PREP=(
     [earmark_receive]="PREPARE q(text) AS SELECT * FROM earmark_inbox_receive('bench', \$1, 'invoice.paid', jsonb_build_object('type', 'invoice.paid', 'data', jsonb_build_object('customer_id', 'customer_1', 'plan', jsonb_build_object('key', 'pro'))));"
     [earmark_usage]="PREPARE q(text) AS SELECT earmark_record_usage('cg', 1, \$1);"
     [earmark_usage_many]="PREPARE q(text) AS SELECT count(*) FROM earmark_record_usage_many('cg', array_fill(1::bigint, ARRAY[100]), ARRAY(SELECT \$1 || '-' || g FROM generate_series(1, 100) g));"
+    [earmark_budget]="PREPARE q(text) AS SELECT * FROM earmark_budget('cg') WHERE \$1 <> '';"
+    [earmark_refused]="PREPARE q(text) AS SELECT * FROM earmark_reserve('cg', 2000000000000000, \$1);"
     [plain_send]="PREPARE q(text) AS SELECT plain_send(jsonb_build_object('type', 'invoice.paid', 'key', \$1, 'data', jsonb_build_object('customer_id', 'customer_1', 'plan', jsonb_build_object('key', 'pro'))));"
 )
 # a copy is the same call; only its keys (arg below) were delivered before
@@ -119,7 +126,8 @@ PREP[earmark_receive_copy]=${PREP[earmark_receive]}
 arg() {
     local name=$1 n=$2 i=$3 first off
     case $name in
-        *_reserve | *_receive | *_receive_copy | *_send | *_usage | *_usage_many) echo "'$name-$n-$i'"; return ;;
+        *_reserve | *_receive | *_receive_copy | *_send | *_usage | *_usage_many | *_budget | *_refused)
+            echo "'$name-$n-$i'"; return ;;
         earmark_*) first=$EM_FIRST ;;
         *) first=$REF_FIRST ;;
     esac
@@ -208,4 +216,12 @@ if [ -n "$e" ] && [ -n "$c" ]; then
     echo "| --- | ---: | ---: | ---: |"
     echo "| a first delivery | $(fmt "$e") | $(fmt "${FNPER[earmark_receive]}") | 1.00 |"
     echo "| a copy (its key delivered before) | $(fmt "$c") | $(fmt "${FNPER[earmark_receive_copy]}") | $(ratio "$c" "$e") |"
+fi
+if [ -n "${PER[earmark_budget]:-}${PER[earmark_refused]:-}" ]; then
+    echo
+    echo "| call | statement | inside the function |"
+    echo "| --- | ---: | ---: |"
+    for n in earmark_budget earmark_refused; do
+        [ -n "${PER[$n]:-}" ] && echo "| ${n#earmark_} | $(fmt "${PER[$n]}") | $(fmt "${FNPER[$n]}") |"
+    done
 fi
