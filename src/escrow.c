@@ -26,7 +26,11 @@
  *	  Only near the limit (or after a limit change, or when the
  *	  allocations no longer fit the recorded usage) does a rebalance gather
  *	  the room of every free slot, so that a refusal means the whole budget
- *	  lacks room.
+ *	  lacks room; and when the whole budget, every slot summed, lacks room
+ *	  for the job and no new generation is due, the slow path refuses
+ *	  without gathering (refused_outright): it writes nothing, so the fast
+ *	  path's checks (slot_rec, the limit row's version, slot_cut) still
+ *	  compare with the last rebalance that did.
  *
  *	  A limit change, and usage recorded without a hold (the counter rows
  *	  earmark_record_usage writes; it locks no slot): budget.slot_lim is
