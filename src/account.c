@@ -234,7 +234,7 @@ static EmStatement account_anchor = {
  */
 static EmDirect anchor_of_account = {
 	.table = "account", .nkeys = 1, .keys = {"account"},
-	.ncols = 1, .cols = {"cycle_anchor"}
+	.ncols = 1, .cols = {"cycle_anchor"}, .types = {TIMESTAMPTZOID}
 };
 
 /*

@@ -103,13 +103,14 @@ static EmStatement release_budget = {
 static EmDirect budget_of_cycle = {
 	.table = "budget", .nkeys = 3, .keys = {"account", "feature", "cycle_start"},
 	.ncols = 7, .cols = {"budget_id", "used", "held", "slots", "slot_lim", "slot_gen",
-	"slot_cut"}
+	"slot_cut"},
+	.types = {INT8OID, INT8OID, INT8OID, INT4OID, INT8OID, INT8OID, INT8OID}
 };
 
 /* the units of a cycle's usage counters (earmark.usage_shard) */
 static EmDirect usage_of_cycle = {
 	.table = "usage_shard", .nkeys = 2, .keys = {"account", "budget_id"},
-	.ncols = 1, .cols = {"units"}
+	.ncols = 1, .cols = {"units"}, .types = {INT8OID}
 };
 
 static bool

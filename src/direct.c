@@ -99,7 +99,9 @@
 #include "miscadmin.h"
 #include "nodes/pg_list.h"
 #include "nodes/primnodes.h"
+#include "parser/parse_coerce.h"
 #include "storage/bufmgr.h"
+#include "storage/lmgr.h"
 #include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
@@ -374,7 +376,29 @@ resolve(EmDirect *d, Relation rel)
 	int			i;
 
 	for (i = 0; i < d->ncols; i++)
+	{
 		d->attnums[i] = column(d, d->cols[i]);
+		/*
+		 * A read that names its columns' types (a write's are checked by
+		 * writable(), which sends the write to its SQL) is refused for a
+		 * column an operator gave another type: its caller takes the datum
+		 * as the type it made (DatumGetInt64 of a numeric's pointer would
+		 * be a number), where its SQL statement summed or cast it.  A type
+		 * that is binary coercible to it (varchar to text, a domain over
+		 * bigint) reads as it.
+		 */
+		if (d->nwrite == 0 && OidIsValid(d->types[i]) && d->attnums[i] > 0)
+		{
+			Oid			typid = TupleDescAttr(RelationGetDescr(rel), d->attnums[i] - 1)->atttypid;
+
+			if (typid != d->types[i] && !IsBinaryCoercible(typid, d->types[i]))
+				ereport(ERROR,
+						(errcode(ERRCODE_DATATYPE_MISMATCH),
+						 errmsg("earmark: column \"%s\" of earmark.%s is of type %s, not %s",
+								d->cols[i], d->table, format_type_be(typid),
+								format_type_be(d->types[i]))));
+		}
+	}
 	d->indexid = InvalidOid;
 	d->write_checked = false;
 	d->insert_checked = false;
@@ -464,6 +488,31 @@ em_direct_statement_snapshot(void)
 	/* as SPI does before each statement that is not read-only */
 	CommandCounterIncrement();
 	return register_counted(GetTransactionSnapshot());
+}
+
+/*
+ * AccessShareLock on each of earmark's tables named, as a statement's plan
+ * takes them before its snapshot (SPI: GetCachedPlan, then the snapshot):
+ * a caller that takes em_direct_statement_snapshot after this and waited
+ * here for an operator's lock (LOCK TABLE, an ALTER TABLE that rewrites
+ * the table: every row then has the ALTER's xid) reads what that
+ * transaction committed, not a snapshot older than the rewrite, in which
+ * the rewritten table has no rows.  A name that is not a table is left to
+ * open_table's error.
+ */
+void
+em_direct_lock_tables(const char *const *tables, int ntables)
+{
+	Oid			nsp = get_namespace_oid("earmark", false);
+	int			i;
+
+	for (i = 0; i < ntables; i++)
+	{
+		Oid			relid = get_relname_relid(tables[i], nsp);
+
+		if (OidIsValid(relid))
+			LockRelationOid(relid, AccessShareLock);
+	}
 }
 
 Snapshot

@@ -74,6 +74,7 @@ typedef bool (*EmDirectRow) (Datum *values, bool *nulls, void *arg);
  * give it back with em_direct_release.
  */
 extern Snapshot em_direct_statement_snapshot(void);
+extern void em_direct_lock_tables(const char *const *tables, int ntables);
 extern Snapshot em_direct_latest_snapshot(void);
 extern void em_direct_release(Snapshot snap);
 extern uint64 em_direct_completions(void);

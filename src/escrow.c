@@ -140,6 +140,7 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "common/int.h"
 #include "common/pg_prng.h"
@@ -375,7 +376,7 @@ static EmDirect limit_version_row = {
 };
 static EmDirect slots_of_budget = {
 	.table = "budget_slot", .nkeys = 2, .keys = {"account", "budget_id"},
-	.ncols = 3, .cols = {"used", "held", "room"}
+	.ncols = 3, .cols = {"used", "held", "room"}, .types = {INT8OID, INT8OID, INT8OID}
 };
 
 /*
@@ -965,8 +966,13 @@ typedef struct SlotSums
 	int64		nmine;
 } SlotSums;
 
+/*
+ * The slots' sums (locked: the slots this transaction holds), in the
+ * statement's snapshot, or with latest in one that sees every commit
+ * whatever the isolation level.
+ */
 static void
-sum_slots(text *account, int64 budget_id, Datum locked, SlotSums *s)
+sum_slots_as(text *account, int64 budget_id, Datum locked, bool latest, SlotSums *s)
 {
 	Datum		args[3];
 	uint64		i;
@@ -975,7 +981,10 @@ sum_slots(text *account, int64 budget_id, Datum locked, SlotSums *s)
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
 	args[2] = locked;
-	em_exec(&read_slots, args, NULL, 0);
+	if (latest)
+		em_exec_latest(&read_slots, args, NULL, 0);
+	else
+		em_exec(&read_slots, args, NULL, 0);
 	for (i = 0; i < SPI_processed; i++)
 	{
 		bool		isnull;
@@ -997,6 +1006,12 @@ sum_slots(text *account, int64 budget_id, Datum locked, SlotSums *s)
 			s->others_room += room;
 		}
 	}
+}
+
+static void
+sum_slots(text *account, int64 budget_id, Datum locked, SlotSums *s)
+{
+	sum_slots_as(account, budget_id, locked, false, s);
 }
 
 /*
@@ -1133,6 +1148,25 @@ refused_outright(EmHold *h, EmBudget *b, int64 cap, const SlotSums *all,
 
 	if (h->amount <= whole)
 		return false;
+
+	/*
+	 * Under REPEATABLE READ and SERIALIZABLE all is the transaction's
+	 * snapshot, and the slots are not locked here: a settlement that freed
+	 * room into a slot after the snapshot writes the slot, not the budget
+	 * row, so the budget row's lock does not fail for it.  Refuse early only
+	 * on sums that are also the newest committed ones; otherwise gather,
+	 * whose FOR UPDATE of a slot changed since the snapshot fails with
+	 * 40001 (isolation spec review_escrow_full_rr).
+	 */
+	if (IsolationUsesXactSnapshot())
+	{
+		SlotSums	now;
+
+		sum_slots_as(h->account, b->budget_id, empty_array(), true, &now);
+		if (now.used != all->used || now.held != all->held ||
+			now.others_alloc != all->others_alloc)
+			return false;
+	}
 	/* a hold whose lease has passed never causes a refusal */
 	if (em_budget_expire(h->account, b->budget_id, h->now, EARMARK_RECLAIM_BATCH,
 						 true, &released, &charged) > 0)

@@ -623,13 +623,18 @@ report_sql(text *account, text *feature, TimestampTz at, CycleReport *r)
  */
 static EmDirect limit_of_feature = {
 	.table = "account_limit", .nkeys = 2, .keys = {"account", "feature"},
-	.ncols = 2, .cols = {"lim", "source"}
+	.ncols = 2, .cols = {"lim", "source"}, .types = {INT8OID, TEXTOID}
+};
+
+/* the tables report_direct reads, locked before its snapshot is taken */
+static const char *const report_tables[] = {
+	"account", "account_limit", "budget", "budget_slot", "usage_shard"
 };
 
 static void
 report_direct(text *account, text *feature, TimestampTz at, CycleReport *r)
 {
-	Snapshot	snap = em_direct_statement_snapshot();
+	Snapshot	snap;
 	bool		has_anchor = false;
 	TimestampTz anchor = 0;
 	Datum		keys[2];
@@ -641,6 +646,8 @@ report_direct(text *account, text *feature, TimestampTz at, CycleReport *r)
 	int64		slots_used;
 	int64		slots_held;
 
+	em_direct_lock_tables(report_tables, lengthof(report_tables));
+	snap = em_direct_statement_snapshot();
 	keys[0] = PointerGetDatum(account);
 	keys[1] = PointerGetDatum(feature);
 	if (em_account_anchor_in(account, snap, &has_anchor, &anchor) &&
