@@ -218,28 +218,26 @@ bool
 em_budget_find(text *account, text *feature, TimestampTz start, int64 *budget_id)
 {
 	Datum		args[3];
-	Datum		v[EM_DIRECT_MAX_COLS];
-	bool		n[EM_DIRECT_MAX_COLS];
 	Snapshot	snap;
 	bool		found;
+	int64		used;
+	int64		held;
 
+	if (!em_distributed())
+	{
+		snap = em_direct_statement_snapshot();
+		found = em_budget_numbers(account, feature, start, snap, budget_id, &used, &held);
+		em_direct_release(snap);
+		return found;
+	}
 	args[0] = PointerGetDatum(account);
 	args[1] = PointerGetDatum(feature);
 	args[2] = TimestampTzGetDatum(start);
-	if (em_distributed())
-	{
-		em_exec(&find_budget, args, NULL, 1);
-		if (SPI_processed == 0)
-			return false;
-		*budget_id = em_get_int64(0, 1, 0);
-		return true;
-	}
-	snap = em_direct_statement_snapshot();
-	found = em_direct_get(&budget_of_cycle, args, snap, v, n);
-	em_direct_release(snap);
-	if (found)
-		*budget_id = DatumGetInt64(v[0]);
-	return found;
+	em_exec(&find_budget, args, NULL, 1);
+	if (SPI_processed == 0)
+		return false;
+	*budget_id = em_get_int64(0, 1, 0);
+	return true;
 }
 
 /*
