@@ -256,6 +256,8 @@ em_account_anchor_in(text *account, Snapshot snap, bool *has_anchor, TimestampTz
 	return true;
 }
 
+static const char *const anchor_tables[] = {"account"};
+
 /* the anchor in a new snapshot: a statement's, or with latest the latest */
 static bool
 read_anchor(text *account, bool latest, bool *has_anchor, TimestampTz *anchor)
@@ -268,7 +270,8 @@ read_anchor(text *account, bool latest, bool *has_anchor, TimestampTz *anchor)
 
 	if (!em_distributed())
 	{
-		snap = latest ? em_direct_latest_snapshot() : em_direct_statement_snapshot();
+		snap = latest ? em_direct_latest_snapshot(anchor_tables, 1) :
+			em_direct_statement_snapshot(anchor_tables, 1);
 		found = em_account_anchor_in(account, snap, has_anchor, anchor);
 		em_direct_release(snap);
 		return found;

@@ -204,6 +204,8 @@ static EmStatement find_budget = {
 	3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}
 };
 
+static const char *const budget_tables[] = {"budget"};
+
 /*
  * The id of the cycle's budget row; false when it does not exist.  No
  * lock: read as find_budget reads it, in the snapshot the statement would
@@ -225,7 +227,7 @@ em_budget_find(text *account, text *feature, TimestampTz start, int64 *budget_id
 
 	if (!em_distributed())
 	{
-		snap = em_direct_statement_snapshot();
+		snap = em_direct_statement_snapshot(budget_tables, lengthof(budget_tables));
 		found = em_budget_numbers(account, feature, start, snap, budget_id, &used, &held);
 		em_direct_release(snap);
 		return found;

@@ -10,9 +10,13 @@
  *	  caller gives, and reads the visible rows.
  *
  *	  What a read sees is what the SPI statement it replaces would see:
- *	  em_direct_statement_snapshot advances the command counter and takes
- *	  the snapshot as SPI does for each statement (a new one under READ
- *	  COMMITTED, the transaction's under REPEATABLE READ and SERIALIZABLE);
+ *	  em_direct_statement_snapshot locks the tables the caller names, as a
+ *	  statement's plan locks its tables first, advances the command counter
+ *	  and takes the snapshot as SPI does for each statement (a new one under
+ *	  READ COMMITTED, the transaction's under REPEATABLE READ and
+ *	  SERIALIZABLE), so that a read that waited for an operator's ALTER
+ *	  TABLE sees the rows it rewrote; the locking reads and the write lock
+ *	  their table before they take their snapshot for the same reason;
  *	  the index and heap access methods take the same predicate locks under
  *	  SERIALIZABLE as the executor's index scans.  One locking read,
  *	  em_direct_lock, locks the row it finds as SELECT ... FOR UPDATE does
@@ -119,6 +123,32 @@
 static EmDirect *resolved_reads = NULL;
 static bool callback_registered = false;
 
+/*
+ * earmark's tables by name, with the oid each had when last looked up: a
+ * statement's snapshot locks its tables first (em_direct_statement_snapshot)
+ * and looks their names up once a session, not at each call.  Forgotten
+ * with the reads (forget_reads).
+ */
+typedef struct NamedTable
+{
+	const char *name;
+	Oid			relid;
+} NamedTable;
+
+#define EM_NAMED_TABLES 32
+static NamedTable named_tables[EM_NAMED_TABLES];
+static int	nnamed = 0;
+
+static void
+forget_named(Oid relid)
+{
+	int			i;
+
+	for (i = 0; i < nnamed; i++)
+		if (relid == InvalidOid || named_tables[i].relid == relid)
+			named_tables[i].relid = InvalidOid;
+}
+
 static void
 forget_reads(Datum arg, Oid relid)
 {
@@ -129,6 +159,7 @@ forget_reads(Datum arg, Oid relid)
 		if (relid == InvalidOid || relid == d->relid || relid == d->indexid)
 			d->resolved = false;
 	}
+	forget_named(relid);
 }
 
 /*
@@ -482,42 +513,86 @@ register_counted(Snapshot snap)
 	return RegisterSnapshot(snap);
 }
 
-Snapshot
-em_direct_statement_snapshot(void)
+/* earmark.<name>'s oid (InvalidOid: none), by the session's list */
+static Oid
+named_table(const char *name)
 {
-	/* as SPI does before each statement that is not read-only */
-	CommandCounterIncrement();
-	return register_counted(GetTransactionSnapshot());
+	NamedTable *t = NULL;
+	int			i;
+
+	for (i = 0; i < nnamed && t == NULL; i++)
+		if (strcmp(named_tables[i].name, name) == 0)
+			t = &named_tables[i];
+	if (t == NULL && nnamed < EM_NAMED_TABLES)
+	{
+		t = &named_tables[nnamed++];
+		t->name = name;
+		t->relid = InvalidOid;
+	}
+	if (t == NULL)
+		return get_relname_relid(name, get_namespace_oid("earmark", false));
+	if (!OidIsValid(t->relid))
+		t->relid = get_relname_relid(name, get_namespace_oid("earmark", false));
+	return t->relid;
 }
 
 /*
  * AccessShareLock on each of earmark's tables named, as a statement's plan
  * takes them before its snapshot (SPI: GetCachedPlan, then the snapshot):
- * a caller that takes em_direct_statement_snapshot after this and waited
- * here for an operator's lock (LOCK TABLE, an ALTER TABLE that rewrites
- * the table: every row then has the ALTER's xid) reads what that
- * transaction committed, not a snapshot older than the rewrite, in which
- * the rewritten table has no rows.  A name that is not a table is left to
- * open_table's error.
+ * a caller that takes its snapshot after this and waited here for an
+ * operator's lock (LOCK TABLE, an ALTER TABLE that rewrites the table:
+ * every row then has the ALTER's xid) reads what that transaction
+ * committed, not a snapshot older than the rewrite, in which the rewritten
+ * table has no rows.  A name that is not a table is left to open_table's
+ * error.  A lock this transaction holds already costs a look-up in its
+ * local lock table.
  */
-void
-em_direct_lock_tables(const char *const *tables, int ntables)
+static void
+lock_tables(const char *const *tables, int ntables)
 {
-	Oid			nsp = get_namespace_oid("earmark", false);
 	int			i;
 
+	if (!callback_registered)
+	{
+		CacheRegisterRelcacheCallback(forget_reads, (Datum) 0);
+		callback_registered = true;
+	}
 	for (i = 0; i < ntables; i++)
 	{
-		Oid			relid = get_relname_relid(tables[i], nsp);
+		Oid			relid = named_table(tables[i]);
+		int			attempt;
 
-		if (OidIsValid(relid))
+		/*
+		 * The lock takes in the invalidations that came before it: a table
+		 * dropped and made again (DROP and CREATE EXTENSION) is looked up
+		 * again by its name.
+		 */
+		for (attempt = 0; attempt < 3 && OidIsValid(relid); attempt++)
+		{
+			Oid			now;
+
 			LockRelationOid(relid, AccessShareLock);
+			now = named_table(tables[i]);
+			if (now == relid)
+				break;
+			relid = now;
+		}
 	}
 }
 
 Snapshot
-em_direct_latest_snapshot(void)
+em_direct_statement_snapshot(const char *const *tables, int ntables)
 {
+	lock_tables(tables, ntables);
+	/* as SPI does before each statement that is not read-only */
+	CommandCounterIncrement();
+	return register_counted(GetTransactionSnapshot());
+}
+
+Snapshot
+em_direct_latest_snapshot(const char *const *tables, int ntables)
+{
+	lock_tables(tables, ntables);
 	return register_counted(GetLatestSnapshot());
 }
 
@@ -755,7 +830,7 @@ em_direct_unclaimed(EmDirect *d, Datum *keys, Datum *values, bool *nulls)
 
 	if (!header_scan_open(d, &hs))
 		return false;
-	snap = em_direct_latest_snapshot();
+	snap = em_direct_latest_snapshot(NULL, 0);
 	header_scan_begin(d, &hs, snap, keys);
 	if ((tuple = header_scan_next(&hs)) != NULL)
 	{
@@ -1069,8 +1144,9 @@ em_direct_lock(EmDirect *d, Datum *keys, Datum *values, bool *nulls)
 	bool		found;
 
 	locking_allowed();
-	snap = em_direct_statement_snapshot();
+	/* the table's lock first: the snapshot sees what a rewrite it waited for did */
 	rel = open_table(d, RowShareLock);
+	snap = em_direct_statement_snapshot(NULL, 0);
 	slot = table_slot_create(rel, NULL);
 	found = lock_first_row(d, rel, keys, snap, slot);
 	if (found)
@@ -1235,8 +1311,8 @@ em_direct_lock_skip(EmDirect *d, Datum *keys, bool below, EmDirectRow fn, void *
 	bool		found = false;
 
 	locking_allowed();
-	snap = em_direct_statement_snapshot();
 	rel = open_table(d, RowShareLock);
+	snap = em_direct_statement_snapshot(NULL, 0);
 	idx = index_open(d->indexid, AccessShareLock);
 	slot = table_slot_create(rel, NULL);
 	locked = table_slot_create(rel, NULL);
@@ -1296,7 +1372,7 @@ em_direct_lock_skip_all(EmDirect *d, Datum *keys, EmDirectRow fn, void *arg, int
 		table_close(rel, NoLock);
 		return -1;
 	}
-	snap = em_direct_statement_snapshot();
+	snap = em_direct_statement_snapshot(NULL, 0);
 	idx = index_open(d->indexid, AccessShareLock);
 
 	/*
@@ -1656,8 +1732,9 @@ em_direct_update(EmDirect *d, Datum *keys, EmDirectChange fn, void *arg)
 
 	if (em_distributed())
 		return EM_DIRECT_UNWRITABLE;
-	snap = em_direct_statement_snapshot();
+	/* the table's lock first, as the UPDATE's plan takes it before its snapshot */
 	rel = open_table(d, RowExclusiveLock);
+	snap = em_direct_statement_snapshot(NULL, 0);
 	if (!d->write_checked)
 	{
 		d->writable = writable(d, rel);

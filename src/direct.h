@@ -70,12 +70,13 @@ typedef bool (*EmDirectRow) (Datum *values, bool *nulls, void *arg);
 
 /*
  * The snapshot an SPI statement would take now (a new one under READ
- * COMMITTED, the transaction's otherwise), or the latest one; registered:
- * give it back with em_direct_release.
+ * COMMITTED, the transaction's otherwise), or the latest one, taken after
+ * earmark's tables named (those the caller reads in it) are locked, as a
+ * statement locks its tables before its snapshot; registered: give it back
+ * with em_direct_release.
  */
-extern Snapshot em_direct_statement_snapshot(void);
-extern void em_direct_lock_tables(const char *const *tables, int ntables);
-extern Snapshot em_direct_latest_snapshot(void);
+extern Snapshot em_direct_statement_snapshot(const char *const *tables, int ntables);
+extern Snapshot em_direct_latest_snapshot(const char *const *tables, int ntables);
 extern void em_direct_release(Snapshot snap);
 extern uint64 em_direct_completions(void);
 

@@ -466,6 +466,8 @@ fast_read_direct(EmHold *h, TimestampTz cycle_start, Snapshot snap, FastRead *f)
 	return true;
 }
 
+static const char *const fast_tables[] = {"budget", "account_limit", "budget_slot"};
+
 /* the fast path's read; false when the budget has no slots to use */
 static bool
 fast_read(EmHold *h, TimestampTz cycle_start, FastRead *f)
@@ -477,7 +479,7 @@ fast_read(EmHold *h, TimestampTz cycle_start, FastRead *f)
 	memset(f, 0, sizeof(*f));
 	if (!em_distributed())
 	{
-		snap = em_direct_statement_snapshot();
+		snap = em_direct_statement_snapshot(fast_tables, lengthof(fast_tables));
 		found = fast_read_direct(h, cycle_start, snap, f);
 		em_direct_release(snap);
 		return found;

@@ -382,6 +382,8 @@ read_key_job_direct(Reserve *r, Snapshot snap, KeyJob *k)
 		key_job_from(k, v, n);
 }
 
+static const char *const key_tables[] = {"job"};
+
 /* the key's job now (a new snapshot under READ COMMITTED) */
 static void
 read_key_job(Reserve *r, KeyJob *k)
@@ -391,7 +393,7 @@ read_key_job(Reserve *r, KeyJob *k)
 
 	if (!em_distributed())
 	{
-		snap = em_direct_statement_snapshot();
+		snap = em_direct_statement_snapshot(key_tables, lengthof(key_tables));
 		read_key_job_direct(r, snap, k);
 		em_direct_release(snap);
 		return;
@@ -445,10 +447,13 @@ read_account_limit_direct(Reserve *r, Snapshot snap, AccountLimit *a)
 	return true;
 }
 
+/* read_account_limit_direct's and read_key_job_direct's */
+static const char *const start_tables[] = {"account", "account_limit", "job"};
+
 static bool
 read_start_direct(Reserve *r, StartRow *s)
 {
-	Snapshot	snap = em_direct_statement_snapshot();
+	Snapshot	snap = em_direct_statement_snapshot(start_tables, lengthof(start_tables));
 	AccountLimit a;
 	bool		found;
 
@@ -544,10 +549,12 @@ static EmDirect budget_totals = {
 	.ncols = 3, .cols = {"used", "held", "feature"}
 };
 
+static const char *const remaining_tables[] = {"budget", "budget_slot", "account_limit"};
+
 static void
 remaining_of_budget_direct(text *account, int64 budget_id, Admission *result)
 {
-	Snapshot	snap = em_direct_statement_snapshot();
+	Snapshot	snap = em_direct_statement_snapshot(remaining_tables, lengthof(remaining_tables));
 	Datum		keys[2];
 	Datum		v[EM_DIRECT_MAX_COLS];
 	bool		n[EM_DIRECT_MAX_COLS];
@@ -797,6 +804,9 @@ read_limit_direct(Reserve *r, Snapshot snap, uint64 completions, LimitRow *l)
 		read_key_job_direct(r, snap, &l->job);
 }
 
+/* read_limit_direct's: the account, its limit, the recorded usage, the key's job */
+static const char *const limit_tables[] = {"account", "account_limit", "usage_shard", "job"};
+
 /*
  * The limit, the anchor and the cycle's recorded usage, in a new snapshot
  * (a statement's, or with latest the latest whatever the isolation level),
@@ -812,7 +822,9 @@ read_limit_now(Reserve *r, bool latest, LimitRow *l)
 	memset(l, 0, sizeof(*l));
 	if (!em_distributed())
 	{
-		Snapshot	snap = latest ? em_direct_latest_snapshot() : em_direct_statement_snapshot();
+		Snapshot	snap = latest ?
+			em_direct_latest_snapshot(limit_tables, lengthof(limit_tables)) :
+			em_direct_statement_snapshot(limit_tables, lengthof(limit_tables));
 
 		read_limit_direct(r, snap, em_direct_completions(), l);
 		em_direct_release(snap);
@@ -1643,7 +1655,7 @@ heartbeat_fit(Datum *v, bool *n, void *arg)
 static bool
 row_of_key(EmDirect *d, text *account, int64 key, Datum *v, bool *n)
 {
-	Snapshot	snap = em_direct_statement_snapshot();
+	Snapshot	snap = em_direct_statement_snapshot(&d->table, 1);
 	Datum		keys[2];
 	bool		found;
 

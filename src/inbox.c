@@ -408,7 +408,7 @@ receipt_key(Datum *args, Datum *keys)
 static bool
 receipt_names(Datum *args, int64 id)
 {
-	Snapshot	snap = em_direct_statement_snapshot();
+	Snapshot	snap = em_direct_statement_snapshot(&receipt_by_key.table, 1);
 	Datum		keys[2];
 	Datum		v[1];
 	bool		n[1];
@@ -448,7 +448,7 @@ key_is_ours(Datum *args, CommandId since)
 	if (em_direct_insert_stores(&receipt_by_key) &&
 		em_direct_insert_stores(&event_table))
 		return false;
-	snap = em_direct_statement_snapshot();
+	snap = em_direct_statement_snapshot(&receipt_by_key.table, 1);
 	receipt_key(args, keys);
 	ours = em_direct_inserted_here(&receipt_by_key, keys, snap, since);
 	em_direct_release(snap);

@@ -156,6 +156,9 @@ cycle_total_direct(text *account, int64 budget_id, Snapshot snap, bool *found)
 					  em_budget_recorded(account, budget_id, snap));
 }
 
+/* cycle_total_direct's: the budget row, its slots, the recorded usage */
+static const char *const total_tables[] = {"budget", "budget_slot", "usage_shard"};
+
 /*
  * The cycle's total; with latest, in a snapshot that sees every commit so
  * far (spi.c em_exec_latest) whatever the transaction's isolation.
@@ -167,7 +170,9 @@ em_cycle_total(text *account, int64 budget_id, bool latest, bool *found)
 
 	if (!em_distributed())
 	{
-		Snapshot	snap = latest ? em_direct_latest_snapshot() : em_direct_statement_snapshot();
+		Snapshot	snap = latest ?
+			em_direct_latest_snapshot(total_tables, lengthof(total_tables)) :
+			em_direct_statement_snapshot(total_tables, lengthof(total_tables));
 		int64		total = cycle_total_direct(account, budget_id, snap, found);
 
 		em_direct_release(snap);
@@ -225,6 +230,8 @@ static EmDirect feature_of_budget = {
 	.ncols = 1, .cols = {"feature"}
 };
 
+static const char *const key_tables[] = {"ledger_entry", "budget"};
+
 /* the key's units and feature; false when the ledger has no such key */
 static bool
 key_usage(text *account, text *key, int64 *units, char **feature)
@@ -248,7 +255,7 @@ key_usage(text *account, text *key, int64 *units, char **feature)
 		*feature = TextDatumGetCString(em_get(0, KR_FEATURE, &isnull));
 		return true;
 	}
-	snap = em_direct_statement_snapshot();
+	snap = em_direct_statement_snapshot(key_tables, lengthof(key_tables));
 	/* row_of_key's keys in its index's order: the key, then the account */
 	keys[0] = PointerGetDatum(key);
 	keys[1] = PointerGetDatum(account);
@@ -646,8 +653,7 @@ report_direct(text *account, text *feature, TimestampTz at, CycleReport *r)
 	int64		slots_used;
 	int64		slots_held;
 
-	em_direct_lock_tables(report_tables, lengthof(report_tables));
-	snap = em_direct_statement_snapshot();
+	snap = em_direct_statement_snapshot(report_tables, lengthof(report_tables));
 	keys[0] = PointerGetDatum(account);
 	keys[1] = PointerGetDatum(feature);
 	if (em_account_anchor_in(account, snap, &has_anchor, &anchor) &&
