@@ -616,6 +616,37 @@ em_direct_release(Snapshot snap)
 	UnregisterSnapshot(snap);
 }
 
+/*
+ * A read in a snapshot its caller took must find its table locked by this
+ * transaction already: named in em_direct_statement_snapshot's list, or
+ * locked earlier.  Otherwise the read's own lock may have waited for an
+ * operator's rewrite that the older snapshot does not see, and the read
+ * finds no rows (a limit read as 0 recorded usage let escrow's fast path
+ * admit past the limit: isolation spec ddl_wait).  A caller whose list
+ * misses a table it reads fails here at every call, whatever the
+ * operator does, so the tests find it.  Snapshots that are not MVCC ones
+ * (SnapshotSelf) see what is committed when they read.
+ */
+static void
+check_locked(EmDirect *d, Snapshot snap)
+{
+	Oid			relid;
+	LOCKTAG		tag;
+	LOCKMODE	mode;
+
+	if (!IsMVCCSnapshot(snap))
+		return;
+	relid = d->resolved ? d->relid : named_table(d->table);
+	if (!OidIsValid(relid))
+		return;					/* open_table's error */
+	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid);
+	for (mode = AccessShareLock; mode <= MaxLockMode; mode++)
+		if (LockHeldByMe(&tag, mode))
+			return;
+	elog(ERROR, "earmark: earmark.%s read in a snapshot taken before it was locked",
+		 d->table);
+}
+
 /* a scan of d's index for the rows whose keys equal keys, under snap */
 static IndexScanDesc
 begin_scan(EmDirect *d, Relation rel, Relation idx, Snapshot snap, Datum *keys)
@@ -659,15 +690,20 @@ static int
 scan_rows(EmDirect *d, Datum *keys, Snapshot snap, EmDirectRow fn, void *arg,
 		  Datum *copy_values, bool *copy_nulls)
 {
-	Relation	rel = open_table(d, AccessShareLock);
-	Relation	idx = index_open(d->indexid, AccessShareLock);
-	TupleTableSlot *slot = table_slot_create(rel, NULL);
-	IndexScanDesc scan = begin_scan(d, rel, idx, snap, keys);
+	Relation	rel;
+	Relation	idx;
+	TupleTableSlot *slot;
+	IndexScanDesc scan;
 	Datum		values[EM_DIRECT_MAX_COLS];
 	bool		nulls[EM_DIRECT_MAX_COLS];
 	int			n = 0;
 	int			i;
 
+	check_locked(d, snap);
+	rel = open_table(d, AccessShareLock);
+	idx = index_open(d->indexid, AccessShareLock);
+	slot = table_slot_create(rel, NULL);
+	scan = begin_scan(d, rel, idx, snap, keys);
 	while (index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
 		n++;
@@ -793,6 +829,7 @@ em_direct_inserted_here(EmDirect *d, Datum *keys, Snapshot snap, CommandId since
 	HeapTuple	tuple;
 	bool		here = false;
 
+	check_locked(d, snap);
 	if (!header_scan_open(d, &hs))
 		return false;
 	header_scan_begin(d, &hs, snap, keys);
@@ -1165,9 +1202,9 @@ check_unseen(EmDirect *d, Relation rel, Datum *keys)
 	if (unseen)
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-				 errmsg("could not serialize access due to a concurrent change of earmark.%s",
-						d->table),
-				 errdetail("A row this call needs was made, or its table rewritten, after the transaction's snapshot."),
+				 errmsg("could not serialize access due to concurrent update"),
+				 errdetail("A row of earmark.%s this call needs was made, or its table rewritten, after the transaction's snapshot.",
+						   d->table),
 				 errhint("Retry the transaction.")));
 }
 

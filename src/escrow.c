@@ -486,7 +486,8 @@ fast_read_direct(EmHold *h, TimestampTz cycle_start, Snapshot snap, FastRead *f)
 	return true;
 }
 
-static const char *const fast_tables[] = {"budget", "account_limit", "budget_slot"};
+/* fast_read_direct's, in its order: the budget row, the limit, the recorded usage, the slots */
+static const char *const fast_tables[] = {"budget", "account_limit", "usage_shard", "budget_slot"};
 
 /* the fast path's read; false when the budget has no slots to use */
 static bool

@@ -549,7 +549,8 @@ static EmDirect budget_totals = {
 	.ncols = 3, .cols = {"used", "held", "feature"}
 };
 
-static const char *const remaining_tables[] = {"budget", "budget_slot", "account_limit"};
+/* remaining_of_budget_direct's, in its order: the budget row, the recorded usage, the slots, the limit */
+static const char *const remaining_tables[] = {"budget", "usage_shard", "budget_slot", "account_limit"};
 
 static void
 remaining_of_budget_direct(text *account, int64 budget_id, Admission *result)
