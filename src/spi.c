@@ -461,7 +461,14 @@ em_forget_plan(EmStatement *stmt)
  * Run a cached read-only statement in a new snapshot that sees every commit
  * so far, whatever the transaction's isolation level.  Under REPEATABLE
  * READ the gate compares what its transaction snapshot showed with this,
- * and fails with 40001 when they differ (see gate.c).
+ * and fails with 40001 when they differ (see gate.c).  The snapshot is
+ * taken before SPI locks the plan's tables: a caller must hold their locks
+ * already, or a wait there for an operator's rewrite would read the table
+ * as it was before (direct.c's reads lock theirs first for that reason).
+ * On a single node the one caller, escrow's early refusal under
+ * REPEATABLE READ, has read the slots in this transaction; the others are
+ * Citus's reads of the limit, the anchor and a cycle's total, which do not
+ * lock their tables first yet.
  */
 int
 em_exec_latest(EmStatement *stmt, Datum *values, const char *nulls, long count)
