@@ -163,28 +163,8 @@ PG_FUNCTION_INFO_V1(earmark_set_escrow);
 #define REBALANCE_TRIES		20
 #define REBALANCE_WAIT_US	1000
 
-/*
- * The room an unlimited budget's slots are cut from.  It limits nothing:
- * a job it has no room for is admitted outside the slots, into the budget
- * row, as a budget without slots admits it (gather, refused_outright).
- */
+/* the room an unlimited budget is treated as having */
 #define UNLIMITED_CAP		(PG_INT64_MAX / 4)
-
-/*
- * cap less four amounts, each at least 0, at least PG_INT64_MIN: a
- * budget's used and held may pass the cap (an unlimited budget's, or a
- * limit lowered below them) without the difference wrapping around.
- */
-static int64
-room_under(int64 cap, int64 a, int64 b, int64 c, int64 d)
-{
-	int64		r = cap;
-
-	if (pg_sub_s64_overflow(r, a, &r) || pg_sub_s64_overflow(r, b, &r) ||
-		pg_sub_s64_overflow(r, c, &r) || pg_sub_s64_overflow(r, d, &r))
-		return PG_INT64_MIN;
-	return r;
-}
 
 /* ---------------------------------------------------------------------
  * The fast path
@@ -1081,13 +1061,13 @@ admit_from_unallocated(EmHold *h, EmBudget *b, int64 cap, int64 gen,
 	int			nlocked;
 	Datum		locked;
 
-	unallocated = room_under(cap, b->used, b->held, s.others_alloc, 0);
+	unallocated = cap - b->used - b->held - s.others_alloc;
 	if (h->amount > unallocated)
 		return false;
 	fair = b->slots > 0 ?
 		(unallocated - h->amount + s.others_room) / (2 * (int64) b->slots) : 0;
 	*result = em_budget_admit(h, b);
-	*remaining = Max(room_under(cap, b->used, b->held, s.used, s.held), 0);
+	*remaining = Max(cap - b->used - b->held - s.used - s.held, 0);
 
 	locked = lock_low(h->account, b->budget_id, fair / 2, gen, b->slots, &nlocked);
 	if (nlocked > 0)
@@ -1095,7 +1075,7 @@ admit_from_unallocated(EmHold *h, EmBudget *b, int64 cap, int64 gen,
 		int64		pool;
 
 		sum_slots(h->account, b->budget_id, locked, &s);
-		pool = Max(room_under(cap, b->used, b->held, s.others_alloc, s.mine_held_used), 0);
+		pool = Max(cap - b->used - b->held - s.others_alloc - s.mine_held_used, 0);
 		cut(h->account, b, locked, nlocked, s.nmine, pool, fair, gen);
 	}
 	write_budget(h, b, gen);
@@ -1135,8 +1115,8 @@ gather(EmHold *h, EmBudget *b, int64 cap, Datum locked, SlotSums *s,
 		int64		charged;
 
 		sum_slots(h->account, b->budget_id, locked, s);
-		*pool = room_under(cap, b->used, b->held, s->others_alloc, s->mine_held_used);
-		*whole = room_under(cap, b->used, b->held, s->used, s->held);
+		*pool = cap - b->used - b->held - s->others_alloc - s->mine_held_used;
+		*whole = cap - b->used - b->held - s->used - s->held;
 		if (*pool >= h->amount || reclaimed)
 			break;
 		/* a hold whose lease has passed never causes a refusal */
@@ -1165,12 +1145,11 @@ static bool
 refused_outright(EmHold *h, EmBudget *b, int64 cap, const SlotSums *all,
 				 int64 *remaining)
 {
-	int64		whole = room_under(cap, b->used, b->held, all->used, all->held);
+	int64		whole = cap - b->used - b->held - all->used - all->held;
 	int64		released;
 	int64		charged;
 
-	/* an unlimited budget refuses nothing (gather admits outside the slots) */
-	if (h->amount <= whole || b->unlimited)
+	if (h->amount <= whole)
 		return false;
 
 	/*
@@ -1260,18 +1239,14 @@ em_escrow_rebalance(EmHold *h, EmBudget *b, int64 *remaining)
 
 		/* near the limit, or a new limit: gather the room of every free slot */
 		gather(h, b, cap, locked, &s, &pool, &whole);
-		if (h->amount <= pool || b->unlimited)
+		if (h->amount <= pool)
 		{
-			/*
-			 * The hold, outside the slots; for an unlimited budget even
-			 * past the room its slots are cut from (its held must stay a
-			 * bigint: em_budget_admit's error, as without slots).
-			 */
+			/* the hold, outside the slots */
 			result = em_budget_admit(h, b);
 			if (result == EM_ADMIT_OK)
 			{
-				pool = Max(pool - h->amount, 0);
-				whole = Max(whole - h->amount, 0);
+				pool -= h->amount;
+				whole -= h->amount;
 			}
 		}
 		else if (whole >= h->amount && try < REBALANCE_TRIES)
