@@ -1170,8 +1170,12 @@ locking_allowed(void)
  * committed after it.  A statement would find no row and go on; earmark's
  * callers would then act on a row they cannot see (a settlement released
  * no hold from a rewritten budget table, and the books were wrong:
- * isolation spec ddl_wait).  A heap table's rows only (the xmin); for
- * another access method, nothing is checked.
+ * isolation spec ddl_wait).  The transaction's own rows look the same to
+ * both snapshots (the same command id: em_direct_statement_snapshot's
+ * CommandCounterIncrement sets it in the transaction's snapshot, and
+ * GetLatestSnapshot takes the current one), so a row only the latest
+ * snapshot sees is another transaction's, whatever the table's access
+ * method.
  */
 static void
 check_unseen(EmDirect *d, Relation rel, Datum *keys)
@@ -1180,21 +1184,15 @@ check_unseen(EmDirect *d, Relation rel, Datum *keys)
 	Relation	idx;
 	IndexScanDesc scan;
 	TupleTableSlot *slot;
-	bool		unseen = false;
+	bool		unseen;
 
-	if (!IsolationUsesXactSnapshot() || !heap_rows(rel))
+	if (!IsolationUsesXactSnapshot())
 		return;
 	latest = RegisterSnapshot(GetLatestSnapshot());
 	idx = index_open(d->indexid, AccessShareLock);
 	slot = table_slot_create(rel, NULL);
 	scan = begin_scan(d, rel, idx, latest, keys);
-	if (index_getnext_slot(scan, ForwardScanDirection, slot))
-	{
-		bool		isnull;
-		Datum		xmin = slot_getsysattr(slot, MinTransactionIdAttributeNumber, &isnull);
-
-		unseen = !TransactionIdIsCurrentTransactionId(DatumGetTransactionId(xmin));
-	}
+	unseen = index_getnext_slot(scan, ForwardScanDirection, slot);
 	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
 	index_close(idx, NoLock);
