@@ -92,3 +92,14 @@ SELECT earmark_set_limit('ul', NULL) IS NOT NULL;
 SELECT admitted, remaining, reason FROM earmark_reserve('ul', 1, 'l-after3');
 SELECT lim, used, held, remaining FROM earmark_budget('ul');
 SELECT invariant, account FROM earmark_check() ORDER BY 1, 2;
+
+-- 5. an unlimited account without slots whose settled jobs and recorded
+-- usage add up past the largest bigint: earmark_budget cannot give its
+-- used as a bigint (22003), and earmark_check still checks every account
+SELECT count(*) FROM earmark_set_account('sum', :'anchor');
+SELECT earmark_set_limit('sum', NULL) IS NOT NULL;
+SELECT earmark_record_usage('sum', 10, 'r-1');
+SELECT admitted FROM earmark_reserve('sum', 9223372036854775800, 's-1');
+SELECT charged, status FROM earmark_settle('sum', pg_temp.job('sum', 's-1'), 9223372036854775800);
+SELECT used FROM earmark_budget('sum');
+SELECT invariant, account FROM earmark_check() ORDER BY 1, 2;

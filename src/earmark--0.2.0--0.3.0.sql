@@ -293,14 +293,17 @@ l AS (SELECT l.account, l.budget_id, sum(l.units) AS units,
              sum(l.units) FILTER (WHERE l.job_id IS NOT NULL) AS job_units,
              max(l.recorded_at) FILTER (WHERE l.entry_key IS NOT NULL) AS last_recorded
         FROM earmark.ledger l GROUP BY l.account, l.budget_id),
+-- numeric sums: an unlimited account's used and recorded usage may add up
+-- past the largest bigint, which must show as that account's finding, not
+-- fail the check of every account
 b AS (
     SELECT b.budget_id, b.account, b.feature, b.cycle_start, b.cycle_end,
-           b.used + coalesce(s.used, 0)::bigint AS job_used,
-           b.held + coalesce(s.held, 0)::bigint AS held,
-           coalesce(u.units, 0)::bigint AS recorded,
-           coalesce(j.open_holds, 0)::bigint AS open_holds,
-           coalesce(l.units, 0)::bigint AS ledger,
-           coalesce(l.job_units, 0)::bigint AS ledger_jobs,
+           b.used + coalesce(s.used, 0) AS job_used,
+           b.held + coalesce(s.held, 0) AS held,
+           coalesce(u.units, 0) AS recorded,
+           coalesce(j.open_holds, 0) AS open_holds,
+           coalesce(l.units, 0) AS ledger,
+           coalesce(l.job_units, 0) AS ledger_jobs,
            j.last_admitted,
            greatest(lim.updated_at, l.last_recorded) AS last_cause,
            lim.lim, lim.account IS NOT NULL AS has_limit
