@@ -124,10 +124,10 @@ static EmDirect *resolved_reads = NULL;
 static bool callback_registered = false;
 
 /*
- * earmark's tables by name, with the oid each had when last looked up: a
- * statement's snapshot locks its tables first (em_direct_statement_snapshot)
- * and looks their names up once a session, not at each call.  Forgotten
- * with the reads (forget_reads).
+ * earmark's tables by name, with the oid each had when last looked up:
+ * open_table and the locks a statement's snapshot takes first
+ * (em_direct_statement_snapshot) look a name up once a session, not at
+ * each call.  Forgotten with the reads (forget_reads).
  */
 typedef struct NamedTable
 {
@@ -147,6 +147,29 @@ forget_named(Oid relid)
 	for (i = 0; i < nnamed; i++)
 		if (relid == InvalidOid || named_tables[i].relid == relid)
 			named_tables[i].relid = InvalidOid;
+}
+
+/* earmark.<name>'s oid (InvalidOid: none), by the session's list */
+static Oid
+named_table(const char *name)
+{
+	NamedTable *t = NULL;
+	int			i;
+
+	for (i = 0; i < nnamed && t == NULL; i++)
+		if (strcmp(named_tables[i].name, name) == 0)
+			t = &named_tables[i];
+	if (t == NULL && nnamed < EM_NAMED_TABLES)
+	{
+		t = &named_tables[nnamed++];
+		t->name = name;
+		t->relid = InvalidOid;
+	}
+	if (t == NULL)
+		return get_relname_relid(name, get_namespace_oid("earmark", false));
+	if (!OidIsValid(t->relid))
+		t->relid = get_relname_relid(name, get_namespace_oid("earmark", false));
+	return t->relid;
 }
 
 static void
@@ -462,8 +485,7 @@ open_table(EmDirect *d, LOCKMODE mode)
 	for (attempt = 0; attempt < 3; attempt++)
 	{
 		Relation	rel;
-		Oid			relid = d->resolved ? d->relid :
-			get_relname_relid(d->table, get_namespace_oid("earmark", false));
+		Oid			relid = d->resolved ? d->relid : named_table(d->table);
 
 		if (!OidIsValid(relid))
 			elog(ERROR, "earmark: table earmark.%s does not exist", d->table);
@@ -511,29 +533,6 @@ register_counted(Snapshot snap)
 {
 	last_completions = snap->snapXactCompletionCount;
 	return RegisterSnapshot(snap);
-}
-
-/* earmark.<name>'s oid (InvalidOid: none), by the session's list */
-static Oid
-named_table(const char *name)
-{
-	NamedTable *t = NULL;
-	int			i;
-
-	for (i = 0; i < nnamed && t == NULL; i++)
-		if (strcmp(named_tables[i].name, name) == 0)
-			t = &named_tables[i];
-	if (t == NULL && nnamed < EM_NAMED_TABLES)
-	{
-		t = &named_tables[nnamed++];
-		t->name = name;
-		t->relid = InvalidOid;
-	}
-	if (t == NULL)
-		return get_relname_relid(name, get_namespace_oid("earmark", false));
-	if (!OidIsValid(t->relid))
-		t->relid = get_relname_relid(name, get_namespace_oid("earmark", false));
-	return t->relid;
 }
 
 /*
@@ -1812,7 +1811,7 @@ em_direct_update(EmDirect *d, Datum *keys, EmDirectChange fn, void *arg)
 	TupleTableSlot *slot;
 	ItemPointerData tid;
 	FoundRow	row;
-	bool		found;
+	bool		found = false;
 
 	if (em_distributed())
 		return EM_DIRECT_UNWRITABLE;
@@ -1839,10 +1838,7 @@ em_direct_update(EmDirect *d, Datum *keys, EmDirectChange fn, void *arg)
 	if (scan_first_row(d, rel, keys, snap, slot, &tid, &row))
 		found = update_row(d, rel, snap, slot, &tid, keys, &row, fn, arg);
 	else
-	{
-		found = false;
 		check_unseen(d, rel, keys);
-	}
 	PopActiveSnapshot();
 	ExecDropSingleTupleTableSlot(slot);
 	table_close(rel, NoLock);
