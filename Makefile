@@ -1,7 +1,7 @@
 # earmark: PGXS build
 EXTENSION = earmark
 MODULE_big = earmark
-OBJS = src/earmark.o src/settings.o src/delegation.o src/cooldown.o src/spi.o src/cluster.o src/ratelimit.o src/contention.o src/launcher.o src/account.o src/budget.o src/direct.o src/gate.o src/escrow.o src/entries.o src/ledger.o src/meter.o src/reconcile.o src/limit_cache.o src/provider.o src/inbox.o src/worker.o src/sigverify.o src/http.o src/intake.o src/batch.o
+OBJS = src/earmark.o src/settings.o src/delegation.o src/cooldown.o src/spi.o src/cluster.o src/ratelimit.o src/contention.o src/leasefloor.o src/launcher.o src/account.o src/budget.o src/direct.o src/gate.o src/escrow.o src/entries.o src/ledger.o src/meter.o src/reconcile.o src/limit_cache.o src/provider.o src/inbox.o src/worker.o src/sigverify.o src/http.o src/intake.o src/batch.o
 # The current version's install script is built from its one source,
 # src/earmark.sql; earlier versions install from 0.1.0's script and the
 # upgrade scripts (PostgreSQL follows the update path).

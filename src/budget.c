@@ -58,6 +58,7 @@
 #include "cluster.h"
 #include "direct.h"
 #include "earmark.h"
+#include "leasefloor.h"
 #include "settings.h"
 #include "spi.h"
 
@@ -429,6 +430,7 @@ em_budget_admit(EmHold *h, EmBudget *b)
 	if (SPI_processed != 1)
 		return EM_ADMIT_KEY_TAKEN;
 	h->job_id = em_get_int64(0, 1, 0);
+	em_floor_note_hold(b->budget_id, h->lease_until);
 	em_budget_write(h->account, b->budget_id, b->used, new_held);
 	b->held = new_held;
 	return EM_ADMIT_OK;
@@ -676,13 +678,19 @@ static EmDirect dead_holds = {
 	.pred = "(status = ANY (ARRAY['running'::text, 'capped'::text]))"
 };
 
-/* the collected ids of dead holds, and the time they are dead at */
+/*
+ * The collected ids of dead holds, and the time they are dead at; and,
+ * for the budget's lease floor (leasefloor.c), how many dead holds the
+ * walk read (locked or not) and the earliest lease end of the others.
+ */
 typedef struct DeadHolds
 {
 	TimestampTz now;
 	Datum	   *ids;
 	int			n;
 	int			size;
+	int			dead;
+	TimestampTz earliest;
 } DeadHolds;
 
 /* status IN ('running', 'capped') AND lease_until < now */
@@ -693,11 +701,24 @@ dead_hold(Datum *values, bool *nulls, void *arg)
 	text	   *status = DatumGetTextPP(values[1]);
 	int			len = VARSIZE_ANY_EXHDR(status);
 	const char *s = VARDATA_ANY(status);
+	TimestampTz lease_until;
 
-	if (nulls[2] || DatumGetTimestampTz(values[2]) >= dh->now)
+	if (!((len == 7 && memcmp(s, "running", 7) == 0) ||
+		  (len == 6 && memcmp(s, "capped", 6) == 0)))
 		return false;
-	return (len == 7 && memcmp(s, "running", 7) == 0) ||
-		(len == 6 && memcmp(s, "capped", 6) == 0);
+	if (nulls[2])
+	{
+		dh->dead++;				/* no floor from this walk */
+		return false;
+	}
+	lease_until = DatumGetTimestampTz(values[2]);
+	if (lease_until >= dh->now)
+	{
+		dh->earliest = Min(dh->earliest, lease_until);
+		return false;
+	}
+	dh->dead++;
+	return true;
 }
 
 static bool
@@ -714,9 +735,15 @@ take_dead(Datum *values, bool *nulls, void *arg)
 	return true;
 }
 
-/* the ids of up to max dead holds of the budget, locked; palloc'd */
+/*
+ * The ids of up to max dead holds of the budget, locked; palloc'd.  With
+ * floor, a walk that read every open hold and found none dead stores the
+ * earliest lease end it read as the budget's lease floor: em_floor_begin
+ * comes before the walk's snapshot (leasefloor.c says why).
+ */
 static int
-lock_dead(text *account, int64 budget_id, TimestampTz now, int max, Datum **ids)
+lock_dead(text *account, int64 budget_id, TimestampTz now, int max, bool floor,
+		  Datum **ids)
 {
 	Datum		args[4];
 	int			n;
@@ -724,12 +751,17 @@ lock_dead(text *account, int64 budget_id, TimestampTz now, int max, Datum **ids)
 
 	if (!em_distributed())
 	{
-		DeadHolds	dh = {now, palloc(sizeof(Datum) * 16), 0, 16};
+		DeadHolds	dh = {now, palloc(sizeof(Datum) * 16), 0, 16, 0, DT_NOEND};
+		EmFloorToken token = {false};
 
+		if (floor)
+			em_floor_begin(budget_id, &token);
 		args[0] = PointerGetDatum(account);
 		args[1] = Int64GetDatum(budget_id);
 		n = em_direct_lock_skip_all(&dead_holds, args, dead_hold, &dh, max, take_dead, &dh);
 		*ids = dh.ids;
+		if (n == 0 && dh.dead == 0)
+			em_floor_store(&token, em_direct_table_oid("job"), budget_id, dh.earliest);
 		if (n >= 0)
 			return n;
 		pfree(dh.ids);
@@ -746,17 +778,48 @@ lock_dead(text *account, int64 budget_id, TimestampTz now, int max, Datum **ids)
 	return n;
 }
 
+static int64 expire_holds(text *account, int64 budget_id, TimestampTz now, int max,
+						  bool wait, bool floor, int64 *released, int64 *charged);
+
 /*
  * Expire up to max dead holds of a budget whose row the caller holds
  * locked; returns how many.  *released and *charged are their sums, for
  * the caller to apply to the budget row.  It may find the cycle marked, so
  * it takes the cycle's mark lock; without wait, a lock the reporter holds
  * makes it expire nothing (the worker never waits while it holds a budget
- * row).
+ * row).  The sweeper's: it never trusts a lease floor, so that a hold
+ * written by hand (leasefloor.c) is expired at its next pass.
  */
 int64
 em_budget_expire(text *account, int64 budget_id, TimestampTz now, int max,
 				 bool wait, int64 *released, int64 *charged)
+{
+	return expire_holds(account, budget_id, now, max, wait, false, released, charged);
+}
+
+/*
+ * The same for a reserve that found no room (a hold whose lease has passed
+ * never causes a refusal), waiting for the mark lock: nothing to read when
+ * the budget's lease floor is later than now, and a walk that finds
+ * nothing dead stores the floor (leasefloor.c).
+ */
+int64
+em_budget_reclaim(text *account, int64 budget_id, TimestampTz now, int max,
+				  int64 *released, int64 *charged)
+{
+	if (!em_distributed() &&
+		em_floor_none_dead(em_direct_table_oid("job"), budget_id, now))
+	{
+		*released = 0;
+		*charged = 0;
+		return 0;
+	}
+	return expire_holds(account, budget_id, now, max, true, true, released, charged);
+}
+
+static int64
+expire_holds(text *account, int64 budget_id, TimestampTz now, int max,
+			 bool wait, bool floor, int64 *released, int64 *charged)
 {
 	Expiry		e = {0};
 	Datum	   *ids;
@@ -769,7 +832,7 @@ em_budget_expire(text *account, int64 budget_id, TimestampTz now, int max,
 		return 0;
 	if (wait)
 		em_mark_lock(budget_id);
-	n = lock_dead(account, budget_id, now, max, &ids);
+	n = lock_dead(account, budget_id, now, max, floor, &ids);
 	if (n == 0)
 		return 0;
 

@@ -80,6 +80,8 @@ extern int64 em_budget_recorded(text *account, int64 budget_id, Snapshot snap);
 extern int64 em_budget_expire(text *account, int64 budget_id, TimestampTz now,
 							  int max, bool wait, int64 *released,
 							  int64 *charged);
+extern int64 em_budget_reclaim(text *account, int64 budget_id, TimestampTz now,
+							   int max, int64 *released, int64 *charged);
 
 /* the cycle's mark lock (see budget.c) */
 extern void em_mark_lock(int64 budget_id);

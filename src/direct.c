@@ -172,6 +172,13 @@ named_table(const char *name)
 	return t->relid;
 }
 
+/* earmark.<name>'s oid, InvalidOid when there is none */
+Oid
+em_direct_table_oid(const char *name)
+{
+	return named_table(name);
+}
+
 static void
 forget_reads(Datum arg, Oid relid)
 {

@@ -26,6 +26,7 @@
 #include "cooldown.h"
 #include "delegation.h"
 #include "launcher.h"
+#include "leasefloor.h"
 #include "ratelimit.h"
 #include "settings.h"
 
@@ -44,6 +45,7 @@ em_shmem_request(void)
 	em_cooldown_shmem_request();
 	RequestAddinShmemSpace(MAXALIGN(em_rate_shmem_size()));
 	RequestAddinShmemSpace(MAXALIGN(em_contention_shmem_size()));
+	RequestAddinShmemSpace(MAXALIGN(em_floor_shmem_size()));
 	RequestAddinShmemSpace(MAXALIGN(em_launcher_shmem_size()));
 }
 
@@ -56,6 +58,7 @@ em_shmem_startup(void)
 	em_cooldown_shmem_init();
 	em_rate_shmem_init();
 	em_contention_shmem_init();
+	em_floor_shmem_init();
 	em_launcher_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }

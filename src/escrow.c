@@ -154,6 +154,7 @@
 #include "cluster.h"
 #include "direct.h"
 #include "escrow.h"
+#include "leasefloor.h"
 #include "settings.h"
 #include "spi.h"
 
@@ -711,6 +712,7 @@ take_direct(EmHold *h, const FastRead *f)
 	if (SPI_processed == 0)
 		return EM_ADMIT_KEY_TAKEN;	/* the slot stays as it was, locked */
 	h->job_id = em_get_int64(0, 1, 0);
+	em_floor_note_hold(f->budget_id, h->lease_until);
 	if (!slot_take(h->account, f->budget_id, slot, h->amount))
 		elog(ERROR, "earmark: escrow slot %d of budget " INT64_FORMAT " vanished",
 			 slot, f->budget_id);
@@ -741,7 +743,10 @@ take_spi(EmHold *h, const FastRead *f)
 	if (isnull)
 		return EM_ADMIT_NO_SLOT;
 	h->job_id = DatumGetInt64(em_get(0, FT_JOB_ID, &isnull));
-	return isnull ? EM_ADMIT_KEY_TAKEN : EM_ADMIT_OK;
+	if (isnull)
+		return EM_ADMIT_KEY_TAKEN;
+	em_floor_note_hold(f->budget_id, h->lease_until);
+	return EM_ADMIT_OK;
 }
 
 /*
@@ -1121,8 +1126,8 @@ gather(EmHold *h, EmBudget *b, int64 cap, Datum locked, SlotSums *s,
 			break;
 		/* a hold whose lease has passed never causes a refusal */
 		reclaimed = true;
-		if (em_budget_expire(h->account, b->budget_id, h->now, EARMARK_RECLAIM_BATCH,
-							 true, &released, &charged) == 0)
+		if (em_budget_reclaim(h->account, b->budget_id, h->now, EARMARK_RECLAIM_BATCH,
+							  &released, &charged) == 0)
 			break;
 		b->held -= released;
 		b->used += charged;
@@ -1171,8 +1176,8 @@ refused_outright(EmHold *h, EmBudget *b, int64 cap, const SlotSums *all,
 			return false;
 	}
 	/* a hold whose lease has passed never causes a refusal */
-	if (em_budget_expire(h->account, b->budget_id, h->now, EARMARK_RECLAIM_BATCH,
-						 true, &released, &charged) > 0)
+	if (em_budget_reclaim(h->account, b->budget_id, h->now, EARMARK_RECLAIM_BATCH,
+						  &released, &charged) > 0)
 	{
 		b->held -= released;
 		b->used += charged;

@@ -957,8 +957,8 @@ admit_plain(Reserve *r, int64 *remaining)
 		int64		released;
 		int64		charged;
 
-		if (em_budget_expire(r->h.account, b->budget_id, r->h.now, EARMARK_RECLAIM_BATCH,
-							 true, &released, &charged) > 0)
+		if (em_budget_reclaim(r->h.account, b->budget_id, r->h.now, EARMARK_RECLAIM_BATCH,
+							  &released, &charged) > 0)
 		{
 			b->held -= released;
 			b->used += charged;

@@ -1,0 +1,452 @@
+/*-------------------------------------------------------------------------
+ *
+ * leasefloor.c
+ *	  A budget's lease floor, in shared memory: a time before which none of
+ *	  the budget's open holds' leases ends.  A reserve that finds no room
+ *	  looks for the budget's dead holds before it refuses (a hold whose
+ *	  lease has passed never causes a refusal: budget.c, em_budget_reclaim),
+ *	  and that search reads every open hold of the budget.  On a full
+ *	  account with thousands of holds open every refusal read them all,
+ *	  under the budget row's lock.  With a floor later than the call's time
+ *	  it need not: no hold can be dead.
+ *
+ *	  Why it is exact.  The floor is a lower bound, kept so by two rules:
+ *	  - a search that read every open hold of the budget, found none dead,
+ *	  and ran at READ COMMITTED (its snapshot taken after em_floor_begin)
+ *	  stores the earliest lease end it read;
+ *	  - every hold lowers its budget's floor to its own lease end when its
+ *	  transaction commits (em_floor_note_hold; the transaction callback
+ *	  below), and bumps its set's generation.
+ *	  A store is made only if its set's generation did not move since the
+ *	  search began, before its snapshot.  So a hold the search did not see
+ *	  committed after the snapshot was taken: either its bump came after
+ *	  em_floor_begin and the store is not made, or it comes after the store
+ *	  and lowers it.  (A commit is visible before the callback runs, and the
+ *	  row locks a waiter queues on are released after it.)  Leases only
+ *	  ever move later (every renewal is GREATEST), and a settled or expired
+ *	  hold has no lease, so neither can break the bound.  A store is made
+ *	  only when the search found no dead hold: a hold it expired would be
+ *	  open again if its transaction rolled back.
+ *
+ *	  Prepared transactions: a hold's transaction that is prepared lowers
+ *	  the floor at PREPARE, and its xid joins a list; while any listed xid
+ *	  is in progress the floors are neither used nor stored, and a listed
+ *	  xid found finished is dropped with a bump of the epoch, which every
+ *	  store in flight checks too.  The list holds max_prepared_transactions
+ *	  xids, as many as can be prepared at once.
+ *
+ *	  What it does not see: a hold written into earmark.job by hand (an
+ *	  INSERT, a COPY, an UPDATE of lease_until to an earlier time).  The
+ *	  sweeper never uses a floor and expires such a hold at its next pass;
+ *	  the floor is then true again.  A restart forgets every floor.
+ *
+ *	  On Citus the floors are never used (a hold may be admitted on another
+ *	  node); without shared_preload_libraries there are none.
+ *
+ *	  The table: EM_FLOOR_SETS sets of EM_FLOOR_WAYS entries, keyed by
+ *	  database and budget id (an entry also names the job table, so that a
+ *	  floor of a dropped extension's budget is never read).  Each set has
+ *	  its own spinlock, never held across anything but a scan of its
+ *	  entries; the list of prepared xids has another.  An entry lost to
+ *	  eviction costs one search, never correctness.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/twophase.h"
+#include "access/xact.h"
+#include "common/hashfn.h"
+#include "miscadmin.h"
+#include "port/atomics.h"
+#include "storage/procarray.h"
+#include "storage/shmem.h"
+#include "storage/spin.h"
+#include "utils/memutils.h"
+
+#include "leasefloor.h"
+
+#define EM_FLOOR_WAYS		8
+#define EM_FLOOR_SETS		1024
+#define EM_FLOOR_PENDING	32
+
+typedef struct EmFloorEntry
+{
+	Oid			dbid;			/* InvalidOid: empty */
+	Oid			jobrel;
+	int64		budget_id;
+	TimestampTz floor;
+} EmFloorEntry;
+
+typedef struct EmFloorSet
+{
+	slock_t		lock;
+	uint64		gen;			/* moved by every hold committed into the set */
+	int			victim;			/* the next entry a store may take */
+	EmFloorEntry entry[EM_FLOOR_WAYS];
+} EmFloorSet;
+
+typedef struct EmFloorShared
+{
+	pg_atomic_uint64 epoch;		/* moved when the prepared list changes */
+	slock_t		lock;			/* the prepared list */
+	int			nprepared;
+	EmFloorSet	sets[EM_FLOOR_SETS];
+	TransactionId prepared[FLEXIBLE_ARRAY_MEMBER];
+} EmFloorShared;
+
+static EmFloorShared *floor_shared = NULL;
+
+/* this transaction's holds: the earliest lease end of each budget */
+typedef struct EmFloorPending
+{
+	int64		budget_id;
+	TimestampTz lease_until;
+} EmFloorPending;
+
+static EmFloorPending pending[EM_FLOOR_PENDING];
+static int	npending = 0;
+static bool pending_overflow = false;	/* more budgets than pending holds */
+static bool callback_registered = false;
+
+Size
+em_floor_shmem_size(void)
+{
+	return add_size(offsetof(EmFloorShared, prepared),
+					mul_size(Max(max_prepared_xacts, 1), sizeof(TransactionId)));
+}
+
+/* in the shmem_startup_hook, under AddinShmemInitLock */
+void
+em_floor_shmem_init(void)
+{
+	bool		found;
+	int			i;
+
+	floor_shared = ShmemInitStruct("earmark lease floors", em_floor_shmem_size(), &found);
+	if (found)
+		return;
+	pg_atomic_init_u64(&floor_shared->epoch, 0);
+	SpinLockInit(&floor_shared->lock);
+	floor_shared->nprepared = 0;
+	for (i = 0; i < EM_FLOOR_SETS; i++)
+	{
+		SpinLockInit(&floor_shared->sets[i].lock);
+		floor_shared->sets[i].gen = 0;
+		floor_shared->sets[i].victim = 0;
+		memset(floor_shared->sets[i].entry, 0, sizeof(floor_shared->sets[i].entry));
+	}
+}
+
+static EmFloorSet *
+set_of(int64 budget_id, int *index)
+{
+	uint64		h = hash_bytes_extended((const unsigned char *) &budget_id,
+										sizeof(budget_id), (uint64) MyDatabaseId);
+	int			i = (int) (h % EM_FLOOR_SETS);
+
+	if (index != NULL)
+		*index = i;
+	return &floor_shared->sets[i];
+}
+
+/* the budget's entry in its locked set, of any job table when jobrel is 0 */
+static EmFloorEntry *
+find_entry(EmFloorSet *set, Oid jobrel, int64 budget_id)
+{
+	int			i;
+
+	for (i = 0; i < EM_FLOOR_WAYS; i++)
+	{
+		EmFloorEntry *e = &set->entry[i];
+
+		if (e->dbid == MyDatabaseId && e->budget_id == budget_id &&
+			(jobrel == InvalidOid || e->jobrel == jobrel))
+			return e;
+	}
+	return NULL;
+}
+
+/* ---------------------------------------------------------------------
+ * A hold's commit lowers its budget's floor
+ * ---------------------------------------------------------------------
+ */
+
+/* lower the budget's floor to lease_until, and move its set's generation */
+static void
+lower_floor(int64 budget_id, TimestampTz lease_until)
+{
+	EmFloorSet *set = set_of(budget_id, NULL);
+	int			i;
+
+	SpinLockAcquire(&set->lock);
+	set->gen++;
+	for (i = 0; i < EM_FLOOR_WAYS; i++)
+	{
+		EmFloorEntry *e = &set->entry[i];
+
+		if (e->dbid == MyDatabaseId && e->budget_id == budget_id)
+			e->floor = Min(e->floor, lease_until);
+	}
+	SpinLockRelease(&set->lock);
+}
+
+/* too many budgets to remember: forget every floor of this database */
+static void
+forget_database(void)
+{
+	int			s;
+	int			i;
+
+	for (s = 0; s < EM_FLOOR_SETS; s++)
+	{
+		EmFloorSet *set = &floor_shared->sets[s];
+
+		SpinLockAcquire(&set->lock);
+		set->gen++;
+		for (i = 0; i < EM_FLOOR_WAYS; i++)
+			if (set->entry[i].dbid == MyDatabaseId)
+				set->entry[i].dbid = InvalidOid;
+		SpinLockRelease(&set->lock);
+	}
+}
+
+static void
+apply_pending(void)
+{
+	int			i;
+
+	if (pending_overflow)
+		forget_database();
+	else
+		for (i = 0; i < npending; i++)
+			lower_floor(pending[i].budget_id, pending[i].lease_until);
+}
+
+static void
+clear_pending(void)
+{
+	npending = 0;
+	pending_overflow = false;
+}
+
+/* drop a listed xid found finished */
+static void
+drop_prepared(TransactionId xid)
+{
+	int			j;
+
+	SpinLockAcquire(&floor_shared->lock);
+	for (j = 0; j < floor_shared->nprepared; j++)
+	{
+		if (TransactionIdEquals(floor_shared->prepared[j], xid))
+		{
+			floor_shared->prepared[j] =
+				floor_shared->prepared[--floor_shared->nprepared];
+			pg_atomic_fetch_add_u64(&floor_shared->epoch, 1);
+			break;
+		}
+	}
+	SpinLockRelease(&floor_shared->lock);
+}
+
+/*
+ * Whether a listed prepared transaction is still in progress; those that
+ * are not are dropped (and the epoch moved).  The caller holds no lock.
+ */
+static bool
+prepared_busy(void)
+{
+	TransactionId *xids;
+	int			n;
+	int			i;
+	bool		busy = false;
+
+	SpinLockAcquire(&floor_shared->lock);
+	n = floor_shared->nprepared;
+	SpinLockRelease(&floor_shared->lock);
+	if (n == 0)
+		return false;
+
+	xids = palloc(sizeof(TransactionId) * Max(max_prepared_xacts, 1));
+	SpinLockAcquire(&floor_shared->lock);
+	n = floor_shared->nprepared;
+	memcpy(xids, floor_shared->prepared, n * sizeof(TransactionId));
+	SpinLockRelease(&floor_shared->lock);
+	for (i = 0; i < n; i++)
+	{
+		if (TransactionIdIsInProgress(xids[i]))
+			busy = true;
+		else
+			drop_prepared(xids[i]);
+	}
+	pfree(xids);
+	return busy;
+}
+
+/* a transaction with holds is being prepared: list it, lower the floors */
+static void
+list_prepared(void)
+{
+	TransactionId xid = GetTopTransactionIdIfAny();
+	bool		listed = false;
+
+	(void) prepared_busy();
+	SpinLockAcquire(&floor_shared->lock);
+	if (floor_shared->nprepared < Max(max_prepared_xacts, 1))
+	{
+		floor_shared->prepared[floor_shared->nprepared++] = xid;
+		listed = true;
+	}
+	pg_atomic_fetch_add_u64(&floor_shared->epoch, 1);
+	SpinLockRelease(&floor_shared->lock);
+	if (!listed)
+		elog(ERROR, "earmark: too many prepared transactions with holds");
+	apply_pending();
+}
+
+static void
+floor_xact_callback(XactEvent event, void *arg)
+{
+	if (npending == 0 && !pending_overflow)
+		return;
+	switch (event)
+	{
+		case XACT_EVENT_PRE_PREPARE:
+			list_prepared();
+			clear_pending();
+			break;
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+			apply_pending();
+			clear_pending();
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			clear_pending();
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * Remember a hold this transaction wrote into the budget, with its lease
+ * end; its commit lowers the budget's floor.  (A hold that a savepoint
+ * rolled back lowers it too, which costs a search, never correctness.)
+ */
+void
+em_floor_note_hold(int64 budget_id, TimestampTz lease_until)
+{
+	int			i;
+
+	if (floor_shared == NULL)
+		return;
+	if (!callback_registered)
+	{
+		RegisterXactCallback(floor_xact_callback, NULL);
+		callback_registered = true;
+	}
+	for (i = 0; i < npending; i++)
+	{
+		if (pending[i].budget_id == budget_id)
+		{
+			pending[i].lease_until = Min(pending[i].lease_until, lease_until);
+			return;
+		}
+	}
+	if (npending < EM_FLOOR_PENDING)
+	{
+		pending[npending].budget_id = budget_id;
+		pending[npending].lease_until = lease_until;
+		npending++;
+	}
+	else
+		pending_overflow = true;
+}
+
+/* ---------------------------------------------------------------------
+ * A search for dead holds reads and stores the floor
+ * ---------------------------------------------------------------------
+ */
+
+/*
+ * Whether no open hold of the budget can be dead at now: its floor is
+ * later.  False whenever it is not known.
+ */
+bool
+em_floor_none_dead(Oid jobrel, int64 budget_id, TimestampTz now)
+{
+	EmFloorSet *set;
+	EmFloorEntry *e;
+	bool		none = false;
+
+	if (floor_shared == NULL || !OidIsValid(jobrel) || prepared_busy())
+		return false;
+	set = set_of(budget_id, NULL);
+	SpinLockAcquire(&set->lock);
+	e = find_entry(set, jobrel, budget_id);
+	if (e != NULL)
+		none = now < e->floor;
+	SpinLockRelease(&set->lock);
+	return none;
+}
+
+/*
+ * Before a search's snapshot: what its store must find unchanged.  Not
+ * valid under REPEATABLE READ or SERIALIZABLE (the search reads the
+ * transaction's snapshot, older than this), nor while a prepared
+ * transaction with holds is in progress.
+ */
+void
+em_floor_begin(int64 budget_id, EmFloorToken *token)
+{
+	EmFloorSet *set;
+
+	token->valid = false;
+	if (floor_shared == NULL || IsolationUsesXactSnapshot() || prepared_busy())
+		return;
+	token->epoch = pg_atomic_read_u64(&floor_shared->epoch);
+	set = set_of(budget_id, &token->set);
+	SpinLockAcquire(&set->lock);
+	token->gen = set->gen;
+	SpinLockRelease(&set->lock);
+	token->valid = true;
+}
+
+/*
+ * After a search that read every open hold of the budget and found none
+ * dead: floor is the earliest lease end it read (DT_NOEND when none).
+ */
+void
+em_floor_store(const EmFloorToken *token, Oid jobrel, int64 budget_id,
+			   TimestampTz floor)
+{
+	EmFloorSet *set;
+	EmFloorEntry *e;
+	int			i;
+
+	if (!token->valid || !OidIsValid(jobrel))
+		return;
+	set = &floor_shared->sets[token->set];
+	SpinLockAcquire(&set->lock);
+	if (set->gen == token->gen &&
+		pg_atomic_read_u64(&floor_shared->epoch) == token->epoch)
+	{
+		e = find_entry(set, InvalidOid, budget_id);
+		for (i = 0; i < EM_FLOOR_WAYS && e == NULL; i++)
+			if (set->entry[i].dbid == InvalidOid)
+				e = &set->entry[i];
+		if (e == NULL)
+		{
+			e = &set->entry[set->victim];
+			set->victim = (set->victim + 1) % EM_FLOOR_WAYS;
+		}
+		e->dbid = MyDatabaseId;
+		e->jobrel = jobrel;
+		e->budget_id = budget_id;
+		e->floor = floor;
+	}
+	SpinLockRelease(&set->lock);
+}
