@@ -146,6 +146,7 @@ start_test_cluster() {
         "max_worker_processes = 16" \
         "earmark.database = 'postgres'" \
         "earmark.sweep_interval = '200ms'" \
+        "max_prepared_transactions = 10" \
         "log_min_messages = warning" || return 1
     export EM_DATA EM_BASE EM_SOCK EM_PORT EM_ROOT
 }

@@ -736,13 +736,14 @@ take_dead(Datum *values, bool *nulls, void *arg)
 }
 
 /*
- * The ids of up to max dead holds of the budget, locked; palloc'd.  With
- * floor, a walk that read every open hold and found none dead stores the
- * earliest lease end it read as the budget's lease floor: em_floor_begin
- * comes before the walk's snapshot (leasefloor.c says why).
+ * The ids of up to max dead holds of the budget, locked; palloc'd.  With a
+ * floor_node (the job table's file node, else InvalidOid), a walk that
+ * read every open hold and found none dead stores the earliest lease end
+ * it read as the budget's lease floor: em_floor_begin comes before the
+ * walk's snapshot (leasefloor.c says why).
  */
 static int
-lock_dead(text *account, int64 budget_id, TimestampTz now, int max, bool floor,
+lock_dead(text *account, int64 budget_id, TimestampTz now, int max, Oid floor_node,
 		  Datum **ids)
 {
 	Datum		args[4];
@@ -754,14 +755,14 @@ lock_dead(text *account, int64 budget_id, TimestampTz now, int max, bool floor,
 		DeadHolds	dh = {now, palloc(sizeof(Datum) * 16), 0, 16, 0, DT_NOEND};
 		EmFloorToken token = {false};
 
-		if (floor)
+		if (OidIsValid(floor_node))
 			em_floor_begin(budget_id, &token);
 		args[0] = PointerGetDatum(account);
 		args[1] = Int64GetDatum(budget_id);
 		n = em_direct_lock_skip_all(&dead_holds, args, dead_hold, &dh, max, take_dead, &dh);
 		*ids = dh.ids;
 		if (n == 0 && dh.dead == 0)
-			em_floor_store(&token, em_direct_table_oid("job"), budget_id, dh.earliest);
+			em_floor_store(&token, floor_node, budget_id, dh.earliest);
 		if (n >= 0)
 			return n;
 		pfree(dh.ids);
@@ -779,7 +780,7 @@ lock_dead(text *account, int64 budget_id, TimestampTz now, int max, bool floor,
 }
 
 static int64 expire_holds(text *account, int64 budget_id, TimestampTz now, int max,
-						  bool wait, bool floor, int64 *released, int64 *charged);
+						  bool wait, Oid floor_node, int64 *released, int64 *charged);
 
 /*
  * Expire up to max dead holds of a budget whose row the caller holds
@@ -794,7 +795,7 @@ int64
 em_budget_expire(text *account, int64 budget_id, TimestampTz now, int max,
 				 bool wait, int64 *released, int64 *charged)
 {
-	return expire_holds(account, budget_id, now, max, wait, false, released, charged);
+	return expire_holds(account, budget_id, now, max, wait, InvalidOid, released, charged);
 }
 
 /*
@@ -807,19 +808,20 @@ int64
 em_budget_reclaim(text *account, int64 budget_id, TimestampTz now, int max,
 				  int64 *released, int64 *charged)
 {
-	if (!em_distributed() &&
-		em_floor_none_dead(em_direct_table_oid("job"), budget_id, now))
+	Oid			node = em_distributed() ? InvalidOid : em_direct_table_node("job");
+
+	if (em_floor_none_dead(node, budget_id, now))
 	{
 		*released = 0;
 		*charged = 0;
 		return 0;
 	}
-	return expire_holds(account, budget_id, now, max, true, true, released, charged);
+	return expire_holds(account, budget_id, now, max, true, node, released, charged);
 }
 
 static int64
 expire_holds(text *account, int64 budget_id, TimestampTz now, int max,
-			 bool wait, bool floor, int64 *released, int64 *charged)
+			 bool wait, Oid floor_node, int64 *released, int64 *charged)
 {
 	Expiry		e = {0};
 	Datum	   *ids;
@@ -832,7 +834,7 @@ expire_holds(text *account, int64 budget_id, TimestampTz now, int max,
 		return 0;
 	if (wait)
 		em_mark_lock(budget_id);
-	n = lock_dead(account, budget_id, now, max, floor, &ids);
+	n = lock_dead(account, budget_id, now, max, floor_node, &ids);
 	if (n == 0)
 		return 0;
 

@@ -172,11 +172,24 @@ named_table(const char *name)
 	return t->relid;
 }
 
-/* earmark.<name>'s oid, InvalidOid when there is none */
+/*
+ * earmark.<name>'s file node, InvalidOid when there is none: it changes
+ * with a TRUNCATE, a VACUUM FULL, and a table made again.  Takes the
+ * table's AccessShareLock.
+ */
 Oid
-em_direct_table_oid(const char *name)
+em_direct_table_node(const char *name)
 {
-	return named_table(name);
+	Oid			relid = named_table(name);
+	Relation	rel;
+	Oid			node;
+
+	if (!OidIsValid(relid))
+		return InvalidOid;
+	rel = table_open(relid, AccessShareLock);
+	node = rel->rd_node.relNode;
+	table_close(rel, NoLock);
+	return node;
 }
 
 static void

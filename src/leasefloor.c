@@ -44,8 +44,10 @@
  *	  node); without shared_preload_libraries there are none.
  *
  *	  The table: EM_FLOOR_SETS sets of EM_FLOOR_WAYS entries, keyed by
- *	  database and budget id (an entry also names the job table, so that a
- *	  floor of a dropped extension's budget is never read).  Each set has
+ *	  database and budget id; an entry also names the job table's file
+ *	  node, so that a floor is never read after a TRUNCATE of the table (or
+ *	  its budget ids started again, as RESTART IDENTITY does) or once the
+ *	  extension was dropped and made again.  Each set has
  *	  its own spinlock, never held across anything but a scan of its
  *	  entries; the list of prepared xids has another.  An entry lost to
  *	  eviction costs one search, never correctness.
@@ -65,6 +67,7 @@
 #include "utils/memutils.h"
 
 #include "leasefloor.h"
+#include "settings.h"
 
 #define EM_FLOOR_WAYS		8
 #define EM_FLOOR_SETS		1024
@@ -73,7 +76,7 @@
 typedef struct EmFloorEntry
 {
 	Oid			dbid;			/* InvalidOid: empty */
-	Oid			jobrel;
+	Oid			jobnode;
 	int64		budget_id;
 	TimestampTz floor;
 } EmFloorEntry;
@@ -150,9 +153,9 @@ set_of(int64 budget_id, int *index)
 	return &floor_shared->sets[i];
 }
 
-/* the budget's entry in its locked set, of any job table when jobrel is 0 */
+/* the budget's entry in its locked set, of any job table when jobnode is 0 */
 static EmFloorEntry *
-find_entry(EmFloorSet *set, Oid jobrel, int64 budget_id)
+find_entry(EmFloorSet *set, Oid jobnode, int64 budget_id)
 {
 	int			i;
 
@@ -161,7 +164,7 @@ find_entry(EmFloorSet *set, Oid jobrel, int64 budget_id)
 		EmFloorEntry *e = &set->entry[i];
 
 		if (e->dbid == MyDatabaseId && e->budget_id == budget_id &&
-			(jobrel == InvalidOid || e->jobrel == jobrel))
+			(jobnode == InvalidOid || e->jobnode == jobnode))
 			return e;
 	}
 	return NULL;
@@ -376,17 +379,18 @@ em_floor_note_hold(int64 budget_id, TimestampTz lease_until)
  * later.  False whenever it is not known.
  */
 bool
-em_floor_none_dead(Oid jobrel, int64 budget_id, TimestampTz now)
+em_floor_none_dead(Oid jobnode, int64 budget_id, TimestampTz now)
 {
 	EmFloorSet *set;
 	EmFloorEntry *e;
 	bool		none = false;
 
-	if (floor_shared == NULL || !OidIsValid(jobrel) || prepared_busy())
+	if (floor_shared == NULL || !earmark_lease_floors || !OidIsValid(jobnode) ||
+		prepared_busy())
 		return false;
 	set = set_of(budget_id, NULL);
 	SpinLockAcquire(&set->lock);
-	e = find_entry(set, jobrel, budget_id);
+	e = find_entry(set, jobnode, budget_id);
 	if (e != NULL)
 		none = now < e->floor;
 	SpinLockRelease(&set->lock);
@@ -405,7 +409,8 @@ em_floor_begin(int64 budget_id, EmFloorToken *token)
 	EmFloorSet *set;
 
 	token->valid = false;
-	if (floor_shared == NULL || IsolationUsesXactSnapshot() || prepared_busy())
+	if (floor_shared == NULL || !earmark_lease_floors || IsolationUsesXactSnapshot() ||
+		prepared_busy())
 		return;
 	token->epoch = pg_atomic_read_u64(&floor_shared->epoch);
 	set = set_of(budget_id, &token->set);
@@ -420,14 +425,14 @@ em_floor_begin(int64 budget_id, EmFloorToken *token)
  * dead: floor is the earliest lease end it read (DT_NOEND when none).
  */
 void
-em_floor_store(const EmFloorToken *token, Oid jobrel, int64 budget_id,
+em_floor_store(const EmFloorToken *token, Oid jobnode, int64 budget_id,
 			   TimestampTz floor)
 {
 	EmFloorSet *set;
 	EmFloorEntry *e;
 	int			i;
 
-	if (!token->valid || !OidIsValid(jobrel))
+	if (!token->valid || !OidIsValid(jobnode))
 		return;
 	set = &floor_shared->sets[token->set];
 	SpinLockAcquire(&set->lock);
@@ -444,7 +449,7 @@ em_floor_store(const EmFloorToken *token, Oid jobrel, int64 budget_id,
 			set->victim = (set->victim + 1) % EM_FLOOR_WAYS;
 		}
 		e->dbid = MyDatabaseId;
-		e->jobrel = jobrel;
+		e->jobnode = jobnode;
 		e->budget_id = budget_id;
 		e->floor = floor;
 	}

@@ -25,9 +25,9 @@ typedef struct EmFloorToken
 extern Size em_floor_shmem_size(void);
 extern void em_floor_shmem_init(void);
 extern void em_floor_note_hold(int64 budget_id, TimestampTz lease_until);
-extern bool em_floor_none_dead(Oid jobrel, int64 budget_id, TimestampTz now);
+extern bool em_floor_none_dead(Oid jobnode, int64 budget_id, TimestampTz now);
 extern void em_floor_begin(int64 budget_id, EmFloorToken *token);
-extern void em_floor_store(const EmFloorToken *token, Oid jobrel, int64 budget_id,
+extern void em_floor_store(const EmFloorToken *token, Oid jobnode, int64 budget_id,
 						   TimestampTz floor);
 
 #endif							/* EARMARK_LEASEFLOOR_H */

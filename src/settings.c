@@ -41,6 +41,7 @@ int			earmark_debug_rate_clock_shift_s = 0;
 int			earmark_escrow_slots = 0;
 int			earmark_auto_escrow_slots = 64;
 int			earmark_auto_escrow_contenders = 3;
+bool		earmark_lease_floors = true;
 
 /* webhooks */
 int			earmark_webhook_tolerance_s = 300;
@@ -176,6 +177,15 @@ em_define_admission_settings(void)
 							PGC_SUSET,
 							GUC_UNIT_S | GUC_NOT_IN_SAMPLE,
 							NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("earmark.lease_floors",
+							 "Lets a reserve that finds no room trust the budget's lease floor instead of reading every open hold.",
+							 "A floor does not see a lease_until written by hand; off, this session reads every open hold before a refusal.",
+							 &earmark_lease_floors,
+							 true,
+							 PGC_USERSET,
+							 0,
+							 NULL, NULL, NULL);
 
 	DefineCustomIntVariable("earmark.escrow_slots",
 							"Escrow slots of the budgets of accounts without their own setting (0: no escrow).",

@@ -41,6 +41,7 @@ extern int	earmark_debug_rate_clock_shift_s;
 extern int	earmark_escrow_slots;	/* the default slots of a new budget */
 extern int	earmark_auto_escrow_slots;	/* slots of a contended budget */
 extern int	earmark_auto_escrow_contenders; /* reserves queued: contended */
+extern bool earmark_lease_floors;	/* a refusal may trust a lease floor */
 
 /* ---------------------------------------------------------------------
  * Webhooks (intake.c, inbox.c)
