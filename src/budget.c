@@ -17,6 +17,13 @@
  *	  LOCKED (an expiry never waits for a job); the cycle's mark lock
  *	  (below).  The rate limit (ratelimit.c) takes no row lock.
  *
+ *	  A reserve's search for dead holds (em_budget_reclaim) reads none
+ *	  while the budget's lease floor (leasefloor.c, shared memory) says
+ *	  none can be dead; a search that read them all and found none dead
+ *	  stores the floor, and every hold admitted here notes its lease end
+ *	  for its commit to lower the floor.  The sweeper's
+ *	  (em_budget_expire) never trusts a floor.
+ *
  *	  The mark lock of a cycle is a transaction-level advisory lock in a
  *	  key space of its own (earmark's mark class, and a fourth key no SQL
  *	  function makes, EARMARK_MARK_LOCKTAG), so that it never meets an
