@@ -132,5 +132,21 @@ SELECT earmark_sweep() >= 1 AS swept;
 SELECT status FROM earmark.job WHERE account = 'lf' AND idempotency_key = 'lf-3';
 SELECT * FROM pg_temp.refusal('lf', 'lf-after-sweep', 3);
 
+-- 8. a transaction that settled a dead hold stores no floor: rolled back,
+--    the hold is open and dead again, and the next reserve reclaims it
+SELECT count(*) AS anchored FROM earmark_set_account('ow', :'anchor');
+SELECT earmark_set_limit('ow', 20) IS NOT NULL AS lim;
+SELECT admitted FROM earmark_reserve('ow', 10, 'ow-short', lease => interval '1 second');
+SELECT admitted FROM earmark_reserve('ow', 10, 'ow-long', lease => interval '1 hour');
+SELECT pg_sleep(1.2);
+BEGIN;
+SELECT status FROM earmark_settle('ow', (SELECT job_id FROM earmark.job
+                                         WHERE account = 'ow' AND idempotency_key = 'ow-short'), 0);
+SELECT * FROM pg_temp.refusal('ow', 'ow-refused-1', 15);
+ROLLBACK;
+SELECT status FROM earmark.job WHERE account = 'ow' AND idempotency_key = 'ow-short';
+SELECT * FROM pg_temp.refusal('ow', 'ow-after-rollback', 10);
+SELECT status FROM earmark.job WHERE account = 'ow' AND idempotency_key = 'ow-short';
+
 -- the books hold throughout
 SELECT count(*) AS problems FROM earmark_check();

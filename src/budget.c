@@ -742,16 +742,22 @@ take_dead(Datum *values, bool *nulls, void *arg)
 	return true;
 }
 
+/* the job table, for a search that may store the budget's lease floor */
+typedef struct FloorTable
+{
+	Oid			relid;
+	Oid			node;			/* InvalidOid: no floor */
+} FloorTable;
+
 /*
  * The ids of up to max dead holds of the budget, locked; palloc'd.  With a
- * floor_node (the job table's file node, else InvalidOid), a walk that
- * read every open hold and found none dead stores the earliest lease end
- * it read as the budget's lease floor: em_floor_begin comes before the
- * walk's snapshot (leasefloor.c says why).
+ * floor table, a walk that read every open hold and found none dead stores
+ * the earliest lease end it read as the budget's lease floor:
+ * em_floor_begin comes before the walk's snapshot (leasefloor.c says why).
  */
 static int
-lock_dead(text *account, int64 budget_id, TimestampTz now, int max, Oid floor_node,
-		  Datum **ids)
+lock_dead(text *account, int64 budget_id, TimestampTz now, int max,
+		  const FloorTable *floor, Datum **ids)
 {
 	Datum		args[4];
 	int			n;
@@ -762,14 +768,14 @@ lock_dead(text *account, int64 budget_id, TimestampTz now, int max, Oid floor_no
 		DeadHolds	dh = {now, palloc(sizeof(Datum) * 16), 0, 16, 0, DT_NOEND};
 		EmFloorToken token = {false};
 
-		if (OidIsValid(floor_node))
-			em_floor_begin(budget_id, &token);
+		if (OidIsValid(floor->node))
+			em_floor_begin(floor->relid, budget_id, &token);
 		args[0] = PointerGetDatum(account);
 		args[1] = Int64GetDatum(budget_id);
 		n = em_direct_lock_skip_all(&dead_holds, args, dead_hold, &dh, max, take_dead, &dh);
 		*ids = dh.ids;
 		if (n == 0 && dh.dead == 0)
-			em_floor_store(&token, floor_node, budget_id, dh.earliest);
+			em_floor_store(&token, floor->node, budget_id, dh.earliest);
 		if (n >= 0)
 			return n;
 		pfree(dh.ids);
@@ -787,7 +793,8 @@ lock_dead(text *account, int64 budget_id, TimestampTz now, int max, Oid floor_no
 }
 
 static int64 expire_holds(text *account, int64 budget_id, TimestampTz now, int max,
-						  bool wait, Oid floor_node, int64 *released, int64 *charged);
+						  bool wait, const FloorTable *floor, int64 *released,
+						  int64 *charged);
 
 /*
  * Expire up to max dead holds of a budget whose row the caller holds
@@ -802,7 +809,9 @@ int64
 em_budget_expire(text *account, int64 budget_id, TimestampTz now, int max,
 				 bool wait, int64 *released, int64 *charged)
 {
-	return expire_holds(account, budget_id, now, max, wait, InvalidOid, released, charged);
+	FloorTable	none = {InvalidOid, InvalidOid};
+
+	return expire_holds(account, budget_id, now, max, wait, &none, released, charged);
 }
 
 /*
@@ -815,20 +824,22 @@ int64
 em_budget_reclaim(text *account, int64 budget_id, TimestampTz now, int max,
 				  int64 *released, int64 *charged)
 {
-	Oid			node = em_distributed() ? InvalidOid : em_direct_table_node("job");
+	FloorTable	floor = {InvalidOid, InvalidOid};
 
-	if (em_floor_none_dead(node, budget_id, now))
+	if (!em_distributed())
+		floor.node = em_direct_table_node("job", &floor.relid);
+	if (em_floor_none_dead(floor.node, budget_id, now))
 	{
 		*released = 0;
 		*charged = 0;
 		return 0;
 	}
-	return expire_holds(account, budget_id, now, max, true, node, released, charged);
+	return expire_holds(account, budget_id, now, max, true, &floor, released, charged);
 }
 
 static int64
 expire_holds(text *account, int64 budget_id, TimestampTz now, int max,
-			 bool wait, Oid floor_node, int64 *released, int64 *charged)
+			 bool wait, const FloorTable *floor, int64 *released, int64 *charged)
 {
 	Expiry		e = {0};
 	Datum	   *ids;
@@ -841,7 +852,7 @@ expire_holds(text *account, int64 budget_id, TimestampTz now, int max,
 		return 0;
 	if (wait)
 		em_mark_lock(budget_id);
-	n = lock_dead(account, budget_id, now, max, floor_node, &ids);
+	n = lock_dead(account, budget_id, now, max, floor, &ids);
 	if (n == 0)
 		return 0;
 

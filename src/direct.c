@@ -174,19 +174,19 @@ named_table(const char *name)
 
 /*
  * earmark.<name>'s file node, InvalidOid when there is none: it changes
- * with a TRUNCATE, a VACUUM FULL, and a table made again.  Takes the
- * table's AccessShareLock.
+ * with a TRUNCATE, a VACUUM FULL, and a table made again.  *relid is its
+ * oid.  Takes the table's AccessShareLock.
  */
 Oid
-em_direct_table_node(const char *name)
+em_direct_table_node(const char *name, Oid *relid)
 {
-	Oid			relid = named_table(name);
 	Relation	rel;
 	Oid			node;
 
-	if (!OidIsValid(relid))
+	*relid = named_table(name);
+	if (!OidIsValid(*relid))
 		return InvalidOid;
-	rel = table_open(relid, AccessShareLock);
+	rel = table_open(*relid, AccessShareLock);
 	node = rel->rd_node.relNode;
 	table_close(rel, NoLock);
 	return node;

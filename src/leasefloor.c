@@ -25,8 +25,10 @@
  *	  row locks a waiter queues on are released after it.)  Leases only
  *	  ever move later (every renewal is GREATEST), and a settled or expired
  *	  hold has no lease, so neither can break the bound.  A store is made
- *	  only when the search found no dead hold: a hold it expired would be
- *	  open again if its transaction rolled back.
+ *	  only when the search found no dead hold, and only when its
+ *	  transaction changed no job row before: a hold it expired, settled or
+ *	  renewed would be open again, with its old lease, if the transaction
+ *	  rolled back.
  *
  *	  Prepared transactions: a hold's transaction that is prepared lowers
  *	  the floor at PREPARE, and its xid joins a list; while any listed xid
@@ -60,6 +62,7 @@
 #include "access/xact.h"
 #include "common/hashfn.h"
 #include "miscadmin.h"
+#include "pgstat.h"
 #include "port/atomics.h"
 #include "storage/procarray.h"
 #include "storage/shmem.h"
@@ -398,19 +401,46 @@ em_floor_none_dead(Oid jobnode, int64 budget_id, TimestampTz now)
 }
 
 /*
+ * Whether this transaction (its live subtransactions included) updated or
+ * deleted rows of the job table, or truncated it: by the statistics'
+ * counts of the transaction (as pg_stat_get_xact_tuples_updated), which
+ * every heap update counts, earmark's from C included.  True when the
+ * counts are off.
+ */
+static bool
+xact_changed(Oid jobrel)
+{
+	PgStat_TableStatus *t;
+	PgStat_TableXactStatus *x;
+
+	if (!pgstat_track_counts)
+		return true;
+	t = find_tabstat_entry(jobrel);
+	if (t == NULL)
+		return false;
+	for (x = t->trans; x != NULL; x = x->upper)
+		if (x->tuples_updated > 0 || x->tuples_deleted > 0 || x->truncdropped)
+			return true;
+	return false;
+}
+
+/*
  * Before a search's snapshot: what its store must find unchanged.  Not
  * valid under REPEATABLE READ or SERIALIZABLE (the search reads the
  * transaction's snapshot, older than this), nor while a prepared
- * transaction with holds is in progress.
+ * transaction with holds is in progress, nor when this transaction
+ * changed a job row: a hold it settled, expired or renewed would be open
+ * again, with its old lease, if it rolled back, and the search reads the
+ * hold as this transaction left it.
  */
 void
-em_floor_begin(int64 budget_id, EmFloorToken *token)
+em_floor_begin(Oid jobrel, int64 budget_id, EmFloorToken *token)
 {
 	EmFloorSet *set;
 
 	token->valid = false;
 	if (floor_shared == NULL || !earmark_lease_floors || IsolationUsesXactSnapshot() ||
-		prepared_busy())
+		xact_changed(jobrel) || prepared_busy())
 		return;
 	token->epoch = pg_atomic_read_u64(&floor_shared->epoch);
 	set = set_of(budget_id, &token->set);
