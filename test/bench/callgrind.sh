@@ -44,6 +44,7 @@
 # (it pins its search path in C), plpgsql_call_handler for the reference
 # and the plain queue.  Instructions are user-space instructions (Ir): the kernel's
 # share (the WAL fsync at commit) is not counted.
+# CG_PRELOAD=1 preloads earmark in the measured backend (below).
 # CG_ESCROW=N gives account cg N escrow slots (earmark_set_escrow) before
 # its pools are made: reserve and settle then go through the slots, as on
 # a hot account.
@@ -136,6 +137,14 @@ arg() {
     echo $(( first + off ))
 }
 
+# CG_PRELOAD=1: the single-user backend loads earmark as a preloaded
+# library (shared memory: the rate limit, off here; the contention
+# detector; the budgets' lease floors, which a refusal trusts)
+PRELOAD=()
+if [ "${CG_PRELOAD:-0}" = 1 ]; then
+    PRELOAD=(-c shared_preload_libraries=earmark -c earmark.rate_limit=0 -c earmark.database=postgres)
+fi
+
 # measure NAME N: prints "total_Ir function_inclusive_Ir"
 measure() {
     local name=$1 n=$2 out=$CG_TMP/$1.$2.out i
@@ -144,7 +153,7 @@ measure() {
         for i in $(seq 1 "$n"); do echo "EXECUTE q($(arg "$name" "$n" "$i"));"; done
     } >"$CG_TMP/$name.$n.sql"
     em_as_pg valgrind --tool=callgrind --trace-children=no --callgrind-out-file="$out" \
-        "$EM_PGBIN/postgres" --single -D "$EM_DATA" postgres \
+        "$EM_PGBIN/postgres" --single -D "$EM_DATA" "${PRELOAD[@]}" postgres \
         <"$CG_TMP/$name.$n.sql" >"$CG_TMP/$name.$n.log" 2>&1 \
         || { tail -20 "$CG_TMP/$name.$n.log" >&2; em_log "valgrind failed: $name $n"; exit 1; }
     if grep -q 'ERROR' "$CG_TMP/$name.$n.log"; then
