@@ -31,16 +31,19 @@
  *	  rolled back.
  *
  *	  Prepared transactions: a hold's transaction that is prepared lowers
- *	  the floor at PREPARE, and its xid joins a list; while any listed xid
- *	  is in progress the floors are neither used nor stored, and a listed
- *	  xid found finished is dropped with a bump of the epoch, which every
- *	  store in flight checks too.  The list holds max_prepared_transactions
- *	  xids, as many as can be prepared at once.
+ *	  the floor at PREPARE (and moves its set's generation), and its xid
+ *	  joins a list; while any listed xid is in progress the floors are
+ *	  neither used nor stored.  The list holds max_prepared_transactions
+ *	  xids, as many as can be prepared at once.  A prepared transaction
+ *	  that recovery brought back after a restart is in no list: until
+ *	  every transaction older than the first xid this start saw has ended
+ *	  (GetOldestActiveTransactionId), no floor is used or stored.
  *
  *	  What it does not see: a hold written into earmark.job by hand (an
- *	  INSERT, a COPY, an UPDATE of lease_until to an earlier time).  The
- *	  sweeper never uses a floor and expires such a hold at its next pass;
- *	  the floor is then true again.  A restart forgets every floor.
+ *	  INSERT, a COPY, an UPDATE of lease_until to an earlier time).  A
+ *	  sweep never uses a floor: the worker's next pass in a database it
+ *	  runs in (earmark.database), or earmark_sweep(), expires such a hold,
+ *	  and the floor is then true again.  A restart forgets every floor.
  *
  *	  On Citus the floors are never used (a hold may be admitted on another
  *	  node); without shared_preload_libraries there are none.
@@ -58,12 +61,12 @@
  */
 #include "postgres.h"
 
+#include "access/transam.h"
 #include "access/twophase.h"
 #include "access/xact.h"
 #include "common/hashfn.h"
 #include "miscadmin.h"
 #include "pgstat.h"
-#include "port/atomics.h"
 #include "storage/procarray.h"
 #include "storage/shmem.h"
 #include "storage/spin.h"
@@ -94,8 +97,9 @@ typedef struct EmFloorSet
 
 typedef struct EmFloorShared
 {
-	pg_atomic_uint64 epoch;		/* moved when the prepared list changes */
-	slock_t		lock;			/* the prepared list */
+	slock_t		lock;			/* the fields up to sets */
+	bool		recovered_gone; /* no transaction from before the start runs */
+	TransactionId first_xid;	/* the next xid when first looked at */
 	int			nprepared;
 	EmFloorSet	sets[EM_FLOOR_SETS];
 	TransactionId prepared[FLEXIBLE_ARRAY_MEMBER];
@@ -132,8 +136,9 @@ em_floor_shmem_init(void)
 	floor_shared = ShmemInitStruct("earmark lease floors", em_floor_shmem_size(), &found);
 	if (found)
 		return;
-	pg_atomic_init_u64(&floor_shared->epoch, 0);
 	SpinLockInit(&floor_shared->lock);
+	floor_shared->recovered_gone = max_prepared_xacts == 0;
+	floor_shared->first_xid = InvalidTransactionId;
 	floor_shared->nprepared = 0;
 	for (i = 0; i < EM_FLOOR_SETS; i++)
 	{
@@ -249,7 +254,6 @@ drop_prepared(TransactionId xid)
 		{
 			floor_shared->prepared[j] =
 				floor_shared->prepared[--floor_shared->nprepared];
-			pg_atomic_fetch_add_u64(&floor_shared->epoch, 1);
 			break;
 		}
 	}
@@ -257,8 +261,48 @@ drop_prepared(TransactionId xid)
 }
 
 /*
- * Whether a listed prepared transaction is still in progress; those that
- * are not are dropped (and the epoch moved).  The caller holds no lock.
+ * Whether a transaction that began before the server started may still be
+ * running: a prepared transaction that recovery brought back.  Its holds
+ * lowered no floor of this start (the list above is in shared memory, and
+ * COMMIT PREPARED runs none of its backend's callbacks), so no floor is
+ * used or stored until every transaction older than the first xid seen
+ * here has ended.  With max_prepared_transactions 0 there is none.
+ */
+static bool
+recovered_busy(void)
+{
+	TransactionId first;
+
+	SpinLockAcquire(&floor_shared->lock);
+	first = floor_shared->first_xid;
+	if (floor_shared->recovered_gone)
+	{
+		SpinLockRelease(&floor_shared->lock);
+		return false;
+	}
+	SpinLockRelease(&floor_shared->lock);
+	if (!TransactionIdIsValid(first))
+	{
+		TransactionId next = XidFromFullTransactionId(ReadNextFullTransactionId());
+
+		SpinLockAcquire(&floor_shared->lock);
+		if (!TransactionIdIsValid(floor_shared->first_xid))
+			floor_shared->first_xid = next;
+		first = floor_shared->first_xid;
+		SpinLockRelease(&floor_shared->lock);
+	}
+	if (TransactionIdPrecedes(GetOldestActiveTransactionId(), first))
+		return true;
+	SpinLockAcquire(&floor_shared->lock);
+	floor_shared->recovered_gone = true;
+	SpinLockRelease(&floor_shared->lock);
+	return false;
+}
+
+/*
+ * Whether a prepared transaction with holds may be in progress: one that
+ * recovery brought back, or a listed one still in progress (those that
+ * are not are dropped).  The caller holds no lock.
  */
 static bool
 prepared_busy(void)
@@ -268,6 +312,8 @@ prepared_busy(void)
 	int			i;
 	bool		busy = false;
 
+	if (recovered_busy())
+		return true;
 	SpinLockAcquire(&floor_shared->lock);
 	n = floor_shared->nprepared;
 	SpinLockRelease(&floor_shared->lock);
@@ -304,7 +350,6 @@ list_prepared(void)
 		floor_shared->prepared[floor_shared->nprepared++] = xid;
 		listed = true;
 	}
-	pg_atomic_fetch_add_u64(&floor_shared->epoch, 1);
 	SpinLockRelease(&floor_shared->lock);
 	if (!listed)
 		elog(ERROR, "earmark: too many prepared transactions with holds");
@@ -442,7 +487,6 @@ em_floor_begin(Oid jobrel, int64 budget_id, EmFloorToken *token)
 	if (floor_shared == NULL || !earmark_lease_floors || IsolationUsesXactSnapshot() ||
 		xact_changed(jobrel) || prepared_busy())
 		return;
-	token->epoch = pg_atomic_read_u64(&floor_shared->epoch);
 	set = set_of(budget_id, &token->set);
 	SpinLockAcquire(&set->lock);
 	token->gen = set->gen;
@@ -466,8 +510,7 @@ em_floor_store(const EmFloorToken *token, Oid jobnode, int64 budget_id,
 		return;
 	set = &floor_shared->sets[token->set];
 	SpinLockAcquire(&set->lock);
-	if (set->gen == token->gen &&
-		pg_atomic_read_u64(&floor_shared->epoch) == token->epoch)
+	if (set->gen == token->gen)
 	{
 		e = find_entry(set, InvalidOid, budget_id);
 		for (i = 0; i < EM_FLOOR_WAYS && e == NULL; i++)

@@ -19,7 +19,6 @@ typedef struct EmFloorToken
 	bool		valid;			/* false: the search may not store */
 	int			set;
 	uint64		gen;
-	uint64		epoch;
 } EmFloorToken;
 
 extern Size em_floor_shmem_size(void);
