@@ -742,11 +742,14 @@ take_dead(Datum *values, bool *nulls, void *arg)
 	return true;
 }
 
-/* the job table, for a search that may store the budget's lease floor */
+/*
+ * The job table, for a search that may use the budget's lease floor; it
+ * stores none in a transaction that wrote the table (leasefloor.c).
+ */
 typedef struct FloorTable
 {
-	Oid			relid;
 	Oid			node;			/* InvalidOid: no floor */
+	bool		written;
 } FloorTable;
 
 /*
@@ -768,8 +771,8 @@ lock_dead(text *account, int64 budget_id, TimestampTz now, int max,
 		DeadHolds	dh = {now, palloc(sizeof(Datum) * 16), 0, 16, 0, DT_NOEND};
 		EmFloorToken token = {false};
 
-		if (OidIsValid(floor->node))
-			em_floor_begin(floor->relid, budget_id, &token);
+		if (OidIsValid(floor->node) && !floor->written)
+			em_floor_begin(budget_id, &token);
 		args[0] = PointerGetDatum(account);
 		args[1] = Int64GetDatum(budget_id);
 		n = em_direct_lock_skip_all(&dead_holds, args, dead_hold, &dh, max, take_dead, &dh);
@@ -809,7 +812,7 @@ int64
 em_budget_expire(text *account, int64 budget_id, TimestampTz now, int max,
 				 bool wait, int64 *released, int64 *charged)
 {
-	FloorTable	none = {InvalidOid, InvalidOid};
+	FloorTable	none = {InvalidOid, false};
 
 	return expire_holds(account, budget_id, now, max, wait, &none, released, charged);
 }
@@ -824,10 +827,10 @@ int64
 em_budget_reclaim(text *account, int64 budget_id, TimestampTz now, int max,
 				  int64 *released, int64 *charged)
 {
-	FloorTable	floor = {InvalidOid, InvalidOid};
+	FloorTable	floor = {InvalidOid, false};
 
 	if (!em_distributed())
-		floor.node = em_direct_table_node("job", &floor.relid);
+		floor.node = em_direct_table_node("job", &floor.written);
 	if (em_floor_none_dead(floor.node, budget_id, now))
 	{
 		*released = 0;

@@ -174,20 +174,25 @@ named_table(const char *name)
 
 /*
  * earmark.<name>'s file node, InvalidOid when there is none: it changes
- * with a TRUNCATE, a VACUUM FULL, and a table made again.  *relid is its
- * oid.  Takes the table's AccessShareLock.
+ * with a TRUNCATE, a VACUUM FULL, and a table made again.  *written: this
+ * transaction holds a lock on it that a write takes (RowExclusiveLock or
+ * stronger: an INSERT, UPDATE, DELETE or TRUNCATE of it, also from C, in
+ * this transaction or a subtransaction that was not rolled back).  Takes
+ * the table's AccessShareLock.
  */
 Oid
-em_direct_table_node(const char *name, Oid *relid)
+em_direct_table_node(const char *name, bool *written)
 {
+	Oid			relid = named_table(name);
 	Relation	rel;
 	Oid			node;
 
-	*relid = named_table(name);
-	if (!OidIsValid(*relid))
+	*written = false;
+	if (!OidIsValid(relid))
 		return InvalidOid;
-	rel = table_open(*relid, AccessShareLock);
+	rel = table_open(relid, AccessShareLock);
 	node = rel->rd_node.relNode;
+	*written = CheckRelationLockedByMe(rel, RowExclusiveLock, true);
 	table_close(rel, NoLock);
 	return node;
 }

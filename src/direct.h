@@ -78,7 +78,7 @@ typedef bool (*EmDirectRow) (Datum *values, bool *nulls, void *arg);
 extern Snapshot em_direct_statement_snapshot(const char *const *tables, int ntables);
 extern Snapshot em_direct_latest_snapshot(const char *const *tables, int ntables);
 extern void em_direct_release(Snapshot snap);
-extern Oid	em_direct_table_node(const char *name, Oid *relid);
+extern Oid	em_direct_table_node(const char *name, bool *written);
 extern uint64 em_direct_completions(void);
 
 extern int	em_direct_scan(EmDirect *d, Datum *keys, Snapshot snap,

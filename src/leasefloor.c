@@ -26,15 +26,19 @@
  *	  ever move later (every renewal is GREATEST), and a settled or expired
  *	  hold has no lease, so neither can break the bound.  A store is made
  *	  only when the search found no dead hold, and only when its
- *	  transaction changed no job row before: a hold it expired, settled or
- *	  renewed would be open again, with its old lease, if the transaction
- *	  rolled back.
+ *	  transaction holds no lock on the job table that a write takes
+ *	  (RowExclusiveLock or stronger: the caller, budget.c): a hold it
+ *	  expired, settled or renewed would be open again, with its old lease,
+ *	  if the transaction rolled back.  A floor is trusted only when the
+ *	  transaction's own holds in the budget (not yet committed, so not in
+ *	  the floor) are not dead either.
  *
  *	  Prepared transactions: a hold's transaction that is prepared lowers
  *	  the floor at PREPARE (and moves its set's generation), and its xid
  *	  joins a list; while any listed xid is in progress the floors are
  *	  neither used nor stored.  The list holds max_prepared_transactions
- *	  xids, as many as can be prepared at once.  A prepared transaction
+ *	  xids, as many as can be prepared at once (finished ones are dropped
+ *	  before a new one is listed).  A prepared transaction
  *	  that recovery brought back after a restart is in no list: until
  *	  every transaction older than the first xid this start saw has ended
  *	  (GetOldestActiveTransactionId), no floor is used or stored.
@@ -66,7 +70,6 @@
 #include "access/xact.h"
 #include "common/hashfn.h"
 #include "miscadmin.h"
-#include "pgstat.h"
 #include "storage/procarray.h"
 #include "storage/shmem.h"
 #include "storage/spin.h"
@@ -77,7 +80,6 @@
 
 #define EM_FLOOR_WAYS		8
 #define EM_FLOOR_SETS		1024
-#define EM_FLOOR_PENDING	32
 
 typedef struct EmFloorEntry
 {
@@ -107,16 +109,19 @@ typedef struct EmFloorShared
 
 static EmFloorShared *floor_shared = NULL;
 
-/* this transaction's holds: the earliest lease end of each budget */
+/*
+ * This transaction's holds: the earliest lease end of each budget (in
+ * TopMemoryContext, kept from one transaction to the next).
+ */
 typedef struct EmFloorPending
 {
 	int64		budget_id;
 	TimestampTz lease_until;
 } EmFloorPending;
 
-static EmFloorPending pending[EM_FLOOR_PENDING];
+static EmFloorPending *pending = NULL;
 static int	npending = 0;
-static bool pending_overflow = false;	/* more budgets than pending holds */
+static int	pending_size = 0;
 static bool callback_registered = false;
 
 Size
@@ -202,43 +207,31 @@ lower_floor(int64 budget_id, TimestampTz lease_until)
 	SpinLockRelease(&set->lock);
 }
 
-/* too many budgets to remember: forget every floor of this database */
-static void
-forget_database(void)
-{
-	int			s;
-	int			i;
-
-	for (s = 0; s < EM_FLOOR_SETS; s++)
-	{
-		EmFloorSet *set = &floor_shared->sets[s];
-
-		SpinLockAcquire(&set->lock);
-		set->gen++;
-		for (i = 0; i < EM_FLOOR_WAYS; i++)
-			if (set->entry[i].dbid == MyDatabaseId)
-				set->entry[i].dbid = InvalidOid;
-		SpinLockRelease(&set->lock);
-	}
-}
-
 static void
 apply_pending(void)
 {
 	int			i;
 
-	if (pending_overflow)
-		forget_database();
-	else
-		for (i = 0; i < npending; i++)
-			lower_floor(pending[i].budget_id, pending[i].lease_until);
+	for (i = 0; i < npending; i++)
+		lower_floor(pending[i].budget_id, pending[i].lease_until);
 }
 
 static void
 clear_pending(void)
 {
 	npending = 0;
-	pending_overflow = false;
+}
+
+/* the earliest lease end of this transaction's holds in the budget */
+static TimestampTz
+own_earliest(int64 budget_id)
+{
+	int			i;
+
+	for (i = 0; i < npending; i++)
+		if (pending[i].budget_id == budget_id)
+			return pending[i].lease_until;
+	return DT_NOEND;
 }
 
 /* drop a listed xid found finished */
@@ -266,20 +259,19 @@ drop_prepared(TransactionId xid)
  * lowered no floor of this start (the list above is in shared memory, and
  * COMMIT PREPARED runs none of its backend's callbacks), so no floor is
  * used or stored until every transaction older than the first xid seen
- * here has ended.  With max_prepared_transactions 0 there is none.
+ * here has ended.  When the oldest running transaction is this one, none
+ * from before the start runs (this one's xid was assigned after it).  With
+ * max_prepared_transactions 0 there is none.
  */
 static bool
 recovered_busy(void)
 {
 	TransactionId first;
+	TransactionId oldest;
+	TransactionId mine = GetTopTransactionIdIfAny();
 
 	SpinLockAcquire(&floor_shared->lock);
 	first = floor_shared->first_xid;
-	if (floor_shared->recovered_gone)
-	{
-		SpinLockRelease(&floor_shared->lock);
-		return false;
-	}
 	SpinLockRelease(&floor_shared->lock);
 	if (!TransactionIdIsValid(first))
 	{
@@ -291,7 +283,9 @@ recovered_busy(void)
 		first = floor_shared->first_xid;
 		SpinLockRelease(&floor_shared->lock);
 	}
-	if (TransactionIdPrecedes(GetOldestActiveTransactionId(), first))
+	oldest = GetOldestActiveTransactionId();
+	if (!(TransactionIdIsValid(mine) && TransactionIdEquals(oldest, mine)) &&
+		TransactionIdPrecedes(oldest, first))
 		return true;
 	SpinLockAcquire(&floor_shared->lock);
 	floor_shared->recovered_gone = true;
@@ -299,26 +293,14 @@ recovered_busy(void)
 	return false;
 }
 
-/*
- * Whether a prepared transaction with holds may be in progress: one that
- * recovery brought back, or a listed one still in progress (those that
- * are not are dropped).  The caller holds no lock.
- */
+/* whether a listed xid is in progress; those that are not are dropped */
 static bool
-prepared_busy(void)
+listed_busy(void)
 {
 	TransactionId *xids;
 	int			n;
 	int			i;
 	bool		busy = false;
-
-	if (recovered_busy())
-		return true;
-	SpinLockAcquire(&floor_shared->lock);
-	n = floor_shared->nprepared;
-	SpinLockRelease(&floor_shared->lock);
-	if (n == 0)
-		return false;
 
 	xids = palloc(sizeof(TransactionId) * Max(max_prepared_xacts, 1));
 	SpinLockAcquire(&floor_shared->lock);
@@ -336,6 +318,29 @@ prepared_busy(void)
 	return busy;
 }
 
+/*
+ * Whether a prepared transaction with holds may be in progress: a listed
+ * one (the finished ones are dropped first), or one that recovery brought
+ * back.  The caller holds no lock.
+ */
+static bool
+prepared_busy(void)
+{
+	bool		gone;
+	int			n;
+	bool		busy = false;
+
+	SpinLockAcquire(&floor_shared->lock);
+	gone = floor_shared->recovered_gone;
+	n = floor_shared->nprepared;
+	SpinLockRelease(&floor_shared->lock);
+	if (n > 0)
+		busy = listed_busy();
+	if (!gone && recovered_busy())
+		busy = true;
+	return busy;
+}
+
 /* a transaction with holds is being prepared: list it, lower the floors */
 static void
 list_prepared(void)
@@ -343,7 +348,7 @@ list_prepared(void)
 	TransactionId xid = GetTopTransactionIdIfAny();
 	bool		listed = false;
 
-	(void) prepared_busy();
+	(void) listed_busy();
 	SpinLockAcquire(&floor_shared->lock);
 	if (floor_shared->nprepared < Max(max_prepared_xacts, 1))
 	{
@@ -359,7 +364,7 @@ list_prepared(void)
 static void
 floor_xact_callback(XactEvent event, void *arg)
 {
-	if (npending == 0 && !pending_overflow)
+	if (npending == 0)
 		return;
 	switch (event)
 	{
@@ -407,14 +412,16 @@ em_floor_note_hold(int64 budget_id, TimestampTz lease_until)
 			return;
 		}
 	}
-	if (npending < EM_FLOOR_PENDING)
+	if (npending == pending_size)
 	{
-		pending[npending].budget_id = budget_id;
-		pending[npending].lease_until = lease_until;
-		npending++;
+		pending_size = Max(16, pending_size * 2);
+		pending = pending == NULL ?
+			MemoryContextAlloc(TopMemoryContext, sizeof(EmFloorPending) * pending_size) :
+			repalloc(pending, sizeof(EmFloorPending) * pending_size);
 	}
-	else
-		pending_overflow = true;
+	pending[npending].budget_id = budget_id;
+	pending[npending].lease_until = lease_until;
+	npending++;
 }
 
 /* ---------------------------------------------------------------------
@@ -434,7 +441,7 @@ em_floor_none_dead(Oid jobnode, int64 budget_id, TimestampTz now)
 	bool		none = false;
 
 	if (floor_shared == NULL || !earmark_lease_floors || !OidIsValid(jobnode) ||
-		prepared_busy())
+		now >= own_earliest(budget_id) || prepared_busy())
 		return false;
 	set = set_of(budget_id, NULL);
 	SpinLockAcquire(&set->lock);
@@ -446,52 +453,27 @@ em_floor_none_dead(Oid jobnode, int64 budget_id, TimestampTz now)
 }
 
 /*
- * Whether this transaction (its live subtransactions included) updated or
- * deleted rows of the job table, or truncated it: by the statistics'
- * counts of the transaction (as pg_stat_get_xact_tuples_updated), which
- * every heap update counts, earmark's from C included.  True when the
- * counts are off.
- */
-static bool
-xact_changed(Oid jobrel)
-{
-	PgStat_TableStatus *t;
-	PgStat_TableXactStatus *x;
-
-	if (!pgstat_track_counts)
-		return true;
-	t = find_tabstat_entry(jobrel);
-	if (t == NULL)
-		return false;
-	for (x = t->trans; x != NULL; x = x->upper)
-		if (x->tuples_updated > 0 || x->tuples_deleted > 0 || x->truncdropped)
-			return true;
-	return false;
-}
-
-/*
  * Before a search's snapshot: what its store must find unchanged.  Not
  * valid under REPEATABLE READ or SERIALIZABLE (the search reads the
  * transaction's snapshot, older than this), nor while a prepared
- * transaction with holds is in progress, nor when this transaction
- * changed a job row: a hold it settled, expired or renewed would be open
- * again, with its old lease, if it rolled back, and the search reads the
- * hold as this transaction left it.
+ * transaction with holds may be in progress: checked after the
+ * generation is read, since a PREPARE lowers the floors (and moves the
+ * generations) after its xid is listed.  The caller makes no search store
+ * in a transaction that changed a job row (leasefloor.h).
  */
 void
-em_floor_begin(Oid jobrel, int64 budget_id, EmFloorToken *token)
+em_floor_begin(int64 budget_id, EmFloorToken *token)
 {
 	EmFloorSet *set;
 
 	token->valid = false;
-	if (floor_shared == NULL || !earmark_lease_floors || IsolationUsesXactSnapshot() ||
-		xact_changed(jobrel) || prepared_busy())
+	if (floor_shared == NULL || !earmark_lease_floors || IsolationUsesXactSnapshot())
 		return;
 	set = set_of(budget_id, &token->set);
 	SpinLockAcquire(&set->lock);
 	token->gen = set->gen;
 	SpinLockRelease(&set->lock);
-	token->valid = true;
+	token->valid = !prepared_busy();
 }
 
 /*

@@ -5,9 +5,11 @@
 # has passed never causes a refusal): it reads every open hold of the
 # budget, since a lease's end is in no index (every charge renews it, and an
 # indexed column would keep that update from being HOT), and it does so
-# holding the budget row, which the account's settlements wait for.  The
-# reference (reference.sql) does not reclaim: its refusal reads the budget
-# row alone.
+# holding the budget row, which the account's settlements wait for; once a
+# search has read them all and found none dead, the budget's lease floor
+# (leasefloor.c) lets the next refusals read none until a lease could end.
+# The reference (reference.sql) does not reclaim: its refusal reads the
+# budget row alone.
 #
 #   sudo bash test/bench/refusals.sh
 #
