@@ -14,15 +14,21 @@
  *	  - a search that read every open hold of the budget, found none dead,
  *	  and ran at READ COMMITTED (its snapshot taken after em_floor_begin)
  *	  stores the earliest lease end it read;
- *	  - every hold lowers its budget's floor to its own lease end when its
- *	  transaction commits (em_floor_note_hold; the transaction callback
- *	  below), and bumps its set's generation.
+ *	  - every hold lowers its budget's floor to its own lease end twice:
+ *	  at PRE_COMMIT, before its commit is visible, and at COMMIT, after it
+ *	  (em_floor_note_hold; the transaction callback below); each time it
+ *	  moves its set's generation, and between the two its set counts it as
+ *	  committing.
  *	  A store is made only if its set's generation did not move since the
- *	  search began, before its snapshot.  So a hold the search did not see
- *	  committed after the snapshot was taken: either its bump came after
- *	  em_floor_begin and the store is not made, or it comes after the store
- *	  and lowers it.  (A commit is visible before the callback runs, and the
- *	  row locks a waiter queues on are released after it.)  Leases only
+ *	  search began, before its snapshot, and no hold of the set is between
+ *	  PRE_COMMIT and COMMIT.  So a hold the search did not see became
+ *	  visible after the snapshot was taken: if its PRE_COMMIT came before
+ *	  em_floor_begin, the store finds it committing or the generation
+ *	  moved by its COMMIT; if after, the generation moved, or the store
+ *	  came first and is lowered.  And once the hold is visible the floor is
+ *	  at most its lease end (PRE_COMMIT came first), so a refusal that
+ *	  trusts the floor in the moment between the commit and its callback
+ *	  does not miss the hold if it is already dead.  Leases only
  *	  ever move later (every renewal is GREATEST), and a settled or expired
  *	  hold has no lease, so neither can break the bound.  A store is made
  *	  only when the search found no dead hold, and only when its
@@ -93,6 +99,7 @@ typedef struct EmFloorSet
 {
 	slock_t		lock;
 	uint64		gen;			/* moved by every hold committed into the set */
+	int			committing;		/* holds between PRE_COMMIT and COMMIT */
 	int			victim;			/* the next entry a store may take */
 	EmFloorEntry entry[EM_FLOOR_WAYS];
 } EmFloorSet;
@@ -122,6 +129,7 @@ typedef struct EmFloorPending
 static EmFloorPending *pending = NULL;
 static int	npending = 0;
 static int	pending_size = 0;
+static bool precommitted = false;	/* counted in at PRE_COMMIT */
 static bool callback_registered = false;
 
 Size
@@ -149,6 +157,7 @@ em_floor_shmem_init(void)
 	{
 		SpinLockInit(&floor_shared->sets[i].lock);
 		floor_shared->sets[i].gen = 0;
+		floor_shared->sets[i].committing = 0;
 		floor_shared->sets[i].victim = 0;
 		memset(floor_shared->sets[i].entry, 0, sizeof(floor_shared->sets[i].entry));
 	}
@@ -188,15 +197,19 @@ find_entry(EmFloorSet *set, Oid jobnode, int64 budget_id)
  * ---------------------------------------------------------------------
  */
 
-/* lower the budget's floor to lease_until, and move its set's generation */
+/*
+ * Lower the budget's floor to lease_until, move its set's generation, and
+ * count a commit in or out of the set (committing: +1, -1 or 0).
+ */
 static void
-lower_floor(int64 budget_id, TimestampTz lease_until)
+lower_floor(int64 budget_id, TimestampTz lease_until, int committing)
 {
 	EmFloorSet *set = set_of(budget_id, NULL);
 	int			i;
 
 	SpinLockAcquire(&set->lock);
 	set->gen++;
+	set->committing += committing;
 	for (i = 0; i < EM_FLOOR_WAYS; i++)
 	{
 		EmFloorEntry *e = &set->entry[i];
@@ -208,18 +221,19 @@ lower_floor(int64 budget_id, TimestampTz lease_until)
 }
 
 static void
-apply_pending(void)
+apply_pending(int committing)
 {
 	int			i;
 
 	for (i = 0; i < npending; i++)
-		lower_floor(pending[i].budget_id, pending[i].lease_until);
+		lower_floor(pending[i].budget_id, pending[i].lease_until, committing);
 }
 
 static void
 clear_pending(void)
 {
 	npending = 0;
+	precommitted = false;
 }
 
 /* the earliest lease end of this transaction's holds in the budget */
@@ -358,7 +372,7 @@ list_prepared(void)
 	SpinLockRelease(&floor_shared->lock);
 	if (!listed)
 		elog(ERROR, "earmark: too many prepared transactions with holds");
-	apply_pending();
+	apply_pending(0);
 }
 
 static void
@@ -372,13 +386,18 @@ floor_xact_callback(XactEvent event, void *arg)
 			list_prepared();
 			clear_pending();
 			break;
+		case XACT_EVENT_PRE_COMMIT:
+			/* before the commit is visible: see the file header */
+			apply_pending(1);
+			precommitted = true;
+			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
-			apply_pending();
-			clear_pending();
-			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
+			apply_pending(precommitted ? -1 : 0);
+			clear_pending();
+			break;
 		case XACT_EVENT_PREPARE:
 			clear_pending();
 			break;
@@ -414,10 +433,13 @@ em_floor_note_hold(int64 budget_id, TimestampTz lease_until)
 	}
 	if (npending == pending_size)
 	{
-		pending_size = Max(16, pending_size * 2);
+		int			size = Max(16, pending_size * 2);
+
+		/* the size only once the array has it (an allocation may fail) */
 		pending = pending == NULL ?
-			MemoryContextAlloc(TopMemoryContext, sizeof(EmFloorPending) * pending_size) :
-			repalloc(pending, sizeof(EmFloorPending) * pending_size);
+			MemoryContextAlloc(TopMemoryContext, sizeof(EmFloorPending) * size) :
+			repalloc(pending, sizeof(EmFloorPending) * size);
+		pending_size = size;
 	}
 	pending[npending].budget_id = budget_id;
 	pending[npending].lease_until = lease_until;
@@ -492,7 +514,7 @@ em_floor_store(const EmFloorToken *token, Oid jobnode, int64 budget_id,
 		return;
 	set = &floor_shared->sets[token->set];
 	SpinLockAcquire(&set->lock);
-	if (set->gen == token->gen)
+	if (set->gen == token->gen && set->committing == 0)
 	{
 		e = find_entry(set, InvalidOid, budget_id);
 		for (i = 0; i < EM_FLOOR_WAYS && e == NULL; i++)
