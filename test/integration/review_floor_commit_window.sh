@@ -39,14 +39,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if ! command -v gdb >/dev/null || [ "$(id -u)" -ne 0 ]; then
-    echo "1..1"
-    echo "ok 1 # SKIP needs gdb and root"
-    exit 0
-fi
+skip_unless_gdb
 
-q -d postgres -c "DROP DATABASE IF EXISTS $DBN" >/dev/null 2>&1
-q -d postgres -c "CREATE DATABASE $DBN" && fq -c "CREATE EXTENSION earmark"
+own_database "$DBN"
 ok $? "database $DBN with earmark"
 
 # Limit 100 (no escrow: the plain budget row path); nine holds of 10 for

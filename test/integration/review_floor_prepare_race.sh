@@ -38,19 +38,14 @@ cleanup() {
 trap cleanup EXIT
 KEEP=${KEEP:-}
 
-if ! command -v gdb >/dev/null || [ "$(id -u)" -ne 0 ]; then
-    echo "1..1"
-    echo "ok 1 # SKIP needs gdb and root"
-    exit 0
-fi
+skip_unless_gdb
 
 if [ "$(q -d postgres -c "SHOW max_prepared_transactions")" = 0 ]; then
     echo "1..1"
     echo "ok 1 # SKIP max_prepared_transactions is 0"
     exit 0
 fi
-q -d postgres -c "DROP DATABASE IF EXISTS $DBN" >/dev/null 2>&1
-q -d postgres -c "CREATE DATABASE $DBN" && fq -c "CREATE EXTENSION earmark"
+own_database "$DBN"
 ok $? "database $DBN with earmark"
 
 # Limit 100 in 4 escrow slots; nine holds of 10 for an hour: 10 is free,

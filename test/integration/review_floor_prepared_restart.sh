@@ -21,30 +21,10 @@
 # a reserve's reclaim can expire the hold.
 source "$(dirname "$0")/tap.sh"
 FX=$(mktemp -d /tmp/earmark-floor-restart.XXXXXX)
-chown postgres "$FX"; chmod 755 "$FX"
 FPORT=$((PGPORT + 12))
-as_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else sudo -u postgres "$@"; fi; }
-cleanup() {
-    as_pg "$EM_PGBIN/pg_ctl" -D "$FX/data" -m immediate -w stop >/dev/null 2>&1
-    rm -rf "$FX"
-}
-trap cleanup EXIT
+trap 'own_stop immediate; rm -rf "$FX"' EXIT
 fq() { PGHOST=$FX PGPORT=$FPORT q -d floor "$@"; }
-start() { as_pg "$EM_PGBIN/pg_ctl" -D "$FX/data" -l "$FX/log" -w -t 300 ${EM_PG_WRAPPER:+-p "$EM_PG_WRAPPER"} start >/dev/null; }
-
-as_pg "$EM_PGBIN/initdb" -D "$FX/data" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >/dev/null 2>&1
-{
-    echo "port = $FPORT"
-    echo "listen_addresses = ''"
-    echo "unix_socket_directories = '$FX'"
-    echo "max_connections = 50"
-    echo "max_prepared_transactions = 4"
-    echo "shared_preload_libraries = 'earmark'"
-    echo "earmark.database = 'postgres'"
-    echo "earmark.sweep_interval = '200ms'"
-    echo "log_min_messages = warning"
-} >>"$FX/data/postgresql.conf"
-start
+own_cluster "$FX" "$FPORT"
 PGHOST=$FX PGPORT=$FPORT q -d postgres -c "CREATE DATABASE floor" &&
     fq -c "CREATE EXTENSION earmark"
 ok $? "a cluster of its own with max_prepared_transactions, earmark in database floor"
@@ -71,7 +51,7 @@ ok $? "h prepared, the budget filled"
 is "$(fq -c "SELECT gid FROM pg_prepared_xacts")" "pr-h" "h's transaction is prepared"
 
 # the restart: the prepared transaction is recovered
-as_pg "$EM_PGBIN/pg_ctl" -D "$FX/data" -m fast -w stop >/dev/null && start
+own_stop && own_start
 ok $? "the cluster restarted"
 is "$(fq -c "SELECT gid FROM pg_prepared_xacts")" "pr-h" "h's transaction is prepared after the restart"
 

@@ -24,6 +24,55 @@ q() { "$EM_PGBIN/psql" -X -A -t -q -v ON_ERROR_STOP=1 "$@"; }
 # as_root CMD...: run CMD as root (sudo when the tests do not run as root)
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
+# skip_unless_gdb: a script that holds a backend still with gdb (ptrace)
+# prints one skipped test and ends without gdb or root
+skip_unless_gdb() {
+    if ! command -v gdb >/dev/null || [ "$(id -u)" -ne 0 ]; then
+        echo "1..1"
+        echo "ok 1 # SKIP needs gdb and root"
+        exit 0
+    fi
+}
+
+# own_database NAME: a new database NAME with earmark on the test cluster
+own_database() {
+    q -d postgres -c "DROP DATABASE IF EXISTS $1" >/dev/null 2>&1
+    q -d postgres -c "CREATE DATABASE $1" && q -d "$1" -c "CREATE EXTENSION earmark"
+}
+
+# A cluster of its own, for a script that restarts its server or needs a
+# setting fixed at start: own_cluster DIR PORT [postgresql.conf lines...]
+# makes it in DIR/data (earmark preloaded, its worker in database postgres
+# only, max_prepared_transactions 4) and starts it; own_start and own_stop
+# [MODE] start and stop it again; the script's EXIT trap calls own_stop
+# immediate.  Its socket is DIR.
+own_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else sudo -u postgres "$@"; fi; }
+own_start() {
+    own_pg "$EM_PGBIN/pg_ctl" -D "$OWN_DIR/data" -l "$OWN_DIR/log" -w -t 300 \
+        ${EM_PG_WRAPPER:+-p "$EM_PG_WRAPPER"} start >/dev/null
+}
+own_stop() { [ -n "${OWN_DIR:-}" ] || return 0; own_pg "$EM_PGBIN/pg_ctl" -D "$OWN_DIR/data" -m "${1:-fast}" -w stop >/dev/null 2>&1; }
+own_cluster() {
+    OWN_DIR=$1
+    local port=$2 line
+    shift 2
+    chown postgres "$OWN_DIR"; chmod 755 "$OWN_DIR"
+    own_pg "$EM_PGBIN/initdb" -D "$OWN_DIR/data" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >/dev/null 2>&1
+    {
+        echo "port = $port"
+        echo "listen_addresses = ''"
+        echo "unix_socket_directories = '$OWN_DIR'"
+        echo "max_connections = 50"
+        echo "max_prepared_transactions = 4"
+        echo "shared_preload_libraries = 'earmark'"
+        echo "earmark.database = 'postgres'"
+        echo "earmark.sweep_interval = '200ms'"
+        echo "log_min_messages = warning"
+        for line in "$@"; do echo "$line"; done
+    } >>"$OWN_DIR/data/postgresql.conf"
+    own_start
+}
+
 ok() {   # ok CONDITION-EXIT-STATUS DESCRIPTION  (use: ok $? "desc" or ok "$(( a == b ))"...)
     _tap_n=$((_tap_n + 1))
     if [ "$1" = 0 ]; then echo "ok $_tap_n - $2"
