@@ -65,7 +65,10 @@
  *	  extension was dropped and made again.  Each set has
  *	  its own spinlock, never held across anything but a scan of its
  *	  entries; the list of prepared xids has another.  An entry lost to
- *	  eviction costs one search, never correctness.
+ *	  eviction costs one search, never correctness.  Outside the spinlocks
+ *	  the checks for prepared transactions take ProcArrayLock shared
+ *	  (TransactionIdIsInProgress, GetOldestActiveTransactionId), and the
+ *	  first one after a start XidGenLock shared (ReadNextFullTransactionId).
  *
  *-------------------------------------------------------------------------
  */
