@@ -483,8 +483,8 @@ em_floor_none_dead(Oid jobnode, int64 budget_id, TimestampTz now)
  * transaction's snapshot, older than this), nor while a prepared
  * transaction with holds may be in progress: checked after the
  * generation is read, since a PREPARE lowers the floors (and moves the
- * generations) after its xid is listed.  The caller makes no search store
- * in a transaction that changed a job row (leasefloor.h).
+ * generations) after its xid is listed.  The caller (budget.c, lock_dead)
+ * makes no search store in a transaction that wrote the job table.
  */
 void
 em_floor_begin(int64 budget_id, EmFloorToken *token)
