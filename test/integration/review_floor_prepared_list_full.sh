@@ -21,7 +21,7 @@
 # worker in database postgres only.
 source "$(dirname "$0")/tap.sh"
 FX=$(mktemp -d /tmp/earmark-floor-list.XXXXXX)
-FPORT=$((PGPORT + 11))
+FPORT=$((PGPORT + 13))
 trap 'own_stop immediate; rm -rf "$FX"' EXIT
 fq() { PGHOST=$FX PGPORT=$FPORT q -d floor "$@"; }
 own_cluster "$FX" "$FPORT"
