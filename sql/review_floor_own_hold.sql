@@ -21,10 +21,12 @@ FROM unnest(ARRAY['oh', 'oe']) a, LATERAL earmark_set_account(a, :'anchor');
 SELECT count(earmark_set_limit(a, 100)) AS limits FROM unnest(ARRAY['oh', 'oe']) a;
 SELECT earmark_set_escrow('oe', 4) IS NOT NULL AS escrow;
 
--- y holds 90 for an hour; a refusal searches, finds none dead and stores
--- the floor (y's lease end, an hour away)
-SELECT a, (SELECT admitted FROM earmark_reserve(a, 90, a || '-y', lease => '1 hour')) AS y,
-          (SELECT admitted FROM earmark_reserve(a, 20, a || '-r', lease => '1 hour')) AS refused
+-- y holds 90 for an hour; then, in a transaction that wrote no job row
+-- (one that did stores no floor), a refusal searches, finds none dead and
+-- stores the floor (y's lease end, an hour away)
+SELECT a, (SELECT admitted FROM earmark_reserve(a, 90, a || '-y', lease => '1 hour')) AS y
+FROM unnest(ARRAY['oh', 'oe']) a;
+SELECT a, (SELECT admitted FROM earmark_reserve(a, 20, a || '-r', lease => '1 hour')) AS refused
 FROM unnest(ARRAY['oh', 'oe']) a;
 
 -- one transaction: h takes the last 10 for one second; once h's lease has

@@ -396,9 +396,14 @@ floor_xact_callback(XactEvent event, void *arg)
 			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
+			apply_pending(precommitted ? -1 : 0);
+			clear_pending();
+			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
-			apply_pending(precommitted ? -1 : 0);
+			/* the holds are gone; only a PRE_COMMIT's count is taken back */
+			if (precommitted)
+				apply_pending(-1);
 			clear_pending();
 			break;
 		case XACT_EVENT_PREPARE:
