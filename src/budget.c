@@ -840,6 +840,21 @@ em_budget_reclaim(text *account, int64 budget_id, TimestampTz now, int max,
 	return expire_holds(account, budget_id, now, max, true, &floor, released, charged);
 }
 
+/*
+ * Whether no open hold of the budget can be dead at now, by its lease
+ * floor alone: no hold is read, and nothing is stored (a refusal without
+ * the budget row, gate.c).  False on Citus, where floors are not kept.
+ */
+bool
+em_budget_none_dead(int64 budget_id, TimestampTz now)
+{
+	bool		written;
+
+	if (em_distributed())
+		return false;
+	return em_floor_none_dead(em_direct_table_node("job", &written), budget_id, now);
+}
+
 static int64
 expire_holds(text *account, int64 budget_id, TimestampTz now, int max,
 			 bool wait, const FloorTable *floor, int64 *released, int64 *charged)

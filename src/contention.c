@@ -111,9 +111,12 @@ em_contention_shmem_init(void)
 	}
 }
 
-/* the budget's key: database, account and feature, never 0 */
-static uint64
-hot_key(text *account, text *feature)
+/*
+ * The budget's key: database, account and feature, never 0 (also gate.c's
+ * key for the budgets a backend saw refused).
+ */
+uint64
+em_contention_key(text *account, text *feature)
 {
 	uint64		h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(account),
 										VARSIZE_ANY_EXHDR(account),
@@ -200,7 +203,7 @@ em_contention_enter(text *account, text *feature)
 		before_shmem_exit(hot_exit, (Datum) 0);
 		exit_callback_set = true;
 	}
-	key = hot_key(account, feature);
+	key = em_contention_key(account, feature);
 	set = hot_set(key);
 	SpinLockAcquire(&set->lock);
 	e = hot_take(set, key);
@@ -267,7 +270,7 @@ em_contention_escrowed(text *account, text *feature)
 
 	if (hot_shared == NULL)
 		return false;
-	key = hot_key(account, feature);
+	key = em_contention_key(account, feature);
 	set = hot_set(key);
 	SpinLockAcquire(&set->lock);
 	e = hot_find(set, key);

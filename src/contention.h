@@ -17,5 +17,6 @@ extern void em_contention_enter(text *account, text *feature);
 extern int	em_contention_inside(bool escrowed);
 extern void em_contention_leave(void);
 extern bool em_contention_escrowed(text *account, text *feature);
+extern uint64 em_contention_key(text *account, text *feature);
 
 #endif							/* EARMARK_CONTENTION_H */

@@ -25,7 +25,10 @@
  *	    the account's advisory lock shared (see account.c).  Escrow's fast
  *	    path locks one slot, never waiting (escrow.c).  Automatic escrow
  *	    gives slots to the budget row reserve holds (contention.c counts
- *	    the reserves queued on it, under a spinlock, no lock).
+ *	    the reserves queued on it, under a spinlock, no lock).  A reserve
+ *	    on a budget this backend saw refused first reads its room without
+ *	    a lock, and refuses there when the whole budget lacks room and its
+ *	    lease floor says no hold is dead (refused_unlocked): no lock at all.
  *	  - sweep locks a budget row (earmark_sweep waits only for the first
  *	    budget of a call, the worker for none: SKIP LOCKED), then its dead
  *	    job rows with SKIP LOCKED.
@@ -83,6 +86,7 @@
 #include "catalog/pg_type.h"
 #include "common/int.h"
 #include "utils/builtins.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
 #include "account.h"
@@ -974,6 +978,154 @@ admit_plain(Reserve *r, int64 *remaining)
 	return a;
 }
 
+/* the answer of a refusal: the room the job did not fit in */
+static void
+refuse(Reserve *r, int64 remaining)
+{
+	Admission  *result = r->result;
+
+	result->remaining = remaining;
+	snprintf(result->reason_buf, sizeof(result->reason_buf),
+			 "the job needs " INT64_FORMAT " and " INT64_FORMAT " is left",
+			 r->h.amount, remaining);
+	result->reason = result->reason_buf;
+}
+
+/* ---------------------------------------------------------------------
+ * A refusal without the budget row
+ * ---------------------------------------------------------------------
+ */
+
+/*
+ * The budgets this backend saw refused (contention.c's key of their
+ * account and feature): only a reserve on one of them tries
+ * refused_unlocked first, so that an admission pays nothing for it.  A
+ * hint, never a reason: a stale or colliding entry costs one read.
+ */
+#define REFUSED_HINTS 64
+static uint64 refused_hints[REFUSED_HINTS];
+
+static void
+note_refused(Reserve *r, bool refused)
+{
+	uint64		key = em_contention_key(r->h.account, r->h.feature);
+	uint64	   *entry = &refused_hints[key % REFUSED_HINTS];
+
+	if (refused)
+		*entry = key;
+	else if (*entry == key)
+		*entry = 0;
+}
+
+static bool
+hinted_refused(Reserve *r)
+{
+	uint64		key = em_contention_key(r->h.account, r->h.feature);
+
+	return refused_hints[key % REFUSED_HINTS] == key;
+}
+
+/* what refused_unlocked reads, in one snapshot, in the reserve's lock order */
+static const char *const refusal_tables[] =
+{"account", "account_limit", "budget", "usage_shard", "budget_slot"};
+
+/*
+ * The room the cycle's budget has left, without its lock: the budget row,
+ * the recorded usage, the slots and the limit, in one snapshot (as
+ * remaining_of_budget_direct sums them).  False when anything would need
+ * the locked path: no budget row yet, no limit, a cycle anchor other than
+ * start_reserve's, an unlimited budget, or sums past a bigint.
+ */
+static bool
+room_unlocked(Reserve *r, int64 *budget_id, int64 *remaining)
+{
+	Snapshot	snap = em_direct_statement_snapshot(refusal_tables, lengthof(refusal_tables));
+	AccountLimit a;
+	TimestampTz start;
+	TimestampTz end;
+	int64		used;
+	int64		held;
+	int64		slots_used;
+	int64		slots_held;
+	bool		ok;
+
+	em_cycle_bounds(r->anchor, r->has_anchor, r->h.now, &start, &end);
+	ok = read_account_limit_direct(r, snap, &a) && a.has_limit && !a.unlimited &&
+		a.has_anchor == r->has_anchor && (!a.has_anchor || a.anchor == r->anchor) &&
+		em_budget_numbers(r->h.account, r->h.feature, start, snap, budget_id, &used, &held);
+	if (ok)
+	{
+		em_escrow_slot_totals(r->h.account, *budget_id, snap, &slots_used, &slots_held);
+		ok = !pg_add_s64_overflow(used, em_budget_recorded(r->h.account, *budget_id, snap), &used) &&
+			!pg_add_s64_overflow(used, slots_used, &used) &&
+			!pg_add_s64_overflow(held, slots_held, &held);
+		*remaining = em_room_left(false, a.lim, used, held);
+	}
+	em_direct_release(snap);
+	return ok;
+}
+
+/*
+ * Whether a job with the key exists, committed or not: read with a dirty
+ * snapshot, so that a reserve of the same key still in progress is seen.
+ */
+static bool
+key_exists_or_in_progress(Reserve *r)
+{
+	SnapshotData dirty;
+	Datum		keys[2];
+	Datum		v[4];
+	bool		n[4];
+
+	InitDirtySnapshot(dirty);
+	keys[0] = PointerGetDatum(r->h.account);
+	keys[1] = PointerGetDatum(r->h.key);
+	return em_direct_get(&job_of_key, keys, &dirty, v, n);
+}
+
+/*
+ * Step 3b: a reserve that the whole budget has no room for, refused
+ * without locking the budget row.  A full account's refusals then neither
+ * queue on that row, nor make its settlements wait, nor write: no row
+ * lock, no transaction id, no commit to flush.  The refusal is the one the
+ * locked path would give at the moment of this snapshot, because:
+ * - the snapshot is taken under READ COMMITTED after the call began, and
+ *   sums every hold, the recorded usage and the limit as committed then
+ *   (with this transaction's own writes), as the locked path sums them
+ *   as committed when its lock is granted;
+ * - no hold it counts can be dead at now: the budget's lease floor, read
+ *   after the snapshot, is later than now (leasefloor.c: every hold
+ *   visible in the snapshot lowered the floor before its commit became
+ *   visible, and the transaction's own holds are checked there);
+ * - no job with the key exists or is being written: otherwise the locked
+ *   path answers with that job (it waits for the budget row behind the
+ *   reserve that made it, or for the key's insert), so that path runs.
+ * Not under REPEATABLE READ or SERIALIZABLE (the snapshot is the
+ * transaction's, older than this call), nor in a read-only transaction
+ * (whose reserve must fail as it always did), nor on Citus (no floors).
+ * Only for a budget this backend saw refused (note_refused).  True when
+ * the reserve is answered.
+ */
+static bool
+refused_unlocked(Reserve *r)
+{
+	int64		budget_id;
+	int64		remaining;
+
+	if (!hinted_refused(r) || IsolationUsesXactSnapshot() || XactReadOnly || em_distributed())
+		return false;
+	if (!room_unlocked(r, &budget_id, &remaining) || r->h.amount <= remaining)
+	{
+		note_refused(r, false);
+		return false;
+	}
+	if (!em_budget_none_dead(budget_id, r->h.now) || key_exists_or_in_progress(r))
+		return false;
+	r->result->unlimited = false;
+	refuse(r, remaining);
+	return true;
+}
+
 /*
  * The answer of the budget row's path, and its one refusal exit: a
  * refusal first looks the key up again, since a reserve with the same key
@@ -1001,11 +1153,8 @@ answer(Reserve *r, EmAdmit a, int64 remaining)
 	}
 	if (key_taken_meanwhile(r))
 		return;
-	result->remaining = remaining;
-	snprintf(result->reason_buf, sizeof(result->reason_buf),
-			 "the job needs " INT64_FORMAT " and " INT64_FORMAT " is left",
-			 r->h.amount, remaining);
-	result->reason = result->reason_buf;
+	refuse(r, remaining);
+	note_refused(r, true);
 }
 
 /*
@@ -1093,7 +1242,7 @@ do_reserve(Reserve *r)
 	int64		remaining = 0;
 	EmAdmit		a;
 
-	if (start_reserve(r) || rate_limited(r) || fast_path(r))
+	if (start_reserve(r) || rate_limited(r) || refused_unlocked(r) || fast_path(r))
 		return;
 	if (r->auto_escrow)
 		em_contention_enter(r->h.account, r->h.feature);
