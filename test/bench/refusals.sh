@@ -7,7 +7,10 @@
 # indexed column would keep that update from being HOT), and it does so
 # holding the budget row, which the account's settlements wait for; once a
 # search has read them all and found none dead, the budget's lease floor
-# (leasefloor.c) lets the next refusals read none until a lease could end.
+# (leasefloor.c) lets the next refusals read none until a lease could end;
+# and a session that saw the budget refuse reads its room without the
+# budget row's lock first, and refuses there (gate.c, refused_unlocked: no
+# lock, no transaction id, nothing to flush).
 # The reference (reference.sql) does not reclaim: its refusal reads the
 # budget row alone.
 #
