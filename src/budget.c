@@ -831,7 +831,7 @@ em_budget_reclaim(text *account, int64 budget_id, TimestampTz now, int max,
 
 	if (!em_distributed())
 		floor.node = em_direct_table_node("job", &floor.written);
-	if (em_floor_none_dead(floor.node, budget_id, now))
+	if (em_floor_none_dead(floor.node, budget_id, now, NULL))
 	{
 		*released = 0;
 		*charged = 0;
@@ -843,16 +843,25 @@ em_budget_reclaim(text *account, int64 budget_id, TimestampTz now, int max,
 /*
  * Whether no open hold of the budget can be dead at now, by its lease
  * floor alone: no hold is read, and nothing is stored (a refusal without
- * the budget row, gate.c).  False on Citus, where floors are not kept.
+ * the budget row, gate.c, before its snapshot).  *gen is for
+ * em_budget_floor_unmoved after that snapshot.  False on Citus, where
+ * floors are not kept.
  */
 bool
-em_budget_none_dead(int64 budget_id, TimestampTz now)
+em_budget_none_dead(int64 budget_id, TimestampTz now, uint64 *gen)
 {
 	bool		written;
 
 	if (em_distributed())
 		return false;
-	return em_floor_none_dead(em_direct_table_node("job", &written), budget_id, now);
+	return em_floor_none_dead(em_direct_table_node("job", &written), budget_id, now, gen);
+}
+
+/* no hold of the budget's floor set committed since em_budget_none_dead */
+bool
+em_budget_floor_unmoved(int64 budget_id, uint64 gen)
+{
+	return em_floor_gen_unmoved(budget_id, gen);
 }
 
 static int64

@@ -82,7 +82,8 @@ extern int64 em_budget_expire(text *account, int64 budget_id, TimestampTz now,
 							  int64 *charged);
 extern int64 em_budget_reclaim(text *account, int64 budget_id, TimestampTz now,
 							   int max, int64 *released, int64 *charged);
-extern bool em_budget_none_dead(int64 budget_id, TimestampTz now);
+extern bool em_budget_none_dead(int64 budget_id, TimestampTz now, uint64 *gen);
+extern bool em_budget_floor_unmoved(int64 budget_id, uint64 gen);
 
 /* the cycle's mark lock (see budget.c) */
 extern void em_mark_lock(int64 budget_id);

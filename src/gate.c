@@ -998,31 +998,42 @@ refuse(Reserve *r, int64 remaining)
 
 /*
  * The budgets this backend saw refused (contention.c's key of their
- * account and feature): only a reserve on one of them tries
- * refused_unlocked first, so that an admission pays nothing for it.  A
- * hint, never a reason: a stale or colliding entry costs one read.
+ * account and feature, and the budget row's id): only a reserve on one of
+ * them tries refused_unlocked first, so that an admission pays nothing for
+ * it.  A hint, never a reason: a stale or colliding entry costs one read.
  */
 #define REFUSED_HINTS 64
-static uint64 refused_hints[REFUSED_HINTS];
+typedef struct RefusedHint
+{
+	uint64		key;			/* 0: empty */
+	int64		budget_id;
+} RefusedHint;
+static RefusedHint refused_hints[REFUSED_HINTS];
 
+/* the budget refused (budget_id), or seen with room (0) */
 static void
-note_refused(Reserve *r, bool refused)
+note_refused(Reserve *r, int64 budget_id)
 {
 	uint64		key = em_contention_key(r->h.account, r->h.feature);
-	uint64	   *entry = &refused_hints[key % REFUSED_HINTS];
+	RefusedHint *entry = &refused_hints[key % REFUSED_HINTS];
 
-	if (refused)
-		*entry = key;
-	else if (*entry == key)
-		*entry = 0;
+	if (budget_id != 0)
+	{
+		entry->key = key;
+		entry->budget_id = budget_id;
+	}
+	else if (entry->key == key)
+		entry->key = 0;
 }
 
-static bool
+/* the budget row's id this backend saw refused, 0 when none */
+static int64
 hinted_refused(Reserve *r)
 {
 	uint64		key = em_contention_key(r->h.account, r->h.feature);
+	RefusedHint *entry = &refused_hints[key % REFUSED_HINTS];
 
-	return refused_hints[key % REFUSED_HINTS] == key;
+	return entry->key == key ? entry->budget_id : 0;
 }
 
 /* what refused_unlocked reads, in one snapshot, in the reserve's lock order */
@@ -1094,9 +1105,15 @@ key_exists_or_in_progress(Reserve *r)
  *   (with this transaction's own writes), as the locked path sums them
  *   as committed when its lock is granted;
  * - no hold it counts can be dead at now: the budget's lease floor, read
- *   after the snapshot, is later than now (leasefloor.c: every hold
- *   visible in the snapshot lowered the floor before its commit became
- *   visible, and the transaction's own holds are checked there);
+ *   before the snapshot, is later than now, and no hold of its set reached
+ *   PRE_COMMIT, COMMIT or PREPARE between that read and the snapshot's
+ *   use (its generation), so every hold the snapshot sees was open, or
+ *   committing, with its floor lowered, when the floor was read
+ *   (leasefloor.c; the transaction's own holds are checked there).  Read
+ *   after the snapshot, the floor bounds only the holds open then: a dead
+ *   hold the snapshot counts may have been expired since (a sweep,
+ *   another reserve's reclaim) and a search have stored a later floor
+ *   (test/integration/review_refusal_floor_after_snapshot.sh);
  * - no job with the key exists or is being written: otherwise the locked
  *   path answers with that job (it waits for the budget row behind the
  *   reserve that made it, or for the key's insert), so that path runs.
@@ -1109,17 +1126,23 @@ key_exists_or_in_progress(Reserve *r)
 static bool
 refused_unlocked(Reserve *r)
 {
+	int64		hinted = hinted_refused(r);
 	int64		budget_id;
 	int64		remaining;
+	uint64		gen;
 
-	if (!hinted_refused(r) || IsolationUsesXactSnapshot() || XactReadOnly || em_distributed())
+	if (hinted == 0 || IsolationUsesXactSnapshot() || XactReadOnly || em_distributed())
+		return false;
+	/* the floor of the budget the hint names, before the snapshot */
+	if (!em_budget_none_dead(hinted, r->h.now, &gen))
 		return false;
 	if (!room_unlocked(r, &budget_id, &remaining) || r->h.amount <= remaining)
 	{
-		note_refused(r, false);
+		note_refused(r, 0);
 		return false;
 	}
-	if (!em_budget_none_dead(budget_id, r->h.now) || key_exists_or_in_progress(r))
+	if (budget_id != hinted || !em_budget_floor_unmoved(budget_id, gen) ||
+		key_exists_or_in_progress(r))
 		return false;
 	r->result->unlimited = false;
 	refuse(r, remaining);
@@ -1154,7 +1177,7 @@ answer(Reserve *r, EmAdmit a, int64 remaining)
 	if (key_taken_meanwhile(r))
 		return;
 	refuse(r, remaining);
-	note_refused(r, true);
+	note_refused(r, r->b.budget_id);
 }
 
 /*

@@ -461,10 +461,13 @@ em_floor_note_hold(int64 budget_id, TimestampTz lease_until)
 
 /*
  * Whether no open hold of the budget can be dead at now: its floor is
- * later.  False whenever it is not known.
+ * later.  False whenever it is not known.  With gen, also the set's
+ * generation read with the floor, for em_floor_gen_unmoved: the floor
+ * bounds the holds open now, not those of a snapshot taken before (a hold
+ * expired since may have let a search store a later floor).
  */
 bool
-em_floor_none_dead(Oid jobnode, int64 budget_id, TimestampTz now)
+em_floor_none_dead(Oid jobnode, int64 budget_id, TimestampTz now, uint64 *gen)
 {
 	EmFloorSet *set;
 	EmFloorEntry *e;
@@ -478,8 +481,31 @@ em_floor_none_dead(Oid jobnode, int64 budget_id, TimestampTz now)
 	e = find_entry(set, jobnode, budget_id);
 	if (e != NULL)
 		none = now < e->floor;
+	if (gen != NULL)
+		*gen = set->gen;
 	SpinLockRelease(&set->lock);
 	return none;
+}
+
+/*
+ * Whether no hold of the budget's set reached PRE_COMMIT, COMMIT or
+ * PREPARE since em_floor_none_dead read gen: then every hold visible in a
+ * snapshot taken after that read had lowered the floor it read (gate.c,
+ * refused_unlocked).
+ */
+bool
+em_floor_gen_unmoved(int64 budget_id, uint64 gen)
+{
+	EmFloorSet *set;
+	bool		same;
+
+	if (floor_shared == NULL)
+		return false;
+	set = set_of(budget_id, NULL);
+	SpinLockAcquire(&set->lock);
+	same = set->gen == gen;
+	SpinLockRelease(&set->lock);
+	return same;
 }
 
 /*

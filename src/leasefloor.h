@@ -24,7 +24,8 @@ typedef struct EmFloorToken
 extern Size em_floor_shmem_size(void);
 extern void em_floor_shmem_init(void);
 extern void em_floor_note_hold(int64 budget_id, TimestampTz lease_until);
-extern bool em_floor_none_dead(Oid jobnode, int64 budget_id, TimestampTz now);
+extern bool em_floor_none_dead(Oid jobnode, int64 budget_id, TimestampTz now, uint64 *gen);
+extern bool em_floor_gen_unmoved(int64 budget_id, uint64 gen);
 extern void em_floor_begin(int64 budget_id, EmFloorToken *token);
 extern void em_floor_store(const EmFloorToken *token, Oid jobnode, int64 budget_id,
 						   TimestampTz floor);
