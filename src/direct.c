@@ -1362,6 +1362,21 @@ probe_matches(Probe *p, TupleTableSlot *slot)
  * Lock the version at *tid as ExecLockRows locks it for FOR UPDATE SKIP
  * LOCKED, into locked; true when it is locked and (after following its
  * update chain, READ COMMITTED) its newest version still matches.
+ *
+ * Without TUPLE_LOCK_FLAG_LOCK_UPDATE_IN_PROGRESS, which ExecLockRows
+ * passes: with it, heap_lock_tuple, having found the version's updater
+ * ended by the time it asks (ConditionalXactLockTableWait), walks that
+ * update's chain (heap_lock_updated_tuple) and waits there, whatever the
+ * wait policy, for any running transaction that locks or updates a newer
+ * version: SKIP LOCKED then waits, and a rebalance holding the budget row
+ * waited for a fast path's admission that next wanted the budget row
+ * (test/integration/review_slot_skip_chain.sh).  Without it the lock
+ * returns TM_Updated there and table_tuple_lock's own walk to the newest
+ * version (TUPLE_LOCK_FLAG_FIND_LAST_VERSION, as EvalPlanQual's lock in
+ * ExecUpdate asks) passes a version another transaction holds over
+ * (TM_WouldBlock).  For FOR UPDATE the chain's lock adds nothing under
+ * READ COMMITTED (the newest version is locked either way), and under
+ * REPEATABLE READ an updated version fails with 40001 either way.
  */
 static bool
 lock_or_skip(Probe *p, Relation rel, Snapshot snap, ItemPointer tid,
@@ -1373,8 +1388,7 @@ lock_or_skip(Probe *p, Relation rel, Snapshot snap, ItemPointer tid,
 	ExecClearTuple(locked);
 	test = table_tuple_lock(rel, tid, snap, locked, GetCurrentCommandId(true),
 							LockTupleExclusive, LockWaitSkip,
-							TUPLE_LOCK_FLAG_LOCK_UPDATE_IN_PROGRESS |
-							(IsolationUsesXactSnapshot() ? 0 : TUPLE_LOCK_FLAG_FIND_LAST_VERSION),
+							IsolationUsesXactSnapshot() ? 0 : TUPLE_LOCK_FLAG_FIND_LAST_VERSION,
 							&tmfd);
 	switch (test)
 	{

@@ -109,7 +109,14 @@
  *	    cannot deadlock with another rebalance (SKIP LOCKED does not skip
  *	    rows the transaction itself locked, so it reuses its own slots).
  *	    Room inside slots other transactions hold is waited for by
- *	    retrying a few times, never by blocking on their locks.
+ *	    retrying a few times, never by blocking on their locks.  On a
+ *	    single node its slot locks (and reclaim's job locks, budget.c)
+ *	    are taken from C (direct.c's lock_or_skip): the executor's FOR
+ *	    UPDATE SKIP LOCKED can wait for a transaction that holds a row's
+ *	    newest version (a fast path's admission, which may then wait for
+ *	    this budget row) when the version it found was being updated by
+ *	    one that ended meanwhile (test/integration/review_slot_skip_chain.sh).
+ *	    On Citus the statements remain.
  *	  - settle of a job held by a slot locks the job row, then a free slot
  *	    of its generation (SKIP LOCKED) or, when every slot is busy, the
  *	    budget row, and only then writes the job (gate.c, settle_target).
@@ -866,12 +873,91 @@ locked_array(int *nlocked)
 										   sizeof(int32), true, TYPALIGN_INT));
 }
 
+/*
+ * The rebalance's slot locks by index from C on a single node (direct.c's
+ * em_direct_lock_skip_all, in the primary key's order), as lock_free_slots
+ * and lock_low_slots lock them, so that they never wait: the executor's
+ * FOR UPDATE SKIP LOCKED waits, with the budget row held, for a transaction
+ * that holds a slot's newest version when the version its scan found was
+ * being updated by a transaction that ended meanwhile (direct.c,
+ * lock_or_skip; test/integration/review_slot_skip_chain.sh).  The SQL on
+ * Citus, or where the table has no index this read may go by.
+ */
+static EmDirect rebalance_slots = {
+	.table = "budget_slot", .nkeys = 2, .keys = {"account", "budget_id"},
+	.ncols = 3, .cols = {"slot", "room", "gen"}
+};
+
+/* which slots: all, or those lock_low_slots' WHERE clause matches */
+typedef struct SlotsWanted
+{
+	bool		all;
+	int64		low_water;
+	int64		gen;
+	int32		slots;
+} SlotsWanted;
+
+static bool
+slot_low(Datum *values, bool *nulls, void *arg)
+{
+	const SlotsWanted *w = (const SlotsWanted *) arg;
+
+	return w->all || DatumGetInt64(values[1]) < w->low_water ||
+		DatumGetInt64(values[2]) != w->gen || DatumGetInt32(values[0]) >= w->slots;
+}
+
+typedef struct LockedSlots
+{
+	Datum	   *slots;
+	int			n;
+	int			size;
+} LockedSlots;
+
+static bool
+take_slot(Datum *values, bool *nulls, void *arg)
+{
+	LockedSlots *l = (LockedSlots *) arg;
+
+	if (l->n == l->size)
+	{
+		l->size *= 2;
+		l->slots = repalloc(l->slots, sizeof(Datum) * l->size);
+	}
+	l->slots[l->n++] = values[0];
+	return true;
+}
+
+/* false when the caller's SQL must run */
+static bool
+lock_slots_direct(text *account, int64 budget_id, const SlotsWanted *w,
+				  Datum *locked, int *nlocked)
+{
+	Datum		keys[2];
+	LockedSlots l = {palloc(sizeof(Datum) * 16), 0, 16};
+
+	if (em_distributed())
+		return false;
+	keys[0] = PointerGetDatum(account);
+	keys[1] = Int64GetDatum(budget_id);
+	if (em_direct_lock_skip_all(&rebalance_slots, keys, slot_low, (void *) w, INT_MAX,
+								take_slot, &l) < 0)
+		return false;
+	*nlocked = l.n;
+	*locked = PointerGetDatum(construct_array(l.slots, l.n, INT4OID, sizeof(int32), true,
+											  TYPALIGN_INT));
+	return true;
+}
+
 /* every slot this transaction could lock */
 static Datum
 lock_slots(text *account, int64 budget_id, int *nlocked)
 {
 	Datum		args[2];
+	SlotsWanted w = {true};
+	Datum		locked;
 
+	if (lock_slots_direct(account, budget_id, &w, &locked, nlocked))
+		return locked;
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
 	em_exec(&lock_free_slots, args, NULL, 0);
@@ -884,7 +970,11 @@ lock_low(text *account, int64 budget_id, int64 low_water, int64 gen, int slots,
 		 int *nlocked)
 {
 	Datum		args[5];
+	SlotsWanted w = {false, low_water, gen, slots};
+	Datum		locked;
 
+	if (lock_slots_direct(account, budget_id, &w, &locked, nlocked))
+		return locked;
 	args[0] = PointerGetDatum(account);
 	args[1] = Int64GetDatum(budget_id);
 	args[2] = Int64GetDatum(low_water);
