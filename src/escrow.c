@@ -875,7 +875,7 @@ locked_array(int *nlocked)
 
 /*
  * The rebalance's slot locks by index from C on a single node (direct.c's
- * em_direct_lock_skip_all, in the primary key's order), as lock_free_slots
+ * em_direct_lock_skip_all; the slots returned in slot order), as lock_free_slots
  * and lock_low_slots lock them, so that they never wait: the executor's
  * FOR UPDATE SKIP LOCKED waits, with the budget row held, for a transaction
  * that holds a slot's newest version when the version its scan found was
@@ -927,7 +927,23 @@ take_slot(Datum *values, bool *nulls, void *arg)
 	return true;
 }
 
-/* false when the caller's SQL must run */
+static int
+slot_order(const void *a, const void *b)
+{
+	int32		x = DatumGetInt32(*(const Datum *) a);
+	int32		y = DatumGetInt32(*(const Datum *) b);
+
+	return (x > y) - (x < y);
+}
+
+/*
+ * false when the caller's SQL must run.  The slots in slot order, as ORDER
+ * BY slot returns them (cut gives the remainder to the first): the index
+ * the lock goes by may be an operator's one on (account, budget_id, ...)
+ * that choose_index ranks with the primary key and takes first in OID
+ * order (after a REINDEX CONCURRENTLY of the primary key).  The order the
+ * rows were locked in does not matter: none was waited for.
+ */
 static bool
 lock_slots_direct(text *account, int64 budget_id, const SlotsWanted *w,
 				  Datum *locked, int *nlocked)
@@ -942,6 +958,7 @@ lock_slots_direct(text *account, int64 budget_id, const SlotsWanted *w,
 	if (em_direct_lock_skip_all(&rebalance_slots, keys, slot_low, (void *) w, INT_MAX,
 								take_slot, &l) < 0)
 		return false;
+	qsort(l.slots, l.n, sizeof(Datum), slot_order);
 	*nlocked = l.n;
 	*locked = PointerGetDatum(construct_array(l.slots, l.n, INT4OID, sizeof(int32), true,
 											  TYPALIGN_INT));
