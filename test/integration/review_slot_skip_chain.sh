@@ -30,39 +30,28 @@
 # slot B holds (R is refused after its retries: the room is inside B's
 # slot), and B's second reserve gets the budget row.
 #
-# Runs on the test cluster, in a database of its own.  Needs gdb and root
-# (ptrace); skips without them.
+# The same wait in earmark_set_account: an anchor change locks the account's
+# budget rows, then every slot of the account SKIP LOCKED (account.c).  Held
+# the same way (R is now the anchor change), it must pass the slot B holds
+# over and refuse ("an admission is in progress"), and B go on.
+#
+# Runs on the test cluster, a database of its own for each case.  Needs gdb
+# and root (ptrace); skips without them.
 source "$(dirname "$0")/tap.sh"
-DBN=slot_skip_chain
+DBN=
 fq() { q -d "$DBN" "$@"; }
-WX=$(mktemp -d /tmp/earmark-skip-chain.XXXXXX)
-chmod 755 "$WX"
+WXROOT=$(mktemp -d /tmp/earmark-skip-chain.XXXXXX)
+chmod 755 "$WXROOT"
+WX=$WXROOT
 PIDS=()
 cleanup() {
     exec 3>&- 4>&- 2>/dev/null
     for p in "${PIDS[@]}" ${GPID:-}; do kill "$p" 2>/dev/null; done
-    [ -n "${KEEP:-}" ] || rm -rf "$WX"
+    [ -n "${KEEP:-}" ] || rm -rf "$WXROOT"
 }
 trap cleanup EXIT
 
 skip_unless_gdb
-
-own_database "$DBN"
-ok $? "database $DBN with earmark"
-
-fq >/dev/null <<'SQL'
-SET earmark.rate_limit = 0;
-SELECT make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
-                        least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC') AS anchor
-FROM (SELECT (clock_timestamp() AT TIME ZONE 'UTC') - interval '14 days' AS a) t \gset
-SELECT earmark_set_account('sc', :'anchor');
-SELECT earmark_set_limit('sc', 1000);
-SELECT earmark_set_escrow('sc', 1);
-SELECT earmark_settle('sc', r.job_id, 0) FROM earmark_reserve('sc', 1, 'warm-up') r;
-SQL
-ok $? "account sc: limit 1000, one escrow slot, warmed up"
-is "$(fq -c "SELECT room, held FROM earmark.budget_slot WHERE account = 'sc'" | tr '|' ' ')" "499 0" \
-   "the slot has 499, the budget row keeps the rest unallocated"
 
 # a session of its own, fed through a fifo: sess NAME FD
 sess() {
@@ -84,12 +73,40 @@ RES="SELECT coalesce(r.admitted::text, '') || '|' || coalesce(r.reason, '') FROM
 # whether the job of a key is in a slot (t), outside (f), or missing (none)
 in_slot() { fq -c "SELECT coalesce((SELECT (slot IS NOT NULL)::text FROM earmark.job WHERE account = 'sc' AND idempotency_key = '$1'), 'none')"; }
 
+
+# chain KIND: the scenario above with R the rebalance (reserve 600) or the
+# anchor change, in a database and a directory of its own
+chain() {
+    local kind=$1 rsql brk
+    DBN=slot_skip_chain_$kind
+    WX=$WXROOT/$kind
+    mkdir -p "$WX" && chmod 755 "$WX"
+    case $kind in
+        rebalance) rsql="$RES('sc', 600, 'r-600') r"; brk=em_escrow_rebalance ;;
+        anchor) rsql="SELECT earmark_set_account('sc', date_trunc('month', now()) + interval '1 day')"; brk=earmark_set_account ;;
+    esac
+own_database "$DBN"
+ok $? "$kind: database $DBN with earmark"
+fq >/dev/null <<'SQL'
+SET earmark.rate_limit = 0;
+SELECT make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
+                        least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC') AS anchor
+FROM (SELECT (clock_timestamp() AT TIME ZONE 'UTC') - interval '14 days' AS a) t \gset
+SELECT earmark_set_account('sc', :'anchor');
+SELECT earmark_set_limit('sc', 1000);
+SELECT earmark_set_escrow('sc', 1);
+SELECT earmark_settle('sc', r.job_id, 0) FROM earmark_reserve('sc', 1, 'warm-up') r;
+SQL
+ok $? "$kind: account sc: limit 1000, one escrow slot, warmed up"
+is "$(fq -c "SELECT room, held FROM earmark.budget_slot WHERE account = 'sc'" | tr '|' ' ')" "499 0" \
+   "$kind: the slot has 499, the budget row keeps the rest unallocated"
+
 # A: 10 through the slot, left open
 sess a
 exec 3>"$WX/a.in"
 printf '%s\n' "BEGIN; $RES('sc', 10, 'a-10') r;" '\echo a1' >&3
 wait_mark a a1
-is "$(sed -n 1p "$WX/a.out")" "true|" "A admits 10 (open)"
+is "$(sed -n 1p "$WX/a.out")" "true|" "$kind: A admits 10 (open)"
 
 # what gdb runs while it holds R: A commits, B admits 10 through the slot
 cat >"$WX/meanwhile.sh" <<EOF
@@ -112,7 +129,7 @@ wait_mark b b0
 # R: reserves 600 (slow path, the gathering rebalance)
 PGOPTIONS='-c earmark.rate_limit=0' \
     "$EM_PGBIN/psql" -X -A -t -q -d "$DBN" -c "SELECT pg_backend_pid()" -c "SELECT pg_sleep(1.5)" \
-    -c "$RES('sc', 600, 'r-600') r" >"$WX/r.out" 2>"$WX/r.err" &
+    -c "$rsql" >"$WX/r.out" 2>"$WX/r.err" &
 RPID_SHELL=$!
 PIDS+=($RPID_SHELL)
 for _ in $(seq 50); do [ -s "$WX/r.out" ] && break; sleep 0.1; done
@@ -120,7 +137,7 @@ RPID=$(head -1 "$WX/r.out")
 cat >"$WX/gdb.cmd" <<EOF
 set pagination off
 set confirm off
-break em_escrow_rebalance
+break $brk
 continue
 delete
 break ConditionalXactLockTableWait
@@ -138,8 +155,8 @@ if grep -q "in ConditionalXactLockTableWait" "$WX/gdb.log" && [ -f "$WX/m.done" 
 else
     diag "gdb did not hold R where expected:"; sed 's/^/#   /' "$WX/gdb.log" | tail -5
 fi
-ok "$([ -f "$WX/m.done" ]; echo $?)" "A committed and B admitted 10 while R was held"
-is "$(sed -n 2p "$WX/b.out")" "true|" "B's first reserve admits 10 (open)"
+ok "$([ -f "$WX/m.done" ]; echo $?)" "$kind: A committed and B admitted 10 while R was held"
+is "$(sed -n 2p "$WX/b.out")" "true|" "$kind: B's first reserve admits 10 (open)"
 
 # B reserves 600 (its slot is short of it: the slow path, the budget row)
 sleep 0.5
@@ -149,19 +166,27 @@ b2_ok=$?
 printf '%s\n' "COMMIT;" '\echo b3' >&4
 wait_mark b b3
 wait "$RPID_SHELL"
-ok "$b2_ok" "B's second reserve answered"
+ok "$b2_ok" "$kind: B's second reserve answered"
 [ -s "$WX/r.err" ] && sed 's/^/# R: /' "$WX/r.err"
 [ -s "$WX/b.err" ] && sed 's/^/# B: /' "$WX/b.err"
 [ -s "$WX/a.err" ] && sed 's/^/# A: /' "$WX/a.err"
 diag "R: $(sed -n 3p "$WX/r.out")  B: $(sed -n 4p "$WX/b.out")"
-is "$(cat "$WX/r.err" "$WX/b.err" | grep -c 'deadlock detected')" "0" "no deadlock between R's rebalance and B"
-is "$(sed -n 3p "$WX/r.out" | cut -d'|' -f1)" "false" \
-   "R is refused (the room it lacks is in the slot B holds; R's rebalance passed it over)"
-is "$(sed -n 4p "$WX/b.out")" "true|" "B's second reserve is admitted"
+is "$(cat "$WX/r.err" "$WX/b.err" | grep -c 'deadlock detected')" "0" "$kind: no deadlock between R and B"
+if [ "$kind" = rebalance ]; then
+    is "$(sed -n 3p "$WX/r.out" | cut -d'|' -f1)" "false" \
+       "$kind: R is refused (the room it lacks is in the slot B holds; R's rebalance passed it over)"
+else
+    is "$(grep -c 'an admission is in progress' "$WX/r.err")" "1" \
+       "$kind: R's anchor change is refused (B holds the slot; R passed it over)"
+fi
+is "$(sed -n 4p "$WX/b.out")" "true|" "$kind: B's second reserve is admitted"
 is "$(in_slot a-10) $(in_slot b-10) $(in_slot b-600)" "true true false" \
-   "A's and B's first holds are in the slot, B's second in the budget row"
-is "$(fq -c "SELECT count(*) FROM earmark_check()")" "0" "the books hold"
-
+   "$kind: A's and B's first holds are in the slot, B's second in the budget row"
+is "$(fq -c "SELECT count(*) FROM earmark_check()")" "0" "$kind: the books hold"
 exec 3>&- 4>&-
 q -d postgres -c "DROP DATABASE $DBN" >/dev/null 2>&1
+}
+
+chain rebalance
+chain anchor
 done_testing
