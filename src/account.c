@@ -345,7 +345,7 @@ static EmStatement lock_account_slots = {
  * UPDATE SKIP LOCKED waits, with the budget rows held, for a transaction
  * that holds a slot's newest version when the version its scan found was
  * being updated by one that ended meanwhile (direct.c, lock_or_skip;
- * test/integration/review_anchor_skip_chain.sh).
+ * test/integration/review_slot_skip_chain.sh, its anchor case).
  */
 static EmDirect account_slots = {
 	.table = "budget_slot", .nkeys = 1, .keys = {"account"},
