@@ -352,20 +352,14 @@ static EmDirect account_slots = {
 	.ncols = 1, .cols = {"slot"}
 };
 
-static bool
-every_slot(Datum *values, bool *nulls, void *arg)
-{
-	return true;
-}
-
 /* how many of the account's slots are locked now; -1: run the SQL */
 static int64
 lock_slots_of_account(Datum *values)
 {
 	if (em_distributed())
 		return -1;
-	return em_direct_lock_skip_all(&account_slots, values, every_slot, NULL, INT_MAX,
-								   every_slot, NULL);
+	return em_direct_lock_skip_all(&account_slots, values, em_direct_any_row, NULL,
+								   INT_MAX, em_direct_any_row, NULL);
 }
 
 /* the room of the slots locked above goes back to their budgets */

@@ -1541,6 +1541,13 @@ em_direct_lock_skip_all(EmDirect *d, Datum *keys, EmDirectRow fn, void *arg, int
 	return n;
 }
 
+/* an EmDirectRow that accepts every row (and, as take, goes on) */
+bool
+em_direct_any_row(Datum *values, bool *nulls, void *arg)
+{
+	return true;
+}
+
 /* ---------------------------------------------------------------------
  * Writes
  * ---------------------------------------------------------------------

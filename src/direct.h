@@ -97,6 +97,7 @@ extern bool em_direct_lock_skip(EmDirect *d, Datum *keys, bool below,
 extern int	em_direct_lock_skip_all(EmDirect *d, Datum *keys, EmDirectRow fn,
 									void *arg, int max, EmDirectRow take,
 									void *take_arg);
+extern bool em_direct_any_row(Datum *values, bool *nulls, void *arg);
 
 /*
  * A write of one row's columns cols[0 .. nwrite - 1] (an UPDATE without

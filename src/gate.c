@@ -30,8 +30,8 @@
  *	    a lock, and refuses there when the whole budget lacks room and its
  *	    lease floor says no hold is dead (refused_unlocked): no lock at all.
  *	  - sweep locks a budget row (earmark_sweep waits only for the first
- *	    budget of a call, the worker for none: SKIP LOCKED), then its dead
- *	    job rows with SKIP LOCKED.
+ *	    budget of a call, the worker for none: SKIP LOCKED, from C so that
+ *	    it never waits), then its dead job rows with SKIP LOCKED.
  *	  - charge and heartbeat lock one job row and nothing else.
  *	  - settle locks the job row, then updates (and so locks) its budget.
  *	    A job taken from a slot is not written before its release's target
@@ -2546,15 +2546,44 @@ static EmStatement expired_budgets = {
 	2, {TIMESTAMPTZOID, INT4OID}
 };
 
-static EmStatement lock_budget_wait = {
-	"SELECT 1 FROM earmark.budget WHERE account = $1 AND budget_id = $2 FOR UPDATE",
-	2, {TEXTOID, INT8OID}
-};
-
 static EmStatement lock_budget_skip = {
 	"SELECT 1 FROM earmark.budget WHERE account = $1 AND budget_id = $2 FOR UPDATE SKIP LOCKED",
 	2, {TEXTOID, INT8OID}
 };
+
+/*
+ * The budget row a sweep expires into, locked; false when it is gone or
+ * (!wait) another transaction holds it.  Without waiting, from C on a
+ * single node (direct.c, em_direct_lock_skip_all): the executor's FOR
+ * UPDATE SKIP LOCKED waits for a transaction that holds the row's newest
+ * version when the version its scan found was being updated by one that
+ * ended meanwhile (direct.c, lock_or_skip), and a sweep holds the budget
+ * rows it swept before; such a holder that then reserves on one of them
+ * deadlocked with the sweep (test/integration/review_slot_skip_chain.sh,
+ * its sweep case).
+ */
+static bool
+lock_sweep_budget(text *account, int64 budget_id, bool wait)
+{
+	Datum		args[2];
+	Datum		v[1];
+	bool		n[1];
+	int			got;
+
+	if (wait)
+		return lock_row(&budget_lock, &lock_budget_row, account, budget_id, v, n);
+	args[0] = PointerGetDatum(account);
+	args[1] = Int64GetDatum(budget_id);
+	if (!em_distributed())
+	{
+		got = em_direct_lock_skip_all(&budget_lock, args, em_direct_any_row, NULL, 1,
+									  em_direct_any_row, NULL);
+		if (got >= 0)
+			return got > 0;
+	}
+	em_exec(&lock_budget_skip, args, NULL, 1);
+	return SPI_processed == 1;
+}
 
 /*
  * Expire up to max dead holds of one budget; 0 when its row (with wait:
@@ -2563,15 +2592,11 @@ static EmStatement lock_budget_skip = {
 static int
 sweep_budget(text *account, int64 budget_id, TimestampTz now, int max, bool wait)
 {
-	Datum		args[2];
 	int64		released;
 	int64		charged;
 	int64		n;
 
-	args[0] = PointerGetDatum(account);
-	args[1] = Int64GetDatum(budget_id);
-	em_exec(wait ? &lock_budget_wait : &lock_budget_skip, args, NULL, 1);
-	if (SPI_processed == 0)
+	if (!lock_sweep_budget(account, budget_id, wait))
 		return 0;
 	n = em_budget_expire(account, budget_id, now, max, wait, &released, &charged);
 	if (n > 0)

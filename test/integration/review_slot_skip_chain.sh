@@ -35,6 +35,15 @@
 # the same way (R is now the anchor change), it must pass the slot B holds
 # over and refuse ("an admission is in progress"), and B go on.
 #
+# The same wait in the sweep's lock of a budget row: a sweep holds the budget
+# rows it swept and locks each next one SKIP LOCKED (gate.c,
+# lock_sweep_budget).  Here R is earmark_sweep() over two budgets of one
+# account with a dead hold each, fa's the older: R holds fa's row, and gdb
+# holds R in its lock of fb's, which A was writing.  Meanwhile A commits and
+# B (BEGIN) reserves on fb; then B reserves on fa, whose row R holds.  R
+# must pass fb's row over (it sweeps fa's dead hold only), and B wait for
+# R's commit, not deadlock with it.
+#
 # Runs on the test cluster, a database of its own for each case.  Needs gdb
 # and root (ptrace); skips without them.
 source "$(dirname "$0")/tap.sh"
@@ -187,6 +196,112 @@ exec 3>&- 4>&-
 q -d postgres -c "DROP DATABASE $DBN" >/dev/null 2>&1
 }
 
+# sweep: the sweep holds the budget rows it swept and passes a busy one
+# over; the same wait in its lock of the next budget row (gate.c,
+# lock_sweep_budget)
+sweep_chain() {
+    DBN=slot_skip_chain_sweep
+    WX=$WXROOT/sweep
+    mkdir -p "$WX" && chmod 755 "$WX"
+own_database "$DBN"
+ok $? "sweep: database $DBN with earmark"
+fq >/dev/null <<'SQL'
+SET earmark.rate_limit = 0;
+SELECT make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
+                        least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC') AS anchor
+FROM (SELECT (clock_timestamp() AT TIME ZONE 'UTC') - interval '14 days' AS a) t \gset
+SELECT earmark_set_account('sw', :'anchor');
+SELECT earmark_set_limit('sw', 1000, 'fa');
+SELECT earmark_set_limit('sw', 1000, 'fb');
+SELECT admitted FROM earmark_reserve('sw', 10, 'fa-dead', 'fa', lease => '1 second');
+SELECT pg_sleep(0.2);
+SELECT admitted FROM earmark_reserve('sw', 10, 'fb-dead', 'fb', lease => '1 second');
+SELECT pg_sleep(1.2);
+SQL
+ok $? "sweep: account sw, features fa and fb (limit 1000 each), a dead hold of 10 on each, fa's the older"
+
+# A: 10 on fb (updates fb's budget row), left open
+sess a
+exec 3>"$WX/a.in"
+printf '%s\n' "BEGIN; $RES('sw', 10, 'a-10', 'fb') r;" '\echo a1' >&3
+wait_mark a a1
+is "$(sed -n 1p "$WX/a.out")" "true|" "sweep: A admits 10 on fb (open)"
+
+cat >"$WX/meanwhile.sh" <<EOF
+source "$(cd "$(dirname "$0")" && pwd)/tap.sh"
+WX=$WX
+$(declare -f wait_mark)
+exec 3>"\$WX/a.in" 4>"\$WX/b.in"
+printf '%s\\n' "COMMIT;" '\\echo a2' >&3
+wait_mark a a2
+printf '%s\\n' "BEGIN; $(echo "$RES" | tr '\n' ' ')('sw', 10, 'b-10', 'fb') r;" '\\echo b1' >&4
+wait_mark b b1
+touch "$WX/m.done"
+EOF
+
+sess b
+exec 4>"$WX/b.in"
+printf '%s\n' '\echo b0' >&4
+wait_mark b b0
+
+# R: the sweep (fa first: it holds fa's budget row, then looks at fb's)
+PGOPTIONS='-c earmark.rate_limit=0' \
+    "$EM_PGBIN/psql" -X -A -t -q -d "$DBN" -c "SELECT pg_backend_pid()" -c "SELECT pg_sleep(1.5)" \
+    -c "SELECT earmark_sweep(100)" >"$WX/r.out" 2>"$WX/r.err" &
+RPID_SHELL=$!
+PIDS+=($RPID_SHELL)
+for _ in $(seq 50); do [ -s "$WX/r.out" ] && break; sleep 0.1; done
+RPID=$(head -1 "$WX/r.out")
+cat >"$WX/gdb.cmd" <<EOF
+set pagination off
+set confirm off
+break earmark_sweep
+continue
+delete
+break ConditionalXactLockTableWait
+continue
+shell bash $WX/meanwhile.sh
+delete
+detach
+quit
+EOF
+timeout 90 gdb -q -batch -p "$RPID" -x "$WX/gdb.cmd" >"$WX/gdb.log" 2>&1 &
+GPID=$!
+wait "$GPID"; GPID=
+if grep -q "in ConditionalXactLockTableWait" "$WX/gdb.log" && [ -f "$WX/m.done" ]; then
+    diag "gdb held R in ConditionalXactLockTableWait (its lock of fb's budget row, which A was writing) while A committed and B took the row"
+else
+    diag "gdb did not hold R where expected:"; sed 's/^/#   /' "$WX/gdb.log" | tail -5
+fi
+ok "$([ -f "$WX/m.done" ]; echo $?)" "sweep: A committed and B admitted 10 on fb while R was held"
+is "$(sed -n 2p "$WX/b.out")" "true|" "sweep: B's reserve on fb admits 10 (open)"
+
+# B reserves on fa: the budget row the sweep holds until it commits
+sleep 0.5
+printf '%s\n' "$(echo "$RES" | tr '\n' ' ')('sw', 10, 'b-fa', 'fa') r;" '\echo b2' >&4
+wait_mark b b2
+b2_ok=$?
+printf '%s\n' "COMMIT;" '\echo b3' >&4
+wait_mark b b3
+wait "$RPID_SHELL"
+ok "$b2_ok" "sweep: B's reserve on fa answered"
+[ -s "$WX/r.err" ] && sed 's/^/# R: /' "$WX/r.err"
+[ -s "$WX/b.err" ] && sed 's/^/# B: /' "$WX/b.err"
+diag "R: $(sed -n 3p "$WX/r.out")  B: $(sed -n 4p "$WX/b.out")"
+is "$(cat "$WX/r.err" "$WX/b.err" | grep -c 'deadlock detected')" "0" "sweep: no deadlock between R and B"
+is "$(sed -n 3p "$WX/r.out")" "1" "sweep: R swept fa's dead hold and passed fb's budget row over"
+is "$(sed -n 4p "$WX/b.out")" "true|" "sweep: B's reserve on fa is admitted"
+is "$(fq -c "SELECT string_agg(idempotency_key || '=' || status, ' ' ORDER BY idempotency_key) FROM earmark.job WHERE account = 'sw'")" \
+   "a-10=running b-10=running b-fa=running fa-dead=expired fb-dead=running" \
+   "sweep: fa's dead hold expired, fb's left for the next sweep"
+is "$(fq -c "SELECT earmark_sweep(100)")" "1" "sweep: the next sweep expires fb's"
+is "$(fq -c "SELECT count(*) FROM earmark_check()")" "0" "sweep: the books hold"
+exec 3>&- 4>&-
+q -d postgres -c "DROP DATABASE $DBN" >/dev/null 2>&1
+}
+
+
 chain rebalance
 chain anchor
+sweep_chain
 done_testing
