@@ -556,6 +556,23 @@ static EmDirect budget_totals = {
 /* remaining_of_budget_direct's, in its order: the budget row, the recorded usage, the slots, the limit */
 static const char *const remaining_tables[] = {"budget", "usage_shard", "budget_slot", "account_limit"};
 
+/*
+ * Add to a budget row's used and held, read in snap, the usage recorded
+ * in its cycle and its escrow slots' sums in the same snapshot: what the
+ * whole budget has used and holds.  False when a sum passes a bigint.
+ */
+static bool
+budget_sums(text *account, int64 budget_id, Snapshot snap, int64 *used, int64 *held)
+{
+	int64		slots_used;
+	int64		slots_held;
+
+	em_escrow_slot_totals(account, budget_id, snap, &slots_used, &slots_held);
+	return !pg_add_s64_overflow(*used, em_budget_recorded(account, budget_id, snap), used) &&
+		!pg_add_s64_overflow(*used, slots_used, used) &&
+		!pg_add_s64_overflow(*held, slots_held, held);
+}
+
 static void
 remaining_of_budget_direct(text *account, int64 budget_id, Admission *result)
 {
@@ -565,8 +582,7 @@ remaining_of_budget_direct(text *account, int64 budget_id, Admission *result)
 	bool		n[EM_DIRECT_MAX_COLS];
 	int64		used;
 	int64		held;
-	int64		slots_used;
-	int64		slots_held;
+	bool		summed;
 	bool		known;
 
 	keys[0] = PointerGetDatum(account);
@@ -576,16 +592,15 @@ remaining_of_budget_direct(text *account, int64 budget_id, Admission *result)
 		em_direct_release(snap);
 		return;
 	}
-	used = DatumGetInt64(v[0]) + em_budget_recorded(account, budget_id, snap);
+	used = DatumGetInt64(v[0]);
 	held = DatumGetInt64(v[1]);
-	em_escrow_slot_totals(account, budget_id, snap, &slots_used, &slots_held);
-	used += slots_used;
-	held += slots_held;
+	summed = budget_sums(account, budget_id, snap, &used, &held);
 	keys[1] = v[2];				/* the budget's feature */
 	known = em_direct_get(&limit_row, keys, snap, v, n);
 	em_direct_release(snap);
 	result->unlimited = known && n[0];
-	result->remaining = known ?
+	/* sums past a bigint leave no room under any limit */
+	result->remaining = known && (summed || result->unlimited) ?
 		em_room_left(result->unlimited, n[0] ? 0 : DatumGetInt64(v[0]), used, held) : 0;
 }
 
@@ -1042,8 +1057,8 @@ static const char *const refusal_tables[] =
 
 /*
  * The room the cycle's budget has left, without its lock: the budget row,
- * the recorded usage, the slots and the limit, in one snapshot (as
- * remaining_of_budget_direct sums them).  False when anything would need
+ * the recorded usage, the slots (budget_sums) and the limit, in one
+ * snapshot.  False when anything would need
  * the locked path: no budget row yet, no limit, a cycle anchor other than
  * start_reserve's, an unlimited budget, or sums past a bigint.
  */
@@ -1056,22 +1071,15 @@ room_unlocked(Reserve *r, int64 *budget_id, int64 *remaining)
 	TimestampTz end;
 	int64		used;
 	int64		held;
-	int64		slots_used;
-	int64		slots_held;
 	bool		ok;
 
 	em_cycle_bounds(r->anchor, r->has_anchor, r->h.now, &start, &end);
 	ok = read_account_limit_direct(r, snap, &a) && a.has_limit && !a.unlimited &&
 		a.has_anchor == r->has_anchor && (!a.has_anchor || a.anchor == r->anchor) &&
-		em_budget_numbers(r->h.account, r->h.feature, start, snap, budget_id, &used, &held);
+		em_budget_numbers(r->h.account, r->h.feature, start, snap, budget_id, &used, &held) &&
+		budget_sums(r->h.account, *budget_id, snap, &used, &held);
 	if (ok)
-	{
-		em_escrow_slot_totals(r->h.account, *budget_id, snap, &slots_used, &slots_held);
-		ok = !pg_add_s64_overflow(used, em_budget_recorded(r->h.account, *budget_id, snap), &used) &&
-			!pg_add_s64_overflow(used, slots_used, &used) &&
-			!pg_add_s64_overflow(held, slots_held, &held);
 		*remaining = em_room_left(false, a.lim, used, held);
-	}
 	em_direct_release(snap);
 	return ok;
 }
