@@ -30,14 +30,7 @@
 source "$(dirname "$0")/tap.sh"
 DBN=floor_commit_window
 fq() { q -d "$DBN" "$@"; }
-WX=$(mktemp -d /tmp/earmark-floor-cw.XXXXXX)
-chmod 755 "$WX"
-cleanup() {
-    [ -n "${TPID:-}" ] && kill "$TPID" 2>/dev/null
-    [ -n "${GPID:-}" ] && kill "$GPID" 2>/dev/null
-    [ -n "${KEEP:-}" ] || rm -rf "$WX"
-}
-trap cleanup EXIT
+work_dir floor-cw
 
 skip_unless_gdb
 
@@ -46,12 +39,7 @@ ok $? "database $DBN with earmark"
 
 # Limit 100 (no escrow: the plain budget row path); nine holds of 10 for
 # an hour: 10 is free.
-fq >/dev/null <<'SQL'
-SET earmark.rate_limit = 0;
-SELECT make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
-                        least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC') AS anchor
-FROM (SELECT (clock_timestamp() AT TIME ZONE 'UTC') - interval '14 days' AS a) t \gset
-SELECT earmark_set_account('cw', :'anchor');
+anchored_account "$DBN" cw <<'SQL'
 SELECT earmark_set_limit('cw', 100);
 SELECT count(*) FROM generate_series(1, 9) g,
        LATERAL earmark_reserve('cw', 10, 'cw-y' || g, lease => '1 hour');
@@ -59,51 +47,26 @@ SQL
 ok $? "nine holds of an hour"
 
 # refusals of 50 until one reads no hold: the floor is stored and trusted
-# (the first ones after a start may store none, recovered_busy)
-scans=
-for i in 1 2 3 4 5; do
-    scans=$(fq -c "SET earmark.rate_limit = 0" -c "BEGIN" \
-        -c "SELECT (SELECT admitted FROM earmark_reserve('cw', 50, 'cw-r' || $i))::text || '|' ||
-                   pg_stat_get_xact_numscans('earmark.job_open'::regclass)" -c "COMMIT")
-    [ "$scans" = "false|0" ] && break
-    sleep 0.2
-done
-is "$scans" "false|0" "a refusal of 50 trusts the floor (reads no hold)"
+is "$(floor_trusted "$DBN" cw 50 cw-r)" "false|0" "a refusal of 50 trusts the floor (reads no hold)"
 
 # T: takes the last 10 with a lease of one second, and
 # commits three seconds later (its hold is dead by then); gdb holds T in
 # its commit callback, its commit visible, while R runs.
-cat >"$WX/r.sh" <<EOF
-$EM_PGBIN/psql -X -A -t -q -v ON_ERROR_STOP=1 -d $DBN >$WX/r.out 2>$WX/r.err <<'PSQL'
+meanwhile r <<'EOF'
+q -d "$DBN" >"$WX/r.out" 2>"$WX/r.err" <<'PSQL'
 SET earmark.rate_limit = 0;
 SET lock_timeout = '5s';
 SELECT (SELECT count(*) FROM earmark.job WHERE idempotency_key = 'cw-t' AND status = 'running'
           AND lease_until < clock_timestamp())::text || '|' ||
        (SELECT admitted FROM earmark_reserve('cw', 10, 'cw-r', lease => '1 hour'))::text;
 PSQL
-touch $WX/r.done
 EOF
-q -d "$DBN" -c "SELECT pg_backend_pid()" -c "SET earmark.rate_limit = 0" -c "BEGIN" \
+backend t -c "SET earmark.rate_limit = 0" -c "BEGIN" \
   -c "SELECT admitted FROM earmark_reserve('cw', 10, 'cw-t', lease => '1 second')" \
-  -c "SELECT pg_sleep(3)" -c "COMMIT" >"$WX/t.out" 2>"$WX/t.err" &
-TPID=$!
-for _ in $(seq 50); do [ -s "$WX/t.out" ] && break; sleep 0.1; done
-BPID=$(head -1 "$WX/t.out")
-cat >"$WX/gdb.cmd" <<EOF
-set pagination off
-set confirm off
-break floor_xact_callback if event == 0
-continue
-shell bash $WX/r.sh
-delete
-detach
-quit
-EOF
-timeout 60 gdb -q -batch -p "$BPID" -x "$WX/gdb.cmd" >"$WX/gdb.log" 2>&1 &
-GPID=$!
-wait "$TPID"; tpid_rc=$?; TPID=
-wait "$GPID"; GPID=
-if grep -q "floor_xact_callback (event=XACT_EVENT_COMMIT" "$WX/gdb.log"; then
+  -c "SELECT pg_sleep(3)" -c "COMMIT"
+gdb_hold "$BPID" "$WX/r.sh" "floor_xact_callback if event == 0"
+wait "$SPID"; tpid_rc=$?
+if gdb_held "floor_xact_callback (event=XACT_EVENT_COMMIT"; then
     diag "gdb held T in floor_xact_callback(XACT_EVENT_COMMIT) while R ran"
 else
     diag "gdb did not hold T (no floor_xact_callback to break on): R after T"

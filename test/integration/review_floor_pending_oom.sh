@@ -29,14 +29,7 @@
 source "$(dirname "$0")/tap.sh"
 DBN=floor_pending_oom
 fq() { q -d "$DBN" "$@"; }
-WX=$(mktemp -d /tmp/earmark-floor-oom.XXXXXX)
-chmod 755 "$WX"
-cleanup() {
-    [ -n "${SPID:-}" ] && kill "$SPID" 2>/dev/null
-    [ -n "${GPID:-}" ] && kill "$GPID" 2>/dev/null
-    [ -n "${KEEP:-}" ] || rm -rf "$WX"
-}
-trap cleanup EXIT
+work_dir floor-oom
 
 skip_unless_gdb
 
@@ -53,32 +46,13 @@ CRASHES=$(grep -c "terminated by signal" "$LOG" 2>/dev/null)
 
 # S: a fresh backend (no list yet); its first hold's list allocation fails
 # (injected), its second hold, in the next transaction, must be admitted
-"$EM_PGBIN/psql" -X -A -t -q -d "$DBN" -c "SELECT pg_backend_pid()" -c "SET earmark.rate_limit = 0" \
+backend s -v ON_ERROR_STOP=0 -c "SET earmark.rate_limit = 0" \
   -c "SELECT pg_sleep(2)" \
   -c "SELECT admitted FROM earmark_reserve('om', 1, 'om-1', lease => '1 hour')" \
-  -c "SELECT 'second:' || admitted FROM earmark_reserve('om', 1, 'om-2', lease => '1 hour')" \
-  >"$WX/s.out" 2>"$WX/s.err" &
-SPID=$!
-for _ in $(seq 50); do [ -s "$WX/s.out" ] && break; sleep 0.1; done
-BPID=$(head -1 "$WX/s.out")
-cat >"$WX/gdb.cmd" <<EOF
-set pagination off
-set confirm off
-break em_floor_note_hold
-continue
-delete
-break MemoryContextAlloc if \$rsi == 256
-continue
-delete
-set \$rsi = 0x40000000
-detach
-quit
-EOF
-timeout 60 gdb -q -batch -p "$BPID" -x "$WX/gdb.cmd" >"$WX/gdb.log" 2>&1 &
-GPID=$!
-wait "$SPID"; SPID=
-wait "$GPID"; GPID=
-if grep -q "Breakpoint 2" "$WX/gdb.log"; then
+  -c "SELECT 'second:' || admitted FROM earmark_reserve('om', 1, 'om-2', lease => '1 hour')"
+gdb_hold "$BPID" "" em_floor_note_hold 'MemoryContextAlloc if $rsi == 256' 'set $rsi = 0x40000000'
+wait "$SPID"
+if gdb_held "Breakpoint 2"; then
     diag "the list's first allocation failed (injected): $(grep -m1 'invalid memory alloc' "$WX/s.err")"
 else
     diag "nothing injected (no em_floor_note_hold to break on)"

@@ -27,16 +27,8 @@
 source "$(dirname "$0")/tap.sh"
 DBN=floor_prepare_race
 fq() { q -d "$DBN" "$@"; }
-WX=$(mktemp -d /tmp/earmark-floor-race.XXXXXX)
-chmod 755 "$WX"
-cleanup() {
-    [ -n "${WPID:-}" ] && kill "$WPID" 2>/dev/null
-    [ -n "${GPID:-}" ] && kill "$GPID" 2>/dev/null
-    q -d postgres -c "ROLLBACK PREPARED 'race-p'" >/dev/null 2>&1
-    [ -n "$KEEP" ] || rm -rf "$WX"
-}
-trap cleanup EXIT
-KEEP=${KEEP:-}
+work_dir floor-race
+at_exit() { q -d "$DBN" -c "ROLLBACK PREPARED 'race-p'" >/dev/null 2>&1; }
 
 skip_unless_gdb
 
@@ -50,12 +42,7 @@ ok $? "database $DBN with earmark"
 
 # Limit 100 in 4 escrow slots; nine holds of 10 for an hour: 10 is free,
 # in the slots.
-fq >/dev/null <<'SQL'
-SET earmark.rate_limit = 0;
-SELECT make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
-                        least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC') AS anchor
-FROM (SELECT (clock_timestamp() AT TIME ZONE 'UTC') - interval '14 days' AS a) t \gset
-SELECT earmark_set_account('rc', :'anchor');
+anchored_account "$DBN" rc <<'SQL'
 SELECT earmark_set_limit('rc', 100), earmark_set_escrow('rc', 4);
 SELECT count(*) FROM generate_series(1, 9) g,
        LATERAL earmark_reserve('rc', 10, 'rc-y' || g, lease => '1 hour');
@@ -73,45 +60,24 @@ is "$(fq -c "SELECT count(*) FROM earmark.job WHERE status = 'running'")" "9" "n
 
 # W: a reserve of 50 finds no room and searches for dead holds; held by
 # gdb just after em_floor_begin's prepared_busy().
-q -d "$DBN" -c "SELECT pg_backend_pid()" -c "SET earmark.rate_limit = 0" \
-  -c "SELECT pg_sleep(3)" -c "SELECT admitted FROM earmark_reserve('rc', 50, 'rc-w')" \
-  >"$WX/w.out" 2>"$WX/w.err" &
-WPID=$!
-for _ in $(seq 50); do [ -s "$WX/w.out" ] && break; sleep 0.1; done
-BPID=$(head -1 "$WX/w.out")
+backend w -c "SET earmark.rate_limit = 0" \
+  -c "SELECT pg_sleep(3)" -c "SELECT admitted FROM earmark_reserve('rc', 50, 'rc-w')"
 
 # P: admitted 1 (lease 2 s) through a slot, prepared, while W is held
-cat >"$WX/p.sh" <<EOF
-$EM_PGBIN/psql -X -A -t -q -v ON_ERROR_STOP=1 -d $DBN >$WX/p.out 2>$WX/p.err <<'PSQL'
+meanwhile p <<'EOF'
+q -d "$DBN" >"$WX/p.out" 2>"$WX/p.err" <<'PSQL'
 SET earmark.rate_limit = 0;
 SET lock_timeout = '5s';
 BEGIN;
-SELECT admitted FROM earmark_reserve('rc', 1, 'rc-p', lease => '2 seconds') \\gset
+SELECT admitted FROM earmark_reserve('rc', 1, 'rc-p', lease => '2 seconds') \gset
 SELECT :'admitted' || '|' || (SELECT (slot IS NOT NULL)::text FROM earmark.job WHERE idempotency_key = 'rc-p');
 PREPARE TRANSACTION 'race-p';
 PSQL
-touch $WX/p.done
 EOF
-cat >"$WX/gdb.cmd" <<EOF
-set pagination off
-set confirm off
-break em_floor_begin
-continue
-delete
-break prepared_busy
-continue
-delete
-finish
-shell bash $WX/p.sh
-detach
-quit
-EOF
-timeout 60 gdb -q -batch -p "$BPID" -x "$WX/gdb.cmd" >"$WX/gdb.log" 2>&1 &
-GPID=$!
-wait "$WPID"; wpid_rc=$?; WPID=
-wait "$GPID"; GPID=
+gdb_hold "$BPID" "$WX/p.sh" em_floor_begin prepared_busy finish
+wait "$SPID"; wpid_rc=$?
 # an implementation without em_floor_begin or prepared_busy: P after W
-if grep -q "Value returned" "$WX/gdb.log"; then
+if gdb_held "Value returned"; then
     diag "gdb held W just after em_floor_begin's prepared_busy() while P was prepared"
 else
     diag "gdb did not hold W (no em_floor_begin/prepared_busy to break on): P prepared after W"

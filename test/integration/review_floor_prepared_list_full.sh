@@ -29,12 +29,7 @@ PGHOST=$FX PGPORT=$FPORT q -d postgres -c "CREATE DATABASE floor" &&
     fq -c "CREATE EXTENSION earmark" -c "CREATE TABLE other (x int)"
 ok $? "a cluster of its own with max_prepared_transactions 4, earmark in database floor"
 
-fq >/dev/null <<'SQL'
-SET earmark.rate_limit = 0;
-SELECT make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
-                        least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC') AS anchor
-FROM (SELECT (clock_timestamp() AT TIME ZONE 'UTC') - interval '14 days' AS a) t \gset
-SELECT earmark_set_account('pl', :'anchor');
+PGHOST=$FX PGPORT=$FPORT anchored_account floor pl <<'SQL'
 SELECT earmark_set_limit('pl', 1000);
 SQL
 ok $? "an account"

@@ -32,12 +32,7 @@ ok $? "a cluster of its own with max_prepared_transactions, earmark in database 
 # Limit 100 in 4 escrow slots: two holds cut the slots; h (10, a lease of
 # two seconds) is admitted from a slot (escrow's fast path) in a
 # transaction that is prepared; then holds of an hour fill the rest.
-fq >/dev/null <<'SQL'
-SET earmark.rate_limit = 0;
-SELECT make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
-                        least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC') AS anchor
-FROM (SELECT (clock_timestamp() AT TIME ZONE 'UTC') - interval '14 days' AS a) t \gset
-SELECT earmark_set_account('pr', :'anchor');
+PGHOST=$FX PGPORT=$FPORT anchored_account floor pr <<'SQL'
 SELECT earmark_set_limit('pr', 100), earmark_set_escrow('pr', 4);
 SELECT admitted FROM earmark_reserve('pr', 10, 'pr-y1', lease => '1 hour');
 SELECT admitted FROM earmark_reserve('pr', 10, 'pr-y2', lease => '1 hour');

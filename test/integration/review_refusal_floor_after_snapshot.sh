@@ -29,26 +29,14 @@
 source "$(dirname "$0")/tap.sh"
 DBN=refusal_floor_after_snapshot
 fq() { q -d "$DBN" "$@"; }
-WX=$(mktemp -d /tmp/earmark-ref-fas.XXXXXX)
-chmod 755 "$WX"
-cleanup() {
-    [ -n "${APID:-}" ] && kill "$APID" 2>/dev/null
-    [ -n "${GPID:-}" ] && kill "$GPID" 2>/dev/null
-    [ -n "${KEEP:-}" ] || rm -rf "$WX"
-}
-trap cleanup EXIT
+work_dir ref-fas
 
 skip_unless_gdb
 
 own_database "$DBN"
 ok $? "database $DBN with earmark"
 
-fq >/dev/null <<'SQL'
-SET earmark.rate_limit = 0;
-SELECT make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
-                        least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC') AS anchor
-FROM (SELECT (clock_timestamp() AT TIME ZONE 'UTC') - interval '14 days' AS a) t \gset
-SELECT earmark_set_account('fs', :'anchor');
+anchored_account "$DBN" fs <<'SQL'
 SELECT earmark_set_limit('fs', 100);
 SELECT admitted FROM earmark_reserve('fs', 50, 'fs-long', lease => '1 hour');
 SELECT admitted FROM earmark_reserve('fs', 50, 'fs-short', lease => '1 second');
@@ -57,46 +45,29 @@ ok $? "a hold of 50 for an hour, one of 50 for a second: the budget is full"
 
 # what gdb runs while it holds A after A's snapshot: the sweep expires the
 # dead hold; then a refusal of 60 on the locked path stores the floor
-cat >"$WX/meanwhile.sh" <<EOF
-$EM_PGBIN/psql -X -A -t -q -v ON_ERROR_STOP=1 -d $DBN >$WX/m.out 2>$WX/m.err <<'PSQL'
+meanwhile m <<'EOF'
+q -d "$DBN" >"$WX/m.out" 2>"$WX/m.err" <<'PSQL'
 SELECT earmark_sweep();
 SET earmark.rate_limit = 0;
 SELECT admitted FROM earmark_reserve('fs', 60, 'fs-c1');
 PSQL
-touch $WX/m.done
 EOF
 
 # A: refused once (the locked path sets the hint), waits for the short
 # lease to pass (and gdb to attach), then reserves 10 again
-q -d "$DBN" -c "SELECT pg_backend_pid()" -c "SET earmark.rate_limit = 0" \
+backend a -c "SET earmark.rate_limit = 0" \
   -c "SELECT (SELECT admitted FROM earmark_reserve('fs', 10, 'fs-a1'))" \
   -c "SELECT pg_sleep(3)" \
   -c "SELECT (SELECT count(*) FROM earmark.job WHERE idempotency_key = 'fs-short' AND status = 'running'
                  AND lease_until < clock_timestamp())::text || '|' ||
-             (SELECT admitted::text || '|' || coalesce(reason, '') FROM earmark_reserve('fs', 10, 'fs-a2'))" \
-  >"$WX/a.out" 2>"$WX/a.err" &
-APID=$!
-for _ in $(seq 50); do [ -s "$WX/a.out" ] && break; sleep 0.1; done
-BPID=$(head -1 "$WX/a.out")
-cat >"$WX/gdb.cmd" <<EOF
-set pagination off
-set confirm off
-break em_budget_none_dead
-continue
-shell bash $WX/meanwhile.sh
-delete
-detach
-quit
-EOF
-timeout 60 gdb -q -batch -p "$BPID" -x "$WX/gdb.cmd" >"$WX/gdb.log" 2>&1 &
-GPID=$!
-wait "$APID"; apid_rc=$?; APID=
-wait "$GPID"; GPID=
-if grep -q "em_budget_none_dead (" "$WX/gdb.log"; then
+             (SELECT admitted::text || '|' || coalesce(reason, '') FROM earmark_reserve('fs', 10, 'fs-a2'))"
+gdb_hold "$BPID" "$WX/m.sh" em_budget_none_dead
+wait "$SPID"; apid_rc=$?
+if gdb_held "em_budget_none_dead ("; then
     diag "gdb held A in em_budget_none_dead while the sweep and the other refusal ran"
 else
     diag "gdb did not hold A (no em_budget_none_dead to break on): the sweep after A"
-    [ -f "$WX/m.done" ] || bash "$WX/meanwhile.sh"
+    [ -f "$WX/m.done" ] || bash "$WX/m.sh"
 fi
 ok "$apid_rc" "A's session ran"
 [ -s "$WX/a.err" ] && sed "s/^/# /" "$WX/a.err"

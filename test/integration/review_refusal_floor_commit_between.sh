@@ -22,78 +22,42 @@
 source "$(dirname "$0")/tap.sh"
 DBN=refusal_floor_commit_between
 fq() { q -d "$DBN" "$@"; }
-WX=$(mktemp -d /tmp/earmark-ref-fcb.XXXXXX)
-chmod 755 "$WX"
-cleanup() {
-    [ -n "${APID:-}" ] && kill "$APID" 2>/dev/null
-    [ -n "${TPID:-}" ] && kill "$TPID" 2>/dev/null
-    [ -n "${GPID:-}" ] && kill "$GPID" 2>/dev/null
-    [ -n "${KEEP:-}" ] || rm -rf "$WX"
-}
-trap cleanup EXIT
+work_dir ref-fcb
 
 skip_unless_gdb
 
 own_database "$DBN"
 ok $? "database $DBN with earmark"
 
-fq >/dev/null <<'SQL'
-SET earmark.rate_limit = 0;
-SELECT make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
-                        least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC') AS anchor
-FROM (SELECT (clock_timestamp() AT TIME ZONE 'UTC') - interval '14 days' AS a) t \gset
-SELECT earmark_set_account('cb', :'anchor');
+anchored_account "$DBN" cb <<'SQL'
 SELECT earmark_set_limit('cb', 100);
 SELECT admitted FROM earmark_reserve('cb', 80, 'cb-long', lease => '1 hour');
 SQL
 ok $? "a hold of 80 for an hour"
 
 # refusals of 50 until one reads no hold: the floor is stored and trusted
-scans=
-for i in 1 2 3 4 5; do
-    scans=$(fq -c "SET earmark.rate_limit = 0" -c "BEGIN" \
-        -c "SELECT (SELECT admitted FROM earmark_reserve('cb', 50, 'cb-r' || $i))::text || '|' ||
-                   pg_stat_get_xact_numscans('earmark.job_open'::regclass)" -c "COMMIT")
-    [ "$scans" = "false|0" ] && break
-    sleep 0.2
-done
-is "$scans" "false|0" "a refusal of 50 trusts the floor (reads no hold)"
+is "$(floor_trusted "$DBN" cb 50 cb-r)" "false|0" "a refusal of 50 trusts the floor (reads no hold)"
 
 # A: refused once (its hint), then, while T runs, reserves 15
-q -d "$DBN" -c "SELECT pg_backend_pid()" -c "SET earmark.rate_limit = 0" \
+backend a -c "SET earmark.rate_limit = 0" \
   -c "SELECT (SELECT admitted FROM earmark_reserve('cb', 30, 'cb-a0'))" \
   -c "SELECT pg_sleep(3)" \
-  -c "SELECT (SELECT admitted::text || '|' || coalesce(reason, '') FROM earmark_reserve('cb', 15, 'cb-a'))" \
-  >"$WX/a.out" 2>"$WX/a.err" &
-APID=$!
-for _ in $(seq 50); do [ -s "$WX/a.out" ] && break; sleep 0.1; done
-BPID=$(head -1 "$WX/a.out")
+  -c "SELECT (SELECT admitted::text || '|' || coalesce(reason, '') FROM earmark_reserve('cb', 15, 'cb-a'))"
+APID=$SPID
 # T: the last 10 for one second, committed four seconds later
 q -d "$DBN" -c "SET earmark.rate_limit = 0" -c "BEGIN" \
   -c "SELECT admitted FROM earmark_reserve('cb', 10, 'cb-t', lease => '1 second')" \
   -c "SELECT pg_sleep(4)" -c "COMMIT" >"$WX/t.out" 2>"$WX/t.err" &
 TPID=$!
-cat >"$WX/wait_t.sh" <<EOF
-for _ in \$(seq 200); do [ -f $WX/t.done ] && break; sleep 0.05; done
+# gdb holds A just after its floor read until T has committed
+meanwhile wait_t <<'EOF'
+for _ in $(seq 200); do [ -f "$WX/t.done" ] && break; sleep 0.05; done
 EOF
-cat >"$WX/gdb.cmd" <<EOF
-set pagination off
-set confirm off
-break em_budget_none_dead
-continue
-finish
-shell bash $WX/wait_t.sh
-delete
-detach
-quit
-EOF
-timeout 60 gdb -q -batch -p "$BPID" -x "$WX/gdb.cmd" >"$WX/gdb.log" 2>&1 &
-GPID=$!
-wait "$TPID"; tpid_rc=$?; TPID=
+gdb_hold "$BPID" "$WX/wait_t.sh" em_budget_none_dead finish
+wait "$TPID"; tpid_rc=$?
 touch "$WX/t.done"
-wait "$APID"; apid_rc=$?; APID=
-wait "$GPID"; GPID=
-if grep -q "^Value returned is .* = true" "$WX/gdb.log"; then
+wait "$APID"; apid_rc=$?
+if gdb_held "^Value returned is .* = true"; then
     diag "gdb held A after its floor read (trusted) until T committed"
 else
     diag "A did not trust a floor read while T ran (a floor read after the snapshot: A found room)"

@@ -49,39 +49,47 @@
 source "$(dirname "$0")/tap.sh"
 DBN=
 fq() { q -d "$DBN" "$@"; }
-WXROOT=$(mktemp -d /tmp/earmark-skip-chain.XXXXXX)
-chmod 755 "$WXROOT"
-WX=$WXROOT
-PIDS=()
-cleanup() {
-    exec 3>&- 4>&- 2>/dev/null
-    for p in "${PIDS[@]}" ${GPID:-}; do kill "$p" 2>/dev/null; done
-    [ -n "${KEEP:-}" ] || rm -rf "$WXROOT"
-}
-trap cleanup EXIT
+work_dir skip-chain
+WXROOT=$WX
 
 skip_unless_gdb
 
-# a session of its own, fed through a fifo: sess NAME FD
-sess() {
-    mkfifo "$WX/$1.in"
-    PGOPTIONS='-c earmark.rate_limit=0 -c lock_timeout=60s' \
-        "$EM_PGBIN/psql" -X -A -t -q -d "$DBN" <"$WX/$1.in" >"$WX/$1.out" 2>"$WX/$1.err" &
-    PIDS+=($!)
-}
-# wait_mark NAME MARK: until the session printed MARK (60 s at most)
-wait_mark() {
-    local end
-    end=$(wait_deadline 60)
-    until grep -q "^$2\$" "$WX/$1.out" 2>/dev/null; do
-        [ "$(date +%s)" -ge "$end" ] && return 1
-        sleep 0.05
-    done
-}
 RES="SELECT coalesce(r.admitted::text, '') || '|' || coalesce(r.reason, '') FROM earmark_reserve"
 # whether the job of a key is in a slot (t), outside (f), or missing (none)
 in_slot() { fq -c "SELECT coalesce((SELECT (slot IS NOT NULL)::text FROM earmark.job WHERE account = 'sc' AND idempotency_key = '$1'), 'none')"; }
 
+
+# race LABEL RSQL BREAK WHAT BSQL: the hold both cases share.  R runs RSQL;
+# gdb stops it at BREAK, then in ConditionalXactLockTableWait (WHAT), and
+# runs WX/m.sh (A commits, B takes the row A wrote) before it lets R go on;
+# then B, still open, runs BSQL, which needs a row R holds, and commits.
+# Checks that R was held there, B's first answer, that B's second was
+# answered, and that neither R nor B failed with a deadlock.
+race() {
+    local label=$1 rsql=$2 brk=$3 what=$4 bsql=$5 b2_ok
+    sess b
+    say b b0
+    PGOPTIONS='-c earmark.rate_limit=0' backend r -c "SELECT pg_sleep(1.5)" -c "$rsql"
+    gdb_hold "$BPID" "$WX/m.sh" "$brk" ConditionalXactLockTableWait
+    if gdb_held "in ConditionalXactLockTableWait" && [ -f "$WX/m.done" ]; then
+        diag "gdb held R in ConditionalXactLockTableWait ($what) while A committed and B took the row"
+    else
+        diag "gdb did not hold R where expected:"; sed 's/^/#   /' "$WX/gdb.log" | tail -5
+    fi
+    ok "$([ -f "$WX/m.done" ]; echo $?)" "$label: A committed and B admitted 10 while R was held"
+    is "$(sed -n 2p "$WX/b.out")" "true|" "$label: B's first reserve admits 10 (open)"
+    sleep 0.5
+    say b b2 "$bsql"
+    b2_ok=$?
+    say b b3 "COMMIT;"
+    wait "$SPID"
+    ok "$b2_ok" "$label: B's second reserve answered"
+    [ -s "$WX/r.err" ] && sed 's/^/# R: /' "$WX/r.err"
+    [ -s "$WX/b.err" ] && sed 's/^/# B: /' "$WX/b.err"
+    [ -s "$WX/a.err" ] && sed 's/^/# A: /' "$WX/a.err"
+    diag "R: $(sed -n 3p "$WX/r.out")  B: $(sed -n 4p "$WX/b.out")"
+    is "$(cat "$WX/r.err" "$WX/b.err" | grep -c 'deadlock detected')" "0" "$label: no deadlock between R and B"
+}
 
 # chain KIND: the scenario above with R the rebalance (reserve 600) or the
 # anchor change, in a database and a directory of its own
@@ -96,12 +104,7 @@ chain() {
     esac
 own_database "$DBN"
 ok $? "$kind: database $DBN with earmark"
-fq >/dev/null <<'SQL'
-SET earmark.rate_limit = 0;
-SELECT make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
-                        least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC') AS anchor
-FROM (SELECT (clock_timestamp() AT TIME ZONE 'UTC') - interval '14 days' AS a) t \gset
-SELECT earmark_set_account('sc', :'anchor');
+anchored_account "$DBN" sc <<'SQL'
 SELECT earmark_set_limit('sc', 1000);
 SELECT earmark_set_escrow('sc', 1);
 SELECT earmark_settle('sc', r.job_id, 0) FROM earmark_reserve('sc', 1, 'warm-up') r;
@@ -112,75 +115,18 @@ is "$(fq -c "SELECT room, held FROM earmark.budget_slot WHERE account = 'sc'" | 
 
 # A: 10 through the slot, left open
 sess a
-exec 3>"$WX/a.in"
-printf '%s\n' "BEGIN; $RES('sc', 10, 'a-10') r;" '\echo a1' >&3
-wait_mark a a1
+say a a1 "BEGIN; $RES('sc', 10, 'a-10') r;"
 is "$(sed -n 1p "$WX/a.out")" "true|" "$kind: A admits 10 (open)"
 
 # what gdb runs while it holds R: A commits, B admits 10 through the slot
-cat >"$WX/meanwhile.sh" <<EOF
-source "$(cd "$(dirname "$0")" && pwd)/tap.sh"
-WX=$WX
-$(declare -f wait_mark)
-exec 3>"\$WX/a.in" 4>"\$WX/b.in"
-printf '%s\\n' "COMMIT;" '\\echo a2' >&3
-wait_mark a a2
-printf '%s\\n' "BEGIN; $(echo "$RES" | tr '\n' ' ')('sc', 10, 'b-10') r;" '\\echo b1' >&4
-wait_mark b b1
-touch "$WX/m.done"
+meanwhile m <<EOF
+say a a2 "COMMIT;"
+say b b1 "BEGIN; $RES('sc', 10, 'b-10') r;"
 EOF
 
-sess b
-exec 4>"$WX/b.in"
-printf '%s\n' '\echo b0' >&4
-wait_mark b b0
-
-# R: reserves 600 (slow path, the gathering rebalance)
-PGOPTIONS='-c earmark.rate_limit=0' \
-    "$EM_PGBIN/psql" -X -A -t -q -d "$DBN" -c "SELECT pg_backend_pid()" -c "SELECT pg_sleep(1.5)" \
-    -c "$rsql" >"$WX/r.out" 2>"$WX/r.err" &
-RPID_SHELL=$!
-PIDS+=($RPID_SHELL)
-for _ in $(seq 50); do [ -s "$WX/r.out" ] && break; sleep 0.1; done
-RPID=$(head -1 "$WX/r.out")
-cat >"$WX/gdb.cmd" <<EOF
-set pagination off
-set confirm off
-break $brk
-continue
-delete
-break ConditionalXactLockTableWait
-continue
-shell bash $WX/meanwhile.sh
-delete
-detach
-quit
-EOF
-timeout 90 gdb -q -batch -p "$RPID" -x "$WX/gdb.cmd" >"$WX/gdb.log" 2>&1 &
-GPID=$!
-wait "$GPID"; GPID=
-if grep -q "in ConditionalXactLockTableWait" "$WX/gdb.log" && [ -f "$WX/m.done" ]; then
-    diag "gdb held R in ConditionalXactLockTableWait (its rebalance's lock of the slot A was writing) while A committed and B took the slot"
-else
-    diag "gdb did not hold R where expected:"; sed 's/^/#   /' "$WX/gdb.log" | tail -5
-fi
-ok "$([ -f "$WX/m.done" ]; echo $?)" "$kind: A committed and B admitted 10 while R was held"
-is "$(sed -n 2p "$WX/b.out")" "true|" "$kind: B's first reserve admits 10 (open)"
-
-# B reserves 600 (its slot is short of it: the slow path, the budget row)
-sleep 0.5
-printf '%s\n' "$(echo "$RES" | tr '\n' ' ')('sc', 600, 'b-600') r;" '\echo b2' >&4
-wait_mark b b2
-b2_ok=$?
-printf '%s\n' "COMMIT;" '\echo b3' >&4
-wait_mark b b3
-wait "$RPID_SHELL"
-ok "$b2_ok" "$kind: B's second reserve answered"
-[ -s "$WX/r.err" ] && sed 's/^/# R: /' "$WX/r.err"
-[ -s "$WX/b.err" ] && sed 's/^/# B: /' "$WX/b.err"
-[ -s "$WX/a.err" ] && sed 's/^/# A: /' "$WX/a.err"
-diag "R: $(sed -n 3p "$WX/r.out")  B: $(sed -n 4p "$WX/b.out")"
-is "$(cat "$WX/r.err" "$WX/b.err" | grep -c 'deadlock detected')" "0" "$kind: no deadlock between R and B"
+# R: reserves 600 (slow path, the gathering rebalance), then B reserves 600
+# (its slot is short of it: the slow path, the budget row)
+race "$kind" "$rsql" "$brk" "its rebalance's lock of the slot A was writing" "$RES('sc', 600, 'b-600') r;"
 if [ "$kind" = rebalance ]; then
     is "$(sed -n 3p "$WX/r.out" | cut -d'|' -f1)" "false" \
        "$kind: R is refused (the room it lacks is in the slot B holds; R's rebalance passed it over)"
@@ -192,7 +138,7 @@ is "$(sed -n 4p "$WX/b.out")" "true|" "$kind: B's second reserve is admitted"
 is "$(in_slot a-10) $(in_slot b-10) $(in_slot b-600)" "true true false" \
    "$kind: A's and B's first holds are in the slot, B's second in the budget row"
 is "$(fq -c "SELECT count(*) FROM earmark_check()")" "0" "$kind: the books hold"
-exec 3>&- 4>&-
+sess_close
 q -d postgres -c "DROP DATABASE $DBN" >/dev/null 2>&1
 }
 
@@ -205,12 +151,7 @@ sweep_chain() {
     mkdir -p "$WX" && chmod 755 "$WX"
 own_database "$DBN"
 ok $? "sweep: database $DBN with earmark"
-fq >/dev/null <<'SQL'
-SET earmark.rate_limit = 0;
-SELECT make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
-                        least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC') AS anchor
-FROM (SELECT (clock_timestamp() AT TIME ZONE 'UTC') - interval '14 days' AS a) t \gset
-SELECT earmark_set_account('sw', :'anchor');
+anchored_account "$DBN" sw <<'SQL'
 SELECT earmark_set_limit('sw', 1000, 'fa');
 SELECT earmark_set_limit('sw', 1000, 'fb');
 SELECT admitted FROM earmark_reserve('sw', 10, 'fa-dead', 'fa', lease => '1 second');
@@ -222,73 +163,19 @@ ok $? "sweep: account sw, features fa and fb (limit 1000 each), a dead hold of 1
 
 # A: 10 on fb (updates fb's budget row), left open
 sess a
-exec 3>"$WX/a.in"
-printf '%s\n' "BEGIN; $RES('sw', 10, 'a-10', 'fb') r;" '\echo a1' >&3
-wait_mark a a1
+say a a1 "BEGIN; $RES('sw', 10, 'a-10', 'fb') r;"
 is "$(sed -n 1p "$WX/a.out")" "true|" "sweep: A admits 10 on fb (open)"
 
-cat >"$WX/meanwhile.sh" <<EOF
-source "$(cd "$(dirname "$0")" && pwd)/tap.sh"
-WX=$WX
-$(declare -f wait_mark)
-exec 3>"\$WX/a.in" 4>"\$WX/b.in"
-printf '%s\\n' "COMMIT;" '\\echo a2' >&3
-wait_mark a a2
-printf '%s\\n' "BEGIN; $(echo "$RES" | tr '\n' ' ')('sw', 10, 'b-10', 'fb') r;" '\\echo b1' >&4
-wait_mark b b1
-touch "$WX/m.done"
+# what gdb runs while it holds R: A commits, B reserves on fb (its row's newest version)
+meanwhile m <<EOF
+say a a2 "COMMIT;"
+say b b1 "BEGIN; $RES('sw', 10, 'b-10', 'fb') r;"
 EOF
 
-sess b
-exec 4>"$WX/b.in"
-printf '%s\n' '\echo b0' >&4
-wait_mark b b0
-
-# R: the sweep (fa first: it holds fa's budget row, then looks at fb's)
-PGOPTIONS='-c earmark.rate_limit=0' \
-    "$EM_PGBIN/psql" -X -A -t -q -d "$DBN" -c "SELECT pg_backend_pid()" -c "SELECT pg_sleep(1.5)" \
-    -c "SELECT earmark_sweep(100)" >"$WX/r.out" 2>"$WX/r.err" &
-RPID_SHELL=$!
-PIDS+=($RPID_SHELL)
-for _ in $(seq 50); do [ -s "$WX/r.out" ] && break; sleep 0.1; done
-RPID=$(head -1 "$WX/r.out")
-cat >"$WX/gdb.cmd" <<EOF
-set pagination off
-set confirm off
-break earmark_sweep
-continue
-delete
-break ConditionalXactLockTableWait
-continue
-shell bash $WX/meanwhile.sh
-delete
-detach
-quit
-EOF
-timeout 90 gdb -q -batch -p "$RPID" -x "$WX/gdb.cmd" >"$WX/gdb.log" 2>&1 &
-GPID=$!
-wait "$GPID"; GPID=
-if grep -q "in ConditionalXactLockTableWait" "$WX/gdb.log" && [ -f "$WX/m.done" ]; then
-    diag "gdb held R in ConditionalXactLockTableWait (its lock of fb's budget row, which A was writing) while A committed and B took the row"
-else
-    diag "gdb did not hold R where expected:"; sed 's/^/#   /' "$WX/gdb.log" | tail -5
-fi
-ok "$([ -f "$WX/m.done" ]; echo $?)" "sweep: A committed and B admitted 10 on fb while R was held"
-is "$(sed -n 2p "$WX/b.out")" "true|" "sweep: B's reserve on fb admits 10 (open)"
-
-# B reserves on fa: the budget row the sweep holds until it commits
-sleep 0.5
-printf '%s\n' "$(echo "$RES" | tr '\n' ' ')('sw', 10, 'b-fa', 'fa') r;" '\echo b2' >&4
-wait_mark b b2
-b2_ok=$?
-printf '%s\n' "COMMIT;" '\echo b3' >&4
-wait_mark b b3
-wait "$RPID_SHELL"
-ok "$b2_ok" "sweep: B's reserve on fa answered"
-[ -s "$WX/r.err" ] && sed 's/^/# R: /' "$WX/r.err"
-[ -s "$WX/b.err" ] && sed 's/^/# B: /' "$WX/b.err"
-diag "R: $(sed -n 3p "$WX/r.out")  B: $(sed -n 4p "$WX/b.out")"
-is "$(cat "$WX/r.err" "$WX/b.err" | grep -c 'deadlock detected')" "0" "sweep: no deadlock between R and B"
+# R: the sweep (fa first: it holds fa's budget row, then locks fb's); then
+# B reserves on fa, whose budget row the sweep holds until it commits
+race sweep "SELECT earmark_sweep(100)" earmark_sweep "its lock of fb's budget row, which A was writing" \
+    "$RES('sw', 10, 'b-fa', 'fa') r;"
 is "$(sed -n 3p "$WX/r.out")" "1" "sweep: R swept fa's dead hold and passed fb's budget row over"
 is "$(sed -n 4p "$WX/b.out")" "true|" "sweep: B's reserve on fa is admitted"
 is "$(fq -c "SELECT string_agg(idempotency_key || '=' || status, ' ' ORDER BY idempotency_key) FROM earmark.job WHERE account = 'sw'")" \
@@ -296,10 +183,9 @@ is "$(fq -c "SELECT string_agg(idempotency_key || '=' || status, ' ' ORDER BY id
    "sweep: fa's dead hold expired, fb's left for the next sweep"
 is "$(fq -c "SELECT earmark_sweep(100)")" "1" "sweep: the next sweep expires fb's"
 is "$(fq -c "SELECT count(*) FROM earmark_check()")" "0" "sweep: the books hold"
-exec 3>&- 4>&-
+sess_close
 q -d postgres -c "DROP DATABASE $DBN" >/dev/null 2>&1
 }
-
 
 chain rebalance
 chain anchor

@@ -6,6 +6,7 @@
 
 set -uo pipefail
 EM_PGBIN=${EM_PGBIN:-/usr/lib/postgresql/15/bin}
+_tap_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 _tap_n=0
 _tap_failed=0
 # EM_WAIT_SCALE: every deadline of a wait (wait_for, reload_conf, the
@@ -39,6 +40,133 @@ own_database() {
     q -d postgres -c "DROP DATABASE IF EXISTS $1" >/dev/null 2>&1
     q -d postgres -c "CREATE DATABASE $1" && q -d "$1" -c "CREATE EXTENSION earmark"
 }
+
+# anchored_account DB ACCOUNT <<SQL: ACCOUNT, its cycle begun 14-17 days ago, then SQL (one psql, quiet)
+anchored_account() {
+    { cat <<SQL
+SET earmark.rate_limit = 0;
+SELECT make_timestamptz(extract(year FROM a)::int, extract(month FROM a)::int,
+                        least(extract(day FROM a)::int, 28), 0, 0, 0, 'UTC') AS anchor
+FROM (SELECT (clock_timestamp() AT TIME ZONE 'UTC') - interval '14 days' AS a) t \gset
+SELECT earmark_set_account('$2', :'anchor');
+SQL
+      cat; } | q -d "$1" >/dev/null
+}
+
+# floor_trusted DB ACCOUNT AMOUNT KEY: up to 5 reserves until a refusal reads no hold; prints false|0 then
+floor_trusted() {
+    local i got=
+    for i in 1 2 3 4 5; do
+        got=$(q -d "$1" -c "SET earmark.rate_limit = 0" -c "BEGIN" \
+            -c "SELECT (SELECT admitted FROM earmark_reserve('$2', $3, '$4' || $i))::text || '|' ||
+                       pg_stat_get_xact_numscans('earmark.job_open'::regclass)" -c "COMMIT")
+        [ "$got" = "false|0" ] && break
+        sleep 0.2
+    done
+    echo "$got"
+}
+
+# The harness of the scripts that hold a backend still with gdb, in steps:
+# work_dir; backend (or sess and say); meanwhile; gdb_hold; wait "$SPID";
+# gdb_held REGEX, or else run WX/NAME.sh itself (no function to break on).
+# In WX: a session's NAME.out and NAME.err (sess: NAME.in, its fifo), a
+# meanwhile script's NAME.sh and NAME.done, and gdb.cmd and gdb.log.
+# gdb_hold's STOP: a break location ("if COND" allowed), "finish" or
+# "set ..."; its MEANWHILE runs while the backend is stopped ("": none) and
+# gdb gives up after 90 s.  sess: rate limit off, lock_timeout 60s; say
+# opens the fifo read-write, so a session that has ended times out, no hang.
+# On exit (work_dir's trap): sessions closed, background jobs (psql, gdb)
+# killed, the script's at_exit run if it has one.
+#
+# work_dir NAME: WX=/tmp/earmark-NAME.XXXXXX; on exit: jobs killed, at_exit, WX removed unless KEEP
+work_dir() {
+    WX=$(mktemp -d "/tmp/earmark-$1.XXXXXX")
+    chmod 755 "$WX"
+    _tap_wx=$WX
+    trap work_cleanup EXIT
+}
+work_cleanup() {
+    sess_close
+    kill $(jobs -pr) 2>/dev/null
+    declare -F at_exit >/dev/null && at_exit
+    [ -n "${KEEP:-}" ] || rm -rf "$_tap_wx"
+}
+
+# sess NAME: a psql session on $DBN fed through the fifo WX/NAME.in, open until sess_close
+_tap_sess_fds=()
+sess() {
+    local fd
+    mkfifo "$WX/$1.in"
+    PGOPTIONS='-c earmark.rate_limit=0 -c lock_timeout=60s' \
+        "$EM_PGBIN/psql" -X -A -t -q -d "$DBN" <"$WX/$1.in" >"$WX/$1.out" 2>"$WX/$1.err" &
+    exec {fd}>"$WX/$1.in"
+    _tap_sess_fds+=("$fd")
+}
+# sess_close: ends every session (closes the fifos)
+sess_close() {
+    local fd
+    for fd in ${_tap_sess_fds[@]+"${_tap_sess_fds[@]}"}; do exec {fd}>&-; done
+    _tap_sess_fds=()
+}
+# say NAME MARK LINE...: the lines and "\echo MARK" to session NAME, then wait_mark NAME MARK
+say() {
+    local name=$1 mark=$2
+    shift 2
+    printf '%s\n' "$@" "\\echo $mark" 1<>"$WX/$name.in"
+    wait_mark "$name" "$mark"
+}
+# wait_mark NAME MARK: until session NAME printed the line MARK; 1 if not within 60 s (scaled)
+wait_mark() {
+    local end
+    end=$(wait_deadline 60)
+    until grep -q "^$2\$" "$WX/$1.out" 2>/dev/null; do
+        [ "$(date +%s)" -ge "$end" ] && return 1
+        sleep 0.05
+    done
+}
+
+# backend NAME -c SQL...: q on $DBN in the background, pg_backend_pid() first; sets SPID and BPID
+backend() {
+    local name=$1 i
+    shift
+    q -d "$DBN" -c "SELECT pg_backend_pid()" "$@" >"$WX/$name.out" 2>"$WX/$name.err" &
+    SPID=$!
+    for i in $(seq 50); do [ -s "$WX/$name.out" ] && break; sleep 0.1; done
+    BPID=$(head -1 "$WX/$name.out")
+}
+
+# meanwhile NAME <<EOF: WX/NAME.sh: tap.sh, WX and DBN, the lines on stdin, touch WX/NAME.done
+meanwhile() {
+    {
+        echo "source '$_tap_dir/tap.sh'"
+        echo "WX='$WX' DBN='$DBN'"
+        cat
+        echo "touch '$WX/$1.done'"
+    } >"$WX/$1.sh"
+}
+
+# gdb_hold PID MEANWHILE STOP...: gdb stops PID at each STOP in turn, runs MEANWHILE, detaches
+gdb_hold() {
+    local pid=$1 script=$2 stop
+    shift 2
+    {
+        echo "set pagination off"
+        echo "set confirm off"
+        for stop in "$@"; do
+            case $stop in
+                finish|set\ *) echo "$stop" ;;
+                *) printf 'break %s\ncontinue\ndelete\n' "$stop" ;;
+            esac
+        done
+        [ -n "$script" ] && echo "shell bash $script"
+        echo "detach"
+        echo "quit"
+    } >"$WX/gdb.cmd"
+    timeout 90 gdb -q -batch -p "$pid" -x "$WX/gdb.cmd" >"$WX/gdb.log" 2>&1 &
+    GPID=$!
+}
+# gdb_held REGEX: waits for gdb_hold's gdb; 0 if gdb.log matches REGEX (it held where wanted)
+gdb_held() { wait "$GPID"; GPID=; grep -q "$1" "$WX/gdb.log"; }
 
 # A cluster of its own, for a script that restarts its server or needs a
 # setting fixed at start: own_cluster DIR PORT [postgresql.conf lines...]
