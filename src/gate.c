@@ -2540,17 +2540,29 @@ settle_body(PG_FUNCTION_ARGS)
  * ---------------------------------------------------------------------
  */
 
-/* the budgets with dead holds, the longest dead first */
+/*
+ * The budgets with dead holds, the longest dead first.  Only budgets that
+ * still have their row: a deleted account's budget rows go with it (ON
+ * DELETE CASCADE) and its job rows stay (no foreign keys on the hot
+ * tables), and such a hold, never swept, would stay the longest dead and
+ * take a place in the LIMIT at every pass; with max_jobs of them (the
+ * worker's SWEEP_BATCH) no live budget would be swept again
+ * (sql/review_sweep_orphans.sql).
+ */
 /* the columns of expired_budgets */
 enum
 {
 	EB_ACCOUNT = 1, EB_BUDGET_ID
 };
 
+#define BUDGET_EXISTS \
+	"AND EXISTS (SELECT 1 FROM earmark.budget b " \
+	"            WHERE b.account = j.account AND b.budget_id = j.budget_id) "
+
 static EmStatement expired_budgets = {
-	"SELECT account, budget_id FROM earmark.job "
-	"WHERE status IN ('running', 'capped') AND lease_until < $1 "
-	"GROUP BY account, budget_id ORDER BY pg_catalog.min(lease_until) LIMIT $2",
+	"SELECT j.account, j.budget_id FROM earmark.job j "
+	"WHERE j.status IN ('running', 'capped') AND j.lease_until < $1 " BUDGET_EXISTS
+	"GROUP BY j.account, j.budget_id ORDER BY pg_catalog.min(j.lease_until) LIMIT $2",
 	2, {TIMESTAMPTZOID, INT4OID}
 };
 
@@ -2561,14 +2573,21 @@ static EmStatement lock_budget_skip = {
 
 /*
  * The budget row a sweep expires into, locked; false when it is gone or
- * (!wait) another transaction holds it.  Without waiting, from C on a
+ * (!wait) another transaction holds it.  Under REPEATABLE READ a row
+ * changed after the snapshot fails with 40001, as the SQL statement does;
+ * with wait (lock_row, em_direct_lock) also a row the snapshot does not
+ * see but the latest one does (check_unseen: the table rewritten after
+ * the snapshot), where the statement found no row (isolation spec
+ * review_sweep_skip_lock).  Without waiting, from C on a
  * single node (direct.c, em_direct_lock_skip_all): the executor's FOR
  * UPDATE SKIP LOCKED waits for a transaction that holds the row's newest
  * version when the version its scan found was being updated by one that
  * ended meanwhile (direct.c, lock_or_skip), and a sweep holds the budget
  * rows it swept before; such a holder that then reserves on one of them
  * deadlocked with the sweep (test/integration/review_slot_skip_chain.sh,
- * its sweep case).
+ * its sweep case).  The statement remains on Citus, and where the key
+ * index may not be read (-1: made again over a HOT chain while an older
+ * transaction runs, indcheckxmin), and so does that wait there.
  */
 static bool
 lock_sweep_budget(text *account, int64 budget_id, bool wait)
@@ -2614,9 +2633,10 @@ sweep_budget(text *account, int64 budget_id, TimestampTz now, int max, bool wait
 
 /* one account's budgets with dead holds, the longest dead first */
 static EmStatement expired_budgets_of = {
-	"SELECT budget_id FROM earmark.job "
-	"WHERE account = $1 AND status IN ('running', 'capped') AND lease_until < $2 "
-	"GROUP BY budget_id ORDER BY pg_catalog.min(lease_until) LIMIT $3",
+	"SELECT j.budget_id FROM earmark.job j "
+	"WHERE j.account = $1 AND j.status IN ('running', 'capped') AND j.lease_until < $2 "
+	BUDGET_EXISTS
+	"GROUP BY j.budget_id ORDER BY pg_catalog.min(j.lease_until) LIMIT $3",
 	3, {TEXTOID, TIMESTAMPTZOID, INT4OID}
 };
 

@@ -59,23 +59,30 @@ RES="SELECT coalesce(r.admitted::text, '') || '|' || coalesce(r.reason, '') FROM
 in_slot() { fq -c "SELECT coalesce((SELECT (slot IS NOT NULL)::text FROM earmark.job WHERE account = 'sc' AND idempotency_key = '$1'), 'none')"; }
 
 
-# race LABEL RSQL BREAK WHAT BSQL: the hold both cases share.  R runs RSQL;
-# gdb stops it at BREAK, then in ConditionalXactLockTableWait (WHAT), and
-# runs WX/m.sh (A commits, B takes the row A wrote) before it lets R go on;
-# then B, still open, runs BSQL, which needs a row R holds, and commits.
-# Checks that R was held there, B's first answer, that B's second was
-# answered, and that neither R nor B failed with a deadlock.
+# race LABEL RSQL BREAK WHAT BSQL FRAME...: the hold the cases share.  R
+# runs RSQL; gdb stops it at BREAK, then in ConditionalXactLockTableWait
+# (WHAT), and runs WX/m.sh (A commits, B takes the row A wrote) before it
+# lets R go on; then B, still open, runs BSQL, which needs a row R holds,
+# and commits.  Checks that R was held in the lock meant (a line of the
+# backtrace matches every FRAME regex: held anywhere else, say in a wait
+# added before that lock, every later check would pass whatever the lock
+# does), B's first answer, that B's second was answered, and that
+# neither R nor B failed with a deadlock.
 race() {
-    local label=$1 rsql=$2 brk=$3 what=$4 bsql=$5 b2_ok
+    local label=$1 rsql=$2 brk=$3 what=$4 bsql=$5 b2_ok frames f
+    shift 5
     sess b
     say b b0
     PGOPTIONS='-c earmark.rate_limit=0' backend r -c "SELECT pg_sleep(1.5)" -c "$rsql"
-    gdb_hold "$BPID" "$WX/m.sh" "$brk" ConditionalXactLockTableWait
+    gdb_hold "$BPID" "$WX/m.sh" "$brk" ConditionalXactLockTableWait bt
     if gdb_held "in ConditionalXactLockTableWait" && [ -f "$WX/m.done" ]; then
         diag "gdb held R in ConditionalXactLockTableWait ($what) while A committed and B took the row"
     else
         diag "gdb did not hold R where expected:"; sed 's/^/#   /' "$WX/gdb.log" | tail -5
     fi
+    frames=$(grep '^#[0-9]' "$WX/gdb.log")
+    for f in "$@"; do frames=$(grep -E -- "$f" <<<"$frames"); done
+    ok "$([ -n "$frames" ]; echo $?)" "$label: R was held in $what (its backtrace)"
     ok "$([ -f "$WX/m.done" ]; echo $?)" "$label: A committed and B admitted 10 while R was held"
     is "$(sed -n 2p "$WX/b.out")" "true|" "$label: B's first reserve admits 10 (open)"
     sleep 0.5
@@ -94,7 +101,7 @@ race() {
 # chain KIND: the scenario above with R the rebalance (reserve 600) or the
 # anchor change, in a database and a directory of its own
 chain() {
-    local kind=$1 rsql brk
+    local kind=$1 rsql brk frame
     DBN=slot_skip_chain_$kind
     WX=$WXROOT/$kind
     mkdir -p "$WX" && chmod 755 "$WX"
@@ -126,7 +133,11 @@ EOF
 
 # R: reserves 600 (slow path, the gathering rebalance), then B reserves 600
 # (its slot is short of it: the slow path, the budget row)
-race "$kind" "$rsql" "$brk" "its rebalance's lock of the slot A was writing" "$RES('sc', 600, 'b-600') r;"
+case $kind in
+    rebalance) frame=' lock_slots \(' ;;
+    anchor) frame=' lock_slots_of_account \(' ;;
+esac
+race "$kind" "$rsql" "$brk" "its lock of the slot A was writing" "$RES('sc', 600, 'b-600') r;" "$frame"
 if [ "$kind" = rebalance ]; then
     is "$(sed -n 3p "$WX/r.out" | cut -d'|' -f1)" "false" \
        "$kind: R is refused (the room it lacks is in the slot B holds; R's rebalance passed it over)"
@@ -174,8 +185,9 @@ EOF
 
 # R: the sweep (fa first: it holds fa's budget row, then locks fb's); then
 # B reserves on fa, whose budget row the sweep holds until it commits
+FB=$(fq -c "SELECT budget_id FROM earmark.budget WHERE account = 'sw' AND feature = 'fb'")
 race sweep "SELECT earmark_sweep(100)" earmark_sweep "its lock of fb's budget row, which A was writing" \
-    "$RES('sw', 10, 'b-fa', 'fa') r;"
+    "$RES('sw', 10, 'b-fa', 'fa') r;" ' lock_sweep_budget \(' 'wait=false' "budget_id=$FB[,)]"
 is "$(sed -n 3p "$WX/r.out")" "1" "sweep: R swept fa's dead hold and passed fb's budget row over"
 is "$(sed -n 4p "$WX/b.out")" "true|" "sweep: B's reserve on fa is admitted"
 is "$(fq -c "SELECT string_agg(idempotency_key || '=' || status, ' ' ORDER BY idempotency_key) FROM earmark.job WHERE account = 'sw'")" \

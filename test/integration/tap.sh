@@ -71,7 +71,7 @@ floor_trusted() {
 # gdb_held REGEX, or else run WX/NAME.sh itself (no function to break on).
 # In WX: a session's NAME.out and NAME.err (sess: NAME.in, its fifo), a
 # meanwhile script's NAME.sh and NAME.done, and gdb.cmd and gdb.log.
-# gdb_hold's STOP: a break location ("if COND" allowed), "finish" or
+# gdb_hold's STOP: a break location ("if COND" allowed), "finish", "bt" or
 # "set ..."; its MEANWHILE runs while the backend is stopped ("": none) and
 # gdb gives up after 90 s.  sess: rate limit off, lock_timeout 60s; say
 # opens the fifo read-write, so a session that has ended times out, no hang.
@@ -154,7 +154,7 @@ gdb_hold() {
         echo "set confirm off"
         for stop in "$@"; do
             case $stop in
-                finish|set\ *) echo "$stop" ;;
+                finish|bt|set\ *) echo "$stop" ;;
                 *) printf 'break %s\ncontinue\ndelete\n' "$stop" ;;
             esac
         done
