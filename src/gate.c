@@ -2547,7 +2547,13 @@ settle_body(PG_FUNCTION_ARGS)
  * tables), and such a hold, never swept, would stay the longest dead and
  * take a place in the LIMIT at every pass; with max_jobs of them (the
  * worker's SWEEP_BATCH) no live budget would be swept again
- * (sql/review_sweep_orphans.sql).
+ * (sql/review_sweep_orphans.sql).  On a single node the budget row is
+ * joined once a budget, after the grouping: a MATERIALIZED CTE keeps the
+ * planner from joining every dead hold to it, which made a sweep of
+ * 100,000 dead holds 13 % slower ((account, budget_id) is the budget's
+ * primary key: one row a budget).  On Citus a CTE is planned on its own,
+ * over every node (a delegated sweep_account then needs every node up),
+ * so there each dead hold is matched to its row (DEAD_BUDGETS_DISTRIBUTED).
  */
 /* the columns of expired_budgets */
 enum
@@ -2555,14 +2561,27 @@ enum
 	EB_ACCOUNT = 1, EB_BUDGET_ID
 };
 
-#define BUDGET_EXISTS \
-	"AND EXISTS (SELECT 1 FROM earmark.budget b " \
-	"            WHERE b.account = j.account AND b.budget_id = j.budget_id) "
+#define DEAD_BUDGETS(where) \
+	"WITH d AS MATERIALIZED (" \
+	"  SELECT account, budget_id, pg_catalog.min(lease_until) AS dead_since FROM earmark.job " \
+	"   WHERE status IN ('running', 'capped') AND " where " GROUP BY account, budget_id) " \
+	"SELECT d.account, d.budget_id FROM d JOIN earmark.budget b " \
+	"    ON b.account = d.account AND b.budget_id = d.budget_id " \
+	" ORDER BY d.dead_since"
+#define DEAD_BUDGETS_DISTRIBUTED(where) \
+	"SELECT j.account, j.budget_id FROM earmark.job j " \
+	" WHERE j.status IN ('running', 'capped') AND " where \
+	"   AND EXISTS (SELECT 1 FROM earmark.budget b " \
+	"                WHERE b.account = j.account AND b.budget_id = j.budget_id) " \
+	" GROUP BY j.account, j.budget_id ORDER BY pg_catalog.min(j.lease_until)"
 
 static EmStatement expired_budgets = {
-	"SELECT j.account, j.budget_id FROM earmark.job j "
-	"WHERE j.status IN ('running', 'capped') AND j.lease_until < $1 " BUDGET_EXISTS
-	"GROUP BY j.account, j.budget_id ORDER BY pg_catalog.min(j.lease_until) LIMIT $2",
+	DEAD_BUDGETS("lease_until < $1") " LIMIT $2",
+	2, {TIMESTAMPTZOID, INT4OID}
+};
+
+static EmStatement expired_budgets_distributed = {
+	DEAD_BUDGETS_DISTRIBUTED("j.lease_until < $1") " LIMIT $2",
 	2, {TIMESTAMPTZOID, INT4OID}
 };
 
@@ -2633,10 +2652,12 @@ sweep_budget(text *account, int64 budget_id, TimestampTz now, int max, bool wait
 
 /* one account's budgets with dead holds, the longest dead first */
 static EmStatement expired_budgets_of = {
-	"SELECT j.budget_id FROM earmark.job j "
-	"WHERE j.account = $1 AND j.status IN ('running', 'capped') AND j.lease_until < $2 "
-	BUDGET_EXISTS
-	"GROUP BY j.budget_id ORDER BY pg_catalog.min(j.lease_until) LIMIT $3",
+	DEAD_BUDGETS("account = $1 AND lease_until < $2") " LIMIT $3",
+	3, {TEXTOID, TIMESTAMPTZOID, INT4OID}
+};
+
+static EmStatement expired_budgets_of_distributed = {
+	DEAD_BUDGETS_DISTRIBUTED("j.account = $1 AND j.lease_until < $2") " LIMIT $3",
 	3, {TEXTOID, TIMESTAMPTZOID, INT4OID}
 };
 
@@ -2662,11 +2683,12 @@ sweep_account(text *account, TimestampTz now, int max)
 	args[0] = PointerGetDatum(account);
 	args[1] = TimestampTzGetDatum(now);
 	args[2] = Int32GetDatum(max);
-	em_exec(&expired_budgets_of, args, NULL, 0);
+	em_exec(em_distributed() ? &expired_budgets_of_distributed : &expired_budgets_of,
+			args, NULL, 0);
 	nbudgets = (int) SPI_processed;
 	budgets = palloc(sizeof(int64) * Max(nbudgets, 1));
 	for (i = 0; i < nbudgets; i++)
-		budgets[i] = em_get_int64(i, 1, 0);
+		budgets[i] = em_get_int64(i, EB_BUDGET_ID, 0);
 	for (i = 0; i < nbudgets && done < max; i++)
 		done += sweep_budget(account, budgets[i], now, max - done, false);
 	return done;
@@ -2745,7 +2767,7 @@ em_sweep(int max_jobs, bool wait_first)
 
 	args[0] = TimestampTzGetDatum(now);
 	args[1] = Int32GetDatum(max_jobs);
-	em_exec(&expired_budgets, args, NULL, 0);
+	em_exec(em_distributed() ? &expired_budgets_distributed : &expired_budgets, args, NULL, 0);
 	nbudgets = (int) SPI_processed;
 	accounts = palloc(sizeof(text *) * Max(nbudgets, 1));
 	budgets = palloc(sizeof(int64) * Max(nbudgets, 1));
