@@ -280,9 +280,11 @@ if layer citus; then
     # store one after the other), worker_isolation.sh (a worker node's
     # repeatable read default refused), store_limits_fallback.sh (a
     # failed store recorded all the same) and report_isolation.sh (a node
-    # at repeatable read holds up no other node's report), each on a
-    # cluster of its own
-    for ct in earmark escrow_settle mark_shard_move mark_one review_batch_repeat review_key_order call_shapes refresh_lock worker_isolation store_limits_fallback report_isolation; do
+    # at repeatable read holds up no other node's report) and
+    # distribute_pass.sh (earmark_distribute and a held pass of the
+    # coordinator's worker wait for each other, never deadlock), each on
+    # a cluster of its own
+    for ct in earmark escrow_settle mark_shard_move mark_one review_batch_repeat review_key_order call_shapes refresh_lock worker_isolation store_limits_fallback report_isolation distribute_pass; do
         em_log "citus: test/citus/$ct.sh"
         CT_PORT=${EM_CITUS_PORT:-$(( ${EM_TEST_PORT:-55432} + 300 ))} timeout 1800 \
             bash test/citus/$ct.sh >"$OUT/citus-$ct.log" 2>&1

@@ -10,8 +10,11 @@
  *	  pg_dist_local_group and pg_dist_partition; writes nothing but the id
  *	  sequences.
  *
- *	  Locks: none beyond the catalog reads' AccessShareLock and the
- *	  sequences' own.
+ *	  Locks: the catalog reads' AccessShareLock and the sequences' own,
+ *	  and the database's distribution lock (em_distribution_lock): a
+ *	  transaction-level advisory lock in earmark's own key space that each
+ *	  transaction of the worker takes shared and earmark_distribute
+ *	  exclusive, each before any table.
  *
  *	  Why a version check: between a server restart with a new library and
  *	  ALTER EXTENSION earmark UPDATE, the functions of the old install
@@ -38,6 +41,7 @@
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "storage/bufmgr.h"
+#include "storage/lock.h"
 #include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
@@ -50,6 +54,7 @@
 #include "version.h"
 
 PG_FUNCTION_INFO_V1(earmark_next_id);
+PG_FUNCTION_INFO_V1(earmark_distribution_lock);
 
 /* the installed version as this transaction saw it */
 static LocalTransactionId schema_checked_lxid = InvalidLocalTransactionId;
@@ -391,4 +396,36 @@ em_require_coordinator(const char *what)
 			 errmsg("%s runs on the Citus coordinator", what),
 			 errdetail("On a distributed install the inbox, the key set cache and the reporter's state are the coordinator's tables."),
 			 errhint("Connect to the coordinator and call it there.")));
+}
+
+/*
+ * The database's distribution lock, in mode, until the transaction ends:
+ * an advisory lock whose fourth key no SQL advisory lock function makes
+ * (EARMARK_DISTRIBUTE_LOCKTAG), so no role can take it by hand and hold
+ * the worker up.  The worker takes it shared first in each of its
+ * transactions (worker.c, run_pass) and earmark_distribute exclusive first
+ * (earmark.distribution_lock()), so neither holds a table when it waits
+ * for the other.  Without it, a sweep that had read the job and budget
+ * tables and then locked a budget row waited for the distribution, which
+ * keeps each table it distributed locked against writes, while the
+ * distribution waited for the sweep's read to empty the coordinator's copy
+ * of that table (ACCESS EXCLUSIVE): one of them failed with 40P01
+ * (test/citus/distribute_pass.sh).
+ */
+void
+em_distribution_lock(LOCKMODE mode)
+{
+	LOCKTAG		tag;
+
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, 0, 0, EARMARK_DISTRIBUTE_LOCKTAG);
+	(void) LockAcquire(&tag, mode, false, false);
+}
+
+/* earmark.distribution_lock(): the lock, exclusive (earmark_distribute's first step) */
+Datum
+earmark_distribution_lock(PG_FUNCTION_ARGS)
+{
+	em_require_schema();
+	em_distribution_lock(ExclusiveLock);
+	PG_RETURN_VOID();
 }

@@ -11,6 +11,8 @@
 
 #include "postgres.h"
 
+#include "storage/lockdefs.h"
+
 /* ids carry the node's Citus group in their top bits, above this one */
 #define EM_NODE_ID_SHIFT	48
 
@@ -21,5 +23,6 @@ extern bool em_account_table_distributed(void);
 extern bool em_distributed(void);
 extern void em_require_account_local(text *account);
 extern void em_require_coordinator(const char *what);
+extern void em_distribution_lock(LOCKMODE mode);
 
 #endif							/* EARMARK_CLUSTER_H */

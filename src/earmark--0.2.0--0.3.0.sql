@@ -429,6 +429,16 @@ REVOKE ALL ON FUNCTION earmark.report_cycle(text, bigint, text, bigint, boolean,
 -- Citus: earmark distributed by account
 ------------------------------------------------------------------------------
 
+-- earmark.distribution_lock(): earmark_distribute's first step.  The
+-- database's distribution lock, exclusive, until the transaction ends: a
+-- lock in earmark's own key space that every transaction of the earmark
+-- worker takes shared before anything else, so that a distribution waits
+-- for the pass that runs and a pass waits for the distribution, before
+-- either holds a table (cluster.c).
+CREATE FUNCTION earmark.distribution_lock() RETURNS void
+AS 'MODULE_PATHNAME', 'earmark_distribution_lock' LANGUAGE C VOLATILE;
+REVOKE ALL ON FUNCTION earmark.distribution_lock() FROM PUBLIC;
+
 -- earmark_distribute(): run once on a Citus coordinator after CREATE
 -- EXTENSION earmark (docs/scale-out.md).  Every per-account table becomes
 -- a distributed table by account, all colocated with earmark.account; the
@@ -448,6 +458,8 @@ REVOKE ALL ON FUNCTION earmark.report_cycle(text, bigint, text, bigint, boolean,
 -- preloaded, on a half-distributed install (some tables distributed, or
 -- distributed otherwise than this function does), and when a worker's own
 -- copy of an earmark table holds rows a call wrote there.
+-- Waits for a pass of this node's earmark worker to end, and holds the
+-- worker's next passes until it ends (earmark.distribution_lock above).
 CREATE FUNCTION earmark_distribute()
 RETURNS TABLE (object text, action text)
 LANGUAGE plpgsql
@@ -490,6 +502,9 @@ DECLARE
     ids text;
     w record;
 BEGIN
+    -- before any table is locked: a pass of the worker that had read a
+    -- table and then waited for one distributed here deadlocked with this
+    PERFORM earmark.distribution_lock();
     IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
         RAISE EXCEPTION 'earmark_distribute needs Citus'
             USING ERRCODE = '55000',

@@ -62,11 +62,13 @@
  * worker wait.  The account's lock ("en", account.c em_account_key_lock),
  * which orders anchor changes with the creation of budget rows; its limit
  * refresh lock ("em", limit_cache.c); a cycle's mark lock ("ek", budget.c);
- * the database's send lock (3, meter.c).
+ * the database's send lock (3, meter.c); the database's distribution lock
+ * ("ed", cluster.c).
  */
 #define EARMARK_ACCOUNT_LOCKTAG	0x656e
 #define EARMARK_REFRESH_LOCKTAG	0x656d
 #define EARMARK_MARK_LOCKTAG		0x656b
 #define EARMARK_SEND_LOCKTAG		3
+#define EARMARK_DISTRIBUTE_LOCKTAG	0x6564
 
 #endif							/* EARMARK_H */

@@ -20,6 +20,10 @@
  *	  earmark.jwks_refresh and fetches it again (the HTTP call holds no
  *	  earmark row lock).
  *
+ *	  Each of its transactions takes the database's distribution lock
+ *	  (cluster.c) shared before anything else, so that earmark_distribute
+ *	  and a pass wait for each other whole, never deadlock.
+ *
  *	  On a distributed install (Citus, earmark_distribute) only the
  *	  coordinator's worker works; the workers of the other nodes wait.  It
  *	  finds work with reads over the cluster, and does each account's part
@@ -231,6 +235,12 @@ run_pass(const char *activity, PassFn fn, void *arg, char **error)
 		/* what the pass sets for the session (a handler's SET) ends with it */
 		int			nestlevel = NewGUCNestLevel();
 
+		/*
+		 * Before any table: an earmark_distribute() that runs holds the
+		 * pass here until it ends, and one that starts waits for the pass
+		 * (cluster.c, em_distribution_lock)
+		 */
+		em_distribution_lock(ShareLock);
 		if (OidIsValid(get_extension_oid("earmark", true)))
 		{
 			SPI_connect();

@@ -118,6 +118,49 @@ is "$got" "expired 77" "the restarted worker sweeps a hold whose lease passed"
 is "$(q -d postgres -c "SELECT used || '/' || held FROM earmark_budget('crash')")" "187/10000" \
    "after the sweep: used 110 + 77, held 15000 - 5000"
 
+# 5b. the distribution lock (cluster.c): a transaction that holds it, as
+#     earmark_distribute() does from its start, holds the worker's passes
+#     until it ends (test/citus/distribute_pass.sh shows why); a role's own
+#     advisory locks on the same first keys hold nothing up, and no role but
+#     the superuser may take it
+dl_waiting="SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+            WHERE a.backend_type = 'earmark worker' AND l.locktype = 'advisory'
+              AND (l.classid, l.objid, l.objsubid) = (0, 0, 25956) AND NOT l.granted"
+PGAPPNAME=dl_holder q -d postgres -c "BEGIN" -c "SELECT earmark.distribution_lock()" \
+    -c "SELECT pg_sleep(600)" >/dev/null 2>&1 &
+holder=$!
+is "$(wait_for 20 "$dl_waiting" 1)" 1 "a transaction holds earmark.distribution_lock(): the worker's next pass waits for it"
+is "$(q -d postgres -c "SELECT l.mode FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+                        WHERE a.application_name = 'dl_holder' AND l.locktype = 'advisory'
+                          AND (l.classid, l.objid, l.objsubid) = (0, 0, 25956) AND l.granted")" ExclusiveLock \
+   "... which the transaction holds exclusive (objsubid 25956), the worker asks shared"
+job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 10, 'distribution-held', lease => '1 hour')")
+pass_lease "$job"
+sleep 1
+is "$(q -d postgres -c "SELECT status FROM earmark.job WHERE job_id = $job")" running \
+   "... and does not sweep a dead hold meanwhile"
+q -d postgres -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'dl_holder'" >/dev/null
+wait "$holder"
+got=$(wait_for 20 "SELECT status FROM earmark.job WHERE job_id = $job" expired)
+is "$got" expired "once that transaction ends the worker sweeps it"
+q -d postgres -c "SET client_min_messages = warning" -c "DROP ROLE IF EXISTS w_locker" -c "CREATE ROLE w_locker" \
+    -c "GRANT USAGE ON SCHEMA earmark TO w_locker" >/dev/null
+PGAPPNAME=dl_role q -d postgres -c "SET ROLE w_locker" -c "BEGIN" \
+    -c "SELECT pg_advisory_lock(0), pg_advisory_lock(0, 0), pg_advisory_xact_lock(0), pg_advisory_xact_lock(0, 0)" \
+    -c "SELECT pg_sleep(600)" >/dev/null 2>&1 &
+holder=$!
+wait_for 20 "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dl_role' AND query = 'SELECT pg_sleep(600)'" 1 >/dev/null
+job=$(q -d postgres -c "SELECT job_id FROM earmark_reserve('w', 10, 'role-locks', lease => '1 hour')")
+pass_lease "$job"
+got=$(wait_for 20 "SELECT status FROM earmark.job WHERE job_id = $job" expired)
+is "$got" expired "a role that holds the SQL advisory locks of keys 0 and (0, 0) holds the worker up not at all"
+is "$(sqlstate "SET ROLE w_locker" "SELECT earmark.distribution_lock()" 2>&1 | grep -o '^42501\|permission denied for function distribution_lock' | sort -u | paste -sd'|')" \
+   "42501|permission denied for function distribution_lock" \
+   "... and may not take the distribution lock (42501), with USAGE on schema earmark"
+q -d postgres -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'dl_role'" >/dev/null
+wait "$holder"
+q -d postgres -c "REVOKE USAGE ON SCHEMA earmark FROM w_locker" -c "DROP ROLE w_locker" >/dev/null
+
 reload_conf "ALTER SYSTEM RESET earmark.sweep_interval"
 
 # 6. settings of a session, the database or the role never reach the

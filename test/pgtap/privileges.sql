@@ -54,9 +54,9 @@ SELECT is((SELECT array_agg(p.proname || ':' || concat_ws(',',
                       ORDER BY p.proname)
              FROM pg_proc p
             WHERE p.pronamespace = 'earmark'::regnamespace
-              AND p.proname IN ('next_id', 'sweep_account', 'report_cycle', 'store_limits')),
-          ARRAY['next_id:', 'report_cycle:', 'store_limits:', 'sweep_account:'],
-          'no role but the superuser may EXECUTE earmark.next_id, report_cycle, store_limits or sweep_account');
+              AND p.proname IN ('next_id', 'sweep_account', 'report_cycle', 'store_limits', 'distribution_lock')),
+          ARRAY['distribution_lock:', 'next_id:', 'report_cycle:', 'store_limits:', 'sweep_account:'],
+          'no role but the superuser may EXECUTE earmark.next_id, report_cycle, store_limits, sweep_account or distribution_lock');
 
 -- ---------------------------------------------------------------------
 -- set-up as the superuser: roles, an account with a limit, a running job
