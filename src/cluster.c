@@ -51,6 +51,7 @@
 
 #include "cluster.h"
 #include "earmark.h"
+#include "spi.h"
 #include "version.h"
 
 PG_FUNCTION_INFO_V1(earmark_next_id);
@@ -421,11 +422,19 @@ em_distribution_lock(LOCKMODE mode)
 	(void) LockAcquire(&tag, mode, false, false);
 }
 
-/* earmark.distribution_lock(): the lock, exclusive (earmark_distribute's first step) */
+/*
+ * earmark.distribution_lock(): the lock, exclusive (earmark_distribute's
+ * first step).  At READ COMMITTED only: the caller's snapshot is taken
+ * before the wait, and at REPEATABLE READ or SERIALIZABLE it would hide
+ * what the distribution or the pass it waited for committed (a second
+ * earmark_distribute() would read pg_dist_partition as it was and try to
+ * distribute the tables again).
+ */
 Datum
 earmark_distribution_lock(PG_FUNCTION_ARGS)
 {
 	em_require_schema();
+	em_require_read_committed("earmark_distribute");
 	em_distribution_lock(ExclusiveLock);
 	PG_RETURN_VOID();
 }

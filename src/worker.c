@@ -21,8 +21,9 @@
  *	  earmark row lock).
  *
  *	  Each of its transactions takes the database's distribution lock
- *	  (cluster.c) shared before anything else, so that earmark_distribute
- *	  and a pass wait for each other whole, never deadlock.
+ *	  (cluster.c) shared before any table, so that earmark_distribute and
+ *	  each transaction of the worker wait for each other whole, never
+ *	  deadlock.
  *
  *	  On a distributed install (Citus, earmark_distribute) only the
  *	  coordinator's worker works; the workers of the other nodes wait.  It

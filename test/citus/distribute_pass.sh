@@ -60,7 +60,10 @@ ct_val 0 "SELECT string_agg(l.locktype || coalesce(' ' || l.relation::regclass::
 touch '$WX/m.done'
 EOF
 gdb_hold "$wpid" "$WX/m.sh" em_direct_lock_skip_all bt
-# a hold whose lease passes as gdb waits for the sweep
+# a hold whose lease passes as gdb waits for the sweep: its 2 s start once
+# gdb has attached (an attach slower than the lease missed the sweep)
+gdb_armed
+ok $? "gdb attached to the worker and set its breakpoint"
 got=$(ct_sql 0 -q -A -t -c "SET earmark.rate_limit = 0" \
     -c "SELECT admitted FROM earmark_reserve('dp', 10, 'k1', 'm', '2 seconds')")
 is "$got" t "a hold of 10 on dp whose lease passes in 2 s"

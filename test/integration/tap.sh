@@ -147,15 +147,19 @@ meanwhile() {
 
 # gdb_hold PID MEANWHILE STOP...: gdb stops PID at each STOP in turn, runs MEANWHILE, detaches
 gdb_hold() {
-    local pid=$1 script=$2 stop
+    local pid=$1 script=$2 stop armed=
     shift 2
+    rm -f "$WX/gdb.armed"
     {
         echo "set pagination off"
         echo "set confirm off"
         for stop in "$@"; do
             case $stop in
                 finish|bt|set\ *) echo "$stop" ;;
-                *) printf 'break %s\ncontinue\ndelete\n' "$stop" ;;
+                *) printf 'break %s\n' "$stop"
+                   # attached, its first breakpoint set: gdb_armed returns
+                   [ -n "$armed" ] || { echo "shell touch '$WX/gdb.armed'"; armed=1; }
+                   printf 'continue\ndelete\n' ;;
             esac
         done
         [ -n "$script" ] && echo "shell bash $script"
@@ -164,6 +168,17 @@ gdb_hold() {
     } >"$WX/gdb.cmd"
     timeout 90 gdb -q -batch -p "$pid" -x "$WX/gdb.cmd" >"$WX/gdb.log" 2>&1 &
     GPID=$!
+}
+# gdb_armed: waits until gdb_hold's gdb has attached and set its first
+# breakpoint (60 s, scaled); 1 if it did not.  A script whose breakpoint a
+# timed event reaches (a lease that passes) starts that clock only then.
+gdb_armed() {
+    local end
+    end=$(wait_deadline 60)
+    until [ -f "$WX/gdb.armed" ]; do
+        [ "$(date +%s)" -ge "$end" ] && return 1
+        sleep 0.05
+    done
 }
 # gdb_held REGEX: waits for gdb_hold's gdb; 0 if gdb.log matches REGEX (it held where wanted)
 gdb_held() { wait "$GPID"; GPID=; grep -q "$1" "$WX/gdb.log"; }
