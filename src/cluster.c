@@ -3,8 +3,10 @@
  * cluster.c
  *	  Where this backend stands: the schema version installed in its
  *	  database (every SQL-callable function checks it before it reads its
- *	  arguments), this node's place in a Citus cluster, and the ids that
- *	  follow from it (earmark.next_id).
+ *	  arguments), whether its transaction may run a call that must see
+ *	  what others committed since it began (em_require_read_committed),
+ *	  this node's place in a Citus cluster, the ids that follow from it
+ *	  (earmark.next_id), and the distribution lock.
  *
  *	  Tables: reads pg_extension and, when Citus is installed,
  *	  pg_dist_local_group and pg_dist_partition; writes nothing but the id
@@ -30,6 +32,7 @@
 #include "access/htup_details.h"
 #include "access/heapam.h"
 #include "access/table.h"
+#include "access/xact.h"
 #include "catalog/indexing.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
@@ -51,7 +54,6 @@
 
 #include "cluster.h"
 #include "earmark.h"
-#include "spi.h"
 #include "version.h"
 
 PG_FUNCTION_INFO_V1(earmark_next_id);
@@ -400,6 +402,35 @@ em_require_coordinator(const char *what)
 }
 
 /*
+ * The reporter and the reconciler compare totals with what concurrent
+ * writers committed a moment ago: that needs a snapshot per statement.
+ * Under REPEATABLE READ a mark could be deleted for usage the report never
+ * saw, so they refuse to run there.  So do earmark_set_account with an
+ * anchor and earmark_set_escrow, which must see every budget row of the
+ * account, also one a reserve created after the caller's snapshot, and
+ * earmark.store_limits, the worker's limit store that Citus runs on the
+ * account's node: Citus sends such a call on its own, so it runs at the
+ * node's default_transaction_isolation, not at the worker's READ
+ * COMMITTED.  So does earmark_distribute (earmark.distribution_lock): its
+ * snapshot is taken before it waits for the distribution lock, and would
+ * hide what the distribution or the worker's transaction it waited for
+ * committed.  (earmark.report_cycle reads its total in the latest
+ * snapshot instead: a refusal there would stop every later cycle's
+ * report.)
+ */
+void
+em_require_read_committed(const char *what)
+{
+	if (IsolationUsesXactSnapshot())
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_TRANSACTION_STATE),
+				 errmsg("%s must run in a READ COMMITTED transaction", what),
+				 errdetail("It reads what other sessions committed since it started (totals, budget rows); "
+						   "a transaction snapshot would hide that."),
+				 errhint("Call it outside a REPEATABLE READ or SERIALIZABLE transaction.")));
+}
+
+/*
  * The database's distribution lock, in mode, until the transaction ends:
  * an advisory lock whose fourth key no SQL advisory lock function makes
  * (EARMARK_DISTRIBUTE_LOCKTAG), so no role can take it by hand and hold
@@ -426,9 +457,10 @@ em_distribution_lock(LOCKMODE mode)
  * earmark.distribution_lock(): the lock, exclusive (earmark_distribute's
  * first step).  At READ COMMITTED only: the caller's snapshot is taken
  * before the wait, and at REPEATABLE READ or SERIALIZABLE it would hide
- * what the distribution or the pass it waited for committed (a second
- * earmark_distribute() would read pg_dist_partition as it was and try to
- * distribute the tables again).
+ * what the distribution or the worker's transaction it waited for
+ * committed (a second earmark_distribute() would read pg_dist_partition
+ * as it was and try to distribute the tables again;
+ * test/citus/review_distribute_callers.sh).
  */
 Datum
 earmark_distribution_lock(PG_FUNCTION_ARGS)

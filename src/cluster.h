@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * cluster.h
- *	  The schema version check, this node's place in a Citus cluster, and
- *	  earmark's ids (cluster.c).
+ *	  The schema version check, the READ COMMITTED check, this node's
+ *	  place in a Citus cluster, earmark's ids and the distribution lock
+ *	  (cluster.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -23,6 +24,7 @@ extern bool em_account_table_distributed(void);
 extern bool em_distributed(void);
 extern void em_require_account_local(text *account);
 extern void em_require_coordinator(const char *what);
+extern void em_require_read_committed(const char *what);
 extern void em_distribution_lock(LOCKMODE mode);
 
 #endif							/* EARMARK_CLUSTER_H */

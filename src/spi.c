@@ -485,32 +485,6 @@ em_exec_latest(EmStatement *stmt, Datum *values, const char *nulls, long count)
 }
 
 /*
- * The reporter and the reconciler compare totals with what concurrent
- * writers committed a moment ago: that needs a snapshot per statement.
- * Under REPEATABLE READ a mark could be deleted for usage the report never
- * saw, so they refuse to run there.  So do earmark_set_account with an
- * anchor and earmark_set_escrow, which must see every budget row of the
- * account, also one a reserve created after the caller's snapshot, and
- * earmark.store_limits, the worker's limit store that Citus runs on the
- * account's node: Citus sends such a call on its own, so it runs at the
- * node's default_transaction_isolation, not at the worker's READ
- * COMMITTED.  (earmark.report_cycle reads its total in the latest
- * snapshot instead: a refusal there would stop every later cycle's
- * report.)
- */
-void
-em_require_read_committed(const char *what)
-{
-	if (IsolationUsesXactSnapshot())
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_TRANSACTION_STATE),
-				 errmsg("%s must run in a READ COMMITTED transaction", what),
-				 errdetail("It reads what other sessions committed since it started (totals, budget rows); "
-						   "a transaction snapshot would hide that."),
-				 errhint("Call it outside a REPEATABLE READ or SERIALIZABLE transaction.")));
-}
-
-/*
  * A call that sends totals to the provider from its caller's transaction
  * (earmark_report, earmark_reconcile) must not run after the transaction
  * wrote: a write that rolls back later would be counted in what the

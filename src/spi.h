@@ -53,7 +53,6 @@ extern Datum em_call_pinned(FunctionCallInfo fcinfo, PGFunction body);
 extern Datum em_get(int row, int col, bool *isnull);
 extern int64 em_get_int64(int row, int col, int64 if_null);
 
-extern void em_require_read_committed(const char *what);
 extern void em_require_no_writes(const char *what);
 
 /* argument checks: they raise the documented SQLSTATE or return the value */

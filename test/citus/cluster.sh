@@ -67,15 +67,73 @@ ct_port() { echo $((CT_PORT + $1)); }
 # (a test reports when it means to), plus the lines given; earmark created
 # and distributed on the coordinator, which is the script's first TAP line.
 ct_begin() {
+    ct_begin_cluster "$@"
+    ct_sql 0 -q -c "CREATE EXTENSION earmark" -c "SELECT * FROM earmark_distribute()" >/dev/null
+    ok $? "CREATE EXTENSION earmark and earmark_distribute() on the coordinator"
+}
+# ct_begin_cluster [postgresql.conf lines]: ct_begin without CREATE
+# EXTENSION and earmark_distribute (a script that distributes itself);
+# with gdb (GDB=1 before it) ptrace or skip (skip_unless_gdb), and
+# test/integration/tap.sh's work directory (work_dir NAME with WORK_NAME)
+# whose exit stops the cluster
+ct_begin_cluster() {
     ct_require_citus
     source "$EM_ROOT/test/integration/tap.sh"
+    [ -n "${GDB:-}" ] && skip_unless_gdb
     set +e
     export PGOPTIONS="-c client_min_messages=warning"
     CT_PRELOAD='citus,earmark'
     ct_start "earmark.database = '$CT_DB'" "earmark.report_interval = '1h'" "$@" \
         || { echo "Bail out! the Citus cluster did not start"; exit 1; }
-    ct_sql 0 -q -c "CREATE EXTENSION earmark" -c "SELECT * FROM earmark_distribute()" >/dev/null
-    ok $? "CREATE EXTENSION earmark and earmark_distribute() on the coordinator"
+    if [ -n "${WORK_NAME:-}" ]; then
+        work_dir "$WORK_NAME"
+        at_exit() { ct_stop; }
+    fi
+}
+
+# ct_worker_pid NODE: the pid of the node's earmark worker, once it runs (30 s)
+ct_worker_pid() {
+    ct_wait 30 "$1" "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker'" 1 >/dev/null &&
+        ct_val "$1" "SELECT pid FROM pg_stat_activity WHERE backend_type = 'earmark worker'"
+}
+
+# ct_distribute_bg APPNAME: earmark_distribute() on the coordinator in the
+# background, as APPNAME: its answer (t) in WX/dist.out, its errors in
+# WX/dist.err, its psql's pid in WX/dist.pid; ct_distribute_end waits for
+# it (120 s, scaled) and prints "OUT ERR" ("t " when it distributed)
+ct_distribute_bg() {
+    PGAPPNAME=$1 ct_sql 0 -q -A -t -c "SELECT count(*) > 0 FROM earmark_distribute()" \
+        >"$WX/dist.out" 2>"$WX/dist.err" &
+    echo $! >"$WX/dist.pid"
+}
+ct_distribute_end() {
+    local pid end
+    pid=$(cat "$WX/dist.pid" 2>/dev/null)
+    end=$(wait_deadline 120)
+    while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ "$(date +%s)" -lt "$end" ]; do sleep 0.2; done
+    echo "$(cat "$WX/dist.out" 2>/dev/null) $(cat "$WX/dist.err" 2>/dev/null)"
+}
+
+# ct_logged REGEX [NODES]: how many lines of the nodes' server logs (all)
+# match REGEX; the lines themselves as TAP comments (on stderr)
+ct_logged() {
+    local logs=() n
+    for n in ${2:-$(seq 0 "$CT_WORKERS")}; do logs+=("$(ct_dir "$n")/server.log"); done
+    grep -h -- "$1" "${logs[@]}" | sed 's/^/# /' >&2
+    cat "${logs[@]}" | grep -c -- "$1"
+}
+
+# ct_meanwhile NAME <<EOF: as tap.sh's meanwhile, for gdb_hold's MEANWHILE on
+# this cluster: WX/NAME.sh with cluster.sh, CT_BASE and CT_PORT, the lines
+# on stdin, then touch WX/NAME.done
+ct_meanwhile() {
+    {
+        echo "source '$EM_ROOT/test/citus/cluster.sh'"
+        echo "set +e"
+        echo "CT_BASE='$CT_BASE' CT_PORT=$CT_PORT WX='$WX'"
+        cat
+        echo "touch '$WX/$1.done'"
+    } >"$WX/$1.sh"
 }
 
 # ct_fake_provider [NAME=VALUE ...]: after ct_begin, the fake provider

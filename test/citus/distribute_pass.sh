@@ -23,41 +23,25 @@
 #
 #   EM_PREFIX=/work/pfx/NAME CT_PORT=55930 bash test/citus/distribute_pass.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
-ct_require_citus
-source "$EM_ROOT/test/integration/tap.sh"
-skip_unless_gdb
-set +e
-export PGOPTIONS="-c client_min_messages=warning"
-CT_PRELOAD='citus,earmark'
-ct_start "earmark.database = '$CT_DB'" "earmark.report_interval = '1h'" \
-         "earmark.sweep_interval = '100ms'" \
-    || { echo "Bail out! the Citus cluster did not start"; exit 1; }
-work_dir distribute-pass
-at_exit() { ct_stop; }
+GDB=1 WORK_NAME=distribute-pass ct_begin_cluster "earmark.sweep_interval = '100ms'"
 
 ct_sql 0 -q -c "CREATE EXTENSION earmark" \
     -c "SET earmark.rate_limit = 0" \
     -c "SELECT earmark_set_account('dp')" -c "SELECT earmark_set_limit('dp', 100, 'm')" >/dev/null
 ok $? "CREATE EXTENSION earmark on the coordinator, an account with a limit (not distributed yet)"
 
-wpid=$(ct_wait 30 0 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker'" 1 >/dev/null &&
-       ct_val 0 "SELECT pid FROM pg_stat_activity WHERE backend_type = 'earmark worker'")
+wpid=$(ct_worker_pid 0)
 ok "$([ -n "$wpid" ]; echo $?)" "the coordinator's earmark worker runs (pid $wpid)"
 
 # while the sweep is held: earmark_distribute() in the background, until it
 # waits for a lock (or 30 s)
-cat >"$WX/m.sh" <<EOF
-source '$EM_ROOT/test/citus/cluster.sh'
-CT_BASE='$CT_BASE' CT_PORT=$CT_PORT
-PGAPPNAME=dp_distribute ct_sql 0 -q -A -t -c "SELECT count(*) > 0 FROM earmark_distribute()" \
-    >'$WX/dist.out' 2>'$WX/dist.err' &
-echo \$! >'$WX/dist.pid'
+ct_meanwhile m <<EOF
+ct_distribute_bg dp_distribute
 ct_wait 30 0 "SELECT count(*) FROM pg_stat_activity
               WHERE application_name = 'dp_distribute' AND wait_event_type = 'Lock'" 1 >/dev/null
 ct_val 0 "SELECT string_agg(l.locktype || coalesce(' ' || l.relation::regclass::text, ''), ', ')
           FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
           WHERE a.application_name = 'dp_distribute' AND NOT l.granted" >'$WX/dist.waits'
-touch '$WX/m.done'
 EOF
 gdb_hold "$wpid" "$WX/m.sh" em_direct_lock_skip_all bt
 # a hold whose lease passes as gdb waits for the sweep: its 2 s start once
@@ -72,17 +56,13 @@ ok $? "gdb held the worker's sweep in its lock of the budget row while earmark_d
 diag "earmark_distribute() waited for: $(cat "$WX/dist.waits" 2>/dev/null)"
 
 # the distribution goes on once the pass has ended
-dpid=$(cat "$WX/dist.pid" 2>/dev/null)
-deadline=$(wait_deadline 120)
-while kill -0 "$dpid" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.2; done
-is "$(cat "$WX/dist.out") $(cat "$WX/dist.err")" "t " "earmark_distribute() finishes without an error"
-grep -h "deadlock" "$CT_BASE"/n*/server.log | sed 's/^/# /'
-is "$(cat "$CT_BASE"/n*/server.log | grep -c deadlock)" 0 "no node logged a deadlock"
+is "$(ct_distribute_end)" "t " "earmark_distribute() finishes without an error"
+is "$(ct_logged deadlock)" 0 "no node logged a deadlock"
 is "$(ct_val 0 "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'earmark.%'")" 14 \
    "earmark's 14 tables are distributed"
 got=$(ct_wait 60 0 "SELECT status FROM earmark.job WHERE account = 'dp' AND idempotency_key = 'k1'" expired)
 is "$got" expired "the dead hold is swept"
 is "$(ct_val 0 "SELECT held FROM earmark_budget('dp', 'm')")" 0 "... and its budget holds nothing"
-is "$(grep -h "ERROR" "$CT_BASE"/n0/server.log | grep -vc "earmark_reserve")" 0 "the coordinator logged no error"
+is "$(ct_logged ERROR 0)" 0 "the coordinator logged no error"
 
 done_testing

@@ -4,13 +4,7 @@
 # a second concurrent call at READ COMMITTED and at REPEATABLE READ (TAP).
 #   EM_PREFIX=/work/pfx/NAME CT_PORT=55860 bash test/citus/review_distribute_callers.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
-ct_require_citus
-source "$EM_ROOT/test/integration/tap.sh"
-set +e
-export PGOPTIONS="-c client_min_messages=warning"
-CT_PRELOAD='citus,earmark'
-ct_start "earmark.database = '$CT_DB'" "earmark.report_interval = '1h'" "earmark.sweep_interval = '100ms'" \
-    || { echo "Bail out! the Citus cluster did not start"; exit 1; }
+ct_begin_cluster "earmark.sweep_interval = '100ms'"
 ct_sql 0 -q -c "CREATE EXTENSION earmark" >/dev/null
 ok $? "CREATE EXTENSION earmark"
 ndist() { ct_val 0 "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'earmark.%'"; }

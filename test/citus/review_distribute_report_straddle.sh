@@ -9,27 +9,14 @@
 # claim read (TAP).
 #   EM_PREFIX=/work/pfx/NAME CT_PORT=55870 bash test/citus/review_distribute_report_straddle.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
-ct_require_citus
-source "$EM_ROOT/test/integration/tap.sh"
-skip_unless_gdb
-set +e
-export PGOPTIONS="-c client_min_messages=warning"
-CT_PRELOAD='citus,earmark'
-ct_start "earmark.database = '$CT_DB'" "earmark.report_interval = '2s'" \
-         "earmark.sweep_interval = '100ms'" \
-    || { echo "Bail out! the Citus cluster did not start"; exit 1; }
-work_dir distribute-report
-at_exit() { ct_stop; }
+GDB=1 WORK_NAME=distribute-report ct_begin_cluster "earmark.report_interval = '2s'" "earmark.sweep_interval = '100ms'"
 
 ct_sql 0 -q -c "CREATE EXTENSION earmark" -c "SET earmark.rate_limit = 0" \
     -c "SELECT earmark_set_account('rs')" -c "SELECT earmark_set_limit('rs', 1000, 'm')" >/dev/null
 ok $? "an account with a limit, not distributed yet"
-wpid=$(ct_wait 30 0 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker'" 1 >/dev/null &&
-       ct_val 0 "SELECT pid FROM pg_stat_activity WHERE backend_type = 'earmark worker'")
+wpid=$(ct_worker_pid 0)
 
-cat >"$WX/m.sh" <<EOF
-source '$EM_ROOT/test/citus/cluster.sh'
-CT_BASE='$CT_BASE' CT_PORT=$CT_PORT
+ct_meanwhile m <<EOF
 ct_val 0 "SELECT count(*) FROM earmark.meter_mark" >'$WX/marks.before'
 timeout 120 env PGAPPNAME=rs_distribute "$EM_PGBIN/psql" -X -q -A -t -v ON_ERROR_STOP=1 -h '$CT_BASE/n0/sock' -p $CT_PORT -U postgres -d $CT_DB \
     -c "SELECT count(*) > 0 FROM earmark_distribute()" >'$WX/dist.out' 2>'$WX/dist.err'

@@ -20,32 +20,17 @@
 #
 #   EM_PREFIX=/work/pfx/NAME CT_PORT=55850 bash test/citus/review_distribute_worker_node.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
-ct_require_citus
-source "$EM_ROOT/test/integration/tap.sh"
-skip_unless_gdb
-set +e
-export PGOPTIONS="-c client_min_messages=warning"
-CT_PRELOAD='citus,earmark'
 HOLD=${HOLD:-em_inbox_claim}
-ct_start "earmark.database = '$CT_DB'" "earmark.report_interval = '1h'" \
-         "earmark.sweep_interval = '100ms'" \
-    || { echo "Bail out! the Citus cluster did not start"; exit 1; }
-work_dir distribute-worker-node
-at_exit() { ct_stop; }
+GDB=1 WORK_NAME=distribute-worker-node ct_begin_cluster "earmark.sweep_interval = '100ms'"
 
 ct_sql 0 -q -c "CREATE EXTENSION earmark" >/dev/null
 ok $? "CREATE EXTENSION earmark on the coordinator (propagated to the workers)"
 
-w1=$(ct_wait 30 1 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'earmark worker'" 1 >/dev/null &&
-     ct_val 1 "SELECT pid FROM pg_stat_activity WHERE backend_type = 'earmark worker'")
+w1=$(ct_worker_pid 1)
 ok "$([ -n "$w1" ]; echo $?)" "worker node 1's earmark worker runs (pid $w1)"
 
-cat >"$WX/m.sh" <<EOF
-source '$EM_ROOT/test/citus/cluster.sh'
-CT_BASE='$CT_BASE' CT_PORT=$CT_PORT
-PGAPPNAME=dw_distribute ct_sql 0 -q -A -t -c "SELECT count(*) > 0 FROM earmark_distribute()" \
-    >'$WX/dist.out' 2>'$WX/dist.err' &
-echo \$! >'$WX/dist.pid'
+ct_meanwhile m <<EOF
+ct_distribute_bg dw_distribute
 # until a backend on node 1 waits for a lock (the distribution's TRUNCATE), or 40 s
 ct_wait 40 1 "SELECT count(*) > 0 FROM pg_stat_activity
               WHERE backend_type = 'client backend' AND wait_event_type = 'Lock'" t >/dev/null
@@ -69,16 +54,11 @@ diag "node 1, strong locks of the distribution: $(cat "$WX/w1.others" 2>/dev/nul
 diag "the coordinator's worker: $(cat "$WX/w0.wait" 2>/dev/null)"
 is "$(cat "$WX/dist.state")" running "earmark_distribute() was still running (waiting) 6 s into the hold"
 
-dpid=$(cat "$WX/dist.pid" 2>/dev/null)
-deadline=$(wait_deadline 120)
-while kill -0 "$dpid" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.2; done
-is "$(cat "$WX/dist.out") $(cat "$WX/dist.err")" "t " "earmark_distribute() finishes without an error once the pass ends"
-grep -h "deadlock" "$CT_BASE"/n*/server.log | sed 's/^/# /'
-is "$(cat "$CT_BASE"/n*/server.log | grep -c deadlock)" 0 "no node logged a deadlock"
+is "$(ct_distribute_end)" "t " "earmark_distribute() finishes without an error once the pass ends"
+is "$(ct_logged deadlock)" 0 "no node logged a deadlock"
 is "$(ct_val 0 "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'earmark.%'")" 14 \
    "earmark's 14 tables are distributed"
 is "$(ct_val 1 "SELECT count(*) FROM ONLY earmark.reporter_state")" 0 "node 1's own reporter_state was emptied"
-grep -h "ERROR" "$CT_BASE"/n*/server.log | sed 's/^/# /'
-is "$(cat "$CT_BASE"/n*/server.log | grep -c ERROR)" 0 "no node logged an error"
+is "$(ct_logged ERROR)" 0 "no node logged an error"
 
 done_testing
