@@ -432,9 +432,11 @@ REVOKE ALL ON FUNCTION earmark.report_cycle(text, bigint, text, bigint, boolean,
 -- earmark.distribution_lock(): earmark_distribute's first step.  The
 -- database's distribution lock, exclusive, until the transaction ends: a
 -- lock in earmark's own key space that every transaction of the earmark
--- worker takes shared before anything else, so that a distribution waits
--- for the pass that runs and a pass waits for the distribution, before
--- either holds a table (cluster.c).
+-- worker takes shared before any table, so that a distribution waits for
+-- the worker's transaction that runs and the worker's next one waits for
+-- the distribution, before either holds a table (cluster.c).  Refuses
+-- REPEATABLE READ and SERIALIZABLE (25000): the caller's snapshot, taken
+-- before the wait, would hide what it waited for.
 CREATE FUNCTION earmark.distribution_lock() RETURNS void
 AS 'MODULE_PATHNAME', 'earmark_distribution_lock' LANGUAGE C VOLATILE;
 REVOKE ALL ON FUNCTION earmark.distribution_lock() FROM PUBLIC;
@@ -458,8 +460,9 @@ REVOKE ALL ON FUNCTION earmark.distribution_lock() FROM PUBLIC;
 -- preloaded, on a half-distributed install (some tables distributed, or
 -- distributed otherwise than this function does), and when a worker's own
 -- copy of an earmark table holds rows a call wrote there.
--- Waits for a pass of this node's earmark worker to end, and holds the
--- worker's next passes until it ends (earmark.distribution_lock above).
+-- Waits for a transaction of this node's earmark worker to end, and holds
+-- the worker's next ones until it ends (earmark.distribution_lock above);
+-- READ COMMITTED only.
 CREATE FUNCTION earmark_distribute()
 RETURNS TABLE (object text, action text)
 LANGUAGE plpgsql

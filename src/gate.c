@@ -2551,9 +2551,10 @@ settle_body(PG_FUNCTION_ARGS)
  * joined once a budget, after the grouping: a MATERIALIZED CTE keeps the
  * planner from joining every dead hold to it, which made a sweep of
  * 100,000 dead holds 1.13 to 1.18 times slower in two A/B runs
- * ((account, budget_id) is the budget's primary key: one row a budget).  On Citus a CTE is planned on its own,
- * over every node (a delegated sweep_account then needs every node up),
- * so there each dead hold is matched to its row (DEAD_BUDGETS_DISTRIBUTED).
+ * ((account, budget_id) is the budget's primary key: one row a budget).
+ * On Citus a CTE is planned on its own, over every node (a delegated
+ * sweep_account then needs every node up), so there each dead hold is
+ * matched to its row (DEAD_BUDGETS_DISTRIBUTED).
  */
 /* the columns of expired_budgets */
 enum
