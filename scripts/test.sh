@@ -284,10 +284,10 @@ if layer citus; then
     # distribute_pass.sh (earmark_distribute and a held pass of the
     # coordinator's worker wait for each other, never deadlock), with
     # review_distribute_callers.sh (lock_timeout, a second call, refused
-    # at REPEATABLE READ), review_distribute_worker_node.sh (a held pass
-    # of a worker node's worker) and review_distribute_report_straddle.sh
-    # (a distribution between a report's claim and its finish), each on
-    # a cluster of its own
+    # at REPEATABLE READ), review_distribute_worker_node.sh (a worker
+    # node's worker idles, before the distribution too) and
+    # review_distribute_report_straddle.sh (a distribution between a
+    # report's claim and its finish), each on a cluster of its own
     for ct in earmark escrow_settle mark_shard_move mark_one review_batch_repeat review_key_order call_shapes refresh_lock worker_isolation store_limits_fallback report_isolation distribute_pass review_distribute_callers review_distribute_worker_node review_distribute_report_straddle; do
         em_log "citus: test/citus/$ct.sh"
         CT_PORT=${EM_CITUS_PORT:-$(( ${EM_TEST_PORT:-55432} + 300 ))} timeout 1800 \

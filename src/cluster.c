@@ -212,6 +212,16 @@ em_node_group(void)
 {
 	if (node_group >= 0)
 		return node_group;
+	return em_read_node_group();
+}
+
+/*
+ * This node's Citus group id read again, for the worker: its backend lives
+ * across the citus_add_node that gives a node its group.
+ */
+int32
+em_read_node_group(void)
+{
 	node_group = 0;
 	if (OidIsValid(get_relname_relid("pg_dist_local_group", PG_CATALOG_NAMESPACE)))
 	{

@@ -19,6 +19,7 @@
 
 extern void em_require_schema(void);
 extern int32 em_node_group(void);
+extern int32 em_read_node_group(void);
 extern bool em_citus_installed(void);
 extern bool em_account_table_distributed(void);
 extern bool em_distributed(void);

@@ -182,16 +182,30 @@ schema_is_current(void)
 }
 
 /*
- * On a distributed install only the coordinator's worker works: it finds
- * the work with reads over the cluster and does each account's part in a
- * call of its own that Citus runs on the account's node (em_sweep, the
- * reporter's last step).  A worker node's worker waits: its passes would
- * go over the same cluster again.
+ * In a Citus cluster only the coordinator's worker works: once earmark is
+ * distributed it finds the work with reads over the cluster and does each
+ * account's part in a call of its own that Citus runs on the account's
+ * node (em_sweep, the reporter's last step).  A worker node's worker
+ * waits, before the distribution too: its passes would go over the same
+ * cluster again, its own tables hold nothing to do (earmark_distribute
+ * refuses rows in them), and a pass there that straddled the
+ * distribution's commit would fail, as the distribution lock orders only
+ * the coordinator's worker.  The group is read every pass: a node gets it
+ * from citus_add_node, which may come after the worker started.
  */
 static bool
 node_works(void)
 {
-	return !em_distributed() || em_node_group() == 0;
+	static int32 idle_group = 0;
+	int32		group = em_read_node_group();
+
+	if (group != idle_group && group != 0)
+		ereport(LOG,
+				(errmsg("earmark worker idles: database \"%s\" is on a worker node (group %d) of a Citus cluster",
+						dbname, group),
+				 errdetail("The coordinator's earmark worker does the work of the whole cluster.")));
+	idle_group = group;
+	return group == 0;
 }
 
 /*
