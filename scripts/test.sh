@@ -285,10 +285,12 @@ if layer citus; then
     # coordinator's worker wait for each other, never deadlock), with
     # review_distribute_callers.sh (lock_timeout, a second call, refused
     # at REPEATABLE READ), review_distribute_worker_node.sh (a worker
-    # node's worker idles, before the distribution too) and
+    # node's worker idles, before the distribution too),
+    # review_worker_added_late.sh (a worker that started before
+    # citus_add_node idles after it) and
     # review_distribute_report_straddle.sh (a distribution between a
     # report's claim and its finish), each on a cluster of its own
-    for ct in earmark escrow_settle mark_shard_move mark_one review_batch_repeat review_key_order call_shapes refresh_lock worker_isolation store_limits_fallback report_isolation distribute_pass review_distribute_callers review_distribute_worker_node review_distribute_report_straddle; do
+    for ct in earmark escrow_settle mark_shard_move mark_one review_batch_repeat review_key_order call_shapes refresh_lock worker_isolation store_limits_fallback report_isolation distribute_pass review_distribute_callers review_distribute_worker_node review_worker_added_late review_distribute_report_straddle; do
         em_log "citus: test/citus/$ct.sh"
         CT_PORT=${EM_CITUS_PORT:-$(( ${EM_TEST_PORT:-55432} + 300 ))} timeout 1800 \
             bash test/citus/$ct.sh >"$OUT/citus-$ct.log" 2>&1

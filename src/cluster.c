@@ -203,9 +203,10 @@ exec_serial(const char *sql, int nargs, Oid *argtypes, Datum *args, long count)
 }
 
 /*
- * This node's Citus group id, read once per backend: 0 on the coordinator
- * and without Citus.  (A node keeps its group for as long as it is in the
- * cluster.)
+ * This node's Citus group id, read once per backend (for earmark.next_id):
+ * 0 on the coordinator and without Citus.  (A node keeps its group for as
+ * long as it is in the cluster; the worker reads it every pass,
+ * em_read_node_group.)
  */
 int32
 em_node_group(void)
@@ -222,7 +223,8 @@ em_node_group(void)
 int32
 em_read_node_group(void)
 {
-	node_group = 0;
+	int32		group = 0;
+
 	if (OidIsValid(get_relname_relid("pg_dist_local_group", PG_CATALOG_NAMESPACE)))
 	{
 		SPI_connect();
@@ -233,11 +235,13 @@ em_read_node_group(void)
 			Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 
 			if (!isnull)
-				node_group = DatumGetInt32(d);
+				group = DatumGetInt32(d);
 		}
 		SPI_finish();
 	}
-	return node_group;
+	/* cached only once read: a read that failed leaves no group 0 behind */
+	node_group = group;
+	return group;
 }
 
 /*

@@ -25,8 +25,9 @@
  *	  each transaction of the worker wait for each other whole, never
  *	  deadlock.
  *
- *	  On a distributed install (Citus, earmark_distribute) only the
- *	  coordinator's worker works; the workers of the other nodes wait.  It
+ *	  In a Citus cluster only the coordinator's worker works; the workers
+ *	  of the other nodes idle, before earmark_distribute as after it
+ *	  (node_works).  Once earmark is distributed, the coordinator's worker
  *	  finds work with reads over the cluster, and does each account's part
  *	  in a call of its own (earmark.sweep_account, earmark.report_cycle,
  *	  earmark.store_limits) that Citus runs on the account's node, where
@@ -204,6 +205,11 @@ node_works(void)
 				(errmsg("earmark worker idles: database \"%s\" is on a worker node (group %d) of a Citus cluster",
 						dbname, group),
 				 errdetail("The coordinator's earmark worker does the work of the whole cluster.")));
+	else if (group != idle_group)
+		ereport(LOG,
+				(errmsg("earmark worker works again: database \"%s\" is no longer on a worker node of a Citus cluster",
+						dbname),
+				 errhint("If this node was removed from the cluster, drop earmark here: its metadata may still name the cluster's tables.")));
 	idle_group = group;
 	return group == 0;
 }
