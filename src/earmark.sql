@@ -19,7 +19,7 @@ DO $$
 BEGIN
     IF NOT pg_catalog.string_to_array(pg_catalog.replace(
                pg_catalog.current_setting('shared_preload_libraries'), ' ', ''), ',')
-           && ARRAY['earmark', '$libdir/earmark'] THEN
+           OPERATOR(pg_catalog.&&) ARRAY['earmark', '$libdir/earmark'] THEN
         RAISE WARNING 'earmark is not in shared_preload_libraries: its background worker does not run'
             USING DETAIL = 'Holds whose lease passed are not swept, usage is not reported to the meter, inbox events are not applied, and the admission rate limit (it lives in shared memory) is not applied.',
                   HINT = 'Add earmark to shared_preload_libraries in postgresql.conf and restart the server.';
@@ -758,6 +758,18 @@ BEGIN
 END
 $$;
 
+-- earmark_inbox_ignore under a name in earmark's own schema, for
+-- apply_plan_change: a role that may create in the extension's schema
+-- (public's owner) could add an overload of earmark_inbox_ignore there
+-- with a defaulted third argument, which makes a call of two arguments
+-- ambiguous (42725) and would fail every plan change it should ignore.
+-- No role but earmark's owner creates in schema earmark.
+CREATE FUNCTION earmark.inbox_ignore(event_id bigint, reason text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'earmark_inbox_ignore'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE SECURITY INVOKER;
+REVOKE ALL ON FUNCTION earmark.inbox_ignore(bigint, text) FROM PUBLIC;
+
 -- The built-in handler of the provider's plan change
 -- (customer.plan_changed): it records the plan only when the event is newer
 -- than the stored change (a tie is ignored), and gives the account the
@@ -798,13 +810,13 @@ DECLARE
     n int;
 BEGIN
     IF e.verified_by IS NULL THEN
-        PERFORM @extschema@.earmark_inbox_ignore(e.event_id,
+        PERFORM earmark.inbox_ignore(e.event_id,
             'not applied: an unverified plan change (only a signed event, or one a member of earmark_admin stored, may change a plan)');
         RETURN 'ignored';
     END IF;
     SELECT a.plan_changed_at INTO stored FROM earmark.account a WHERE a.account = e.account;
     IF e.account IS NULL OR NOT FOUND THEN
-        PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'the event names no known account');
+        PERFORM earmark.inbox_ignore(e.event_id, 'the event names no known account');
         RETURN 'ignored';
     END IF;
     IF new_plan IS NULL THEN
@@ -812,14 +824,14 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF e.occurred_at > horizon THEN
-        PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'not applied: the event time is in the future');
+        PERFORM earmark.inbox_ignore(e.event_id, 'not applied: the event time is in the future');
         RETURN 'ignored';
     END IF;
     IF stored > horizon THEN
         stored := NULL;                 -- a time from the future guards nothing
     END IF;
     IF stored >= e.occurred_at THEN
-        PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'a newer plan change is already stored');
+        PERFORM earmark.inbox_ignore(e.event_id, 'a newer plan change is already stored');
         RETURN 'ignored';
     END IF;
     BEGIN
@@ -856,7 +868,7 @@ BEGIN
             RAISE EXCEPTION 'a newer plan change was stored meanwhile' USING ERRCODE = 'EMP01';
         END IF;
     EXCEPTION WHEN SQLSTATE 'EMP01' THEN
-        PERFORM @extschema@.earmark_inbox_ignore(e.event_id, 'a newer plan change is already stored');
+        PERFORM earmark.inbox_ignore(e.event_id, 'a newer plan change is already stored');
         RETURN 'ignored';
     END;
     RETURN 'plan set to ' || new_plan;
@@ -1220,7 +1232,7 @@ BEGIN
             USING ERRCODE = '55000', HINT = 'Wait for citus_add_node to finish, or run start_metadata_sync_to_node.';
     END IF;
     SELECT string_agg(nodename || ':' || nodeport || ' has ' || coalesce(result, '?'), ', ') INTO bad
-      FROM run_command_on_workers($c$SELECT extversion FROM pg_extension WHERE extname = 'earmark'$c$)
+      FROM run_command_on_workers($c$SELECT extversion FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'earmark'$c$)
      WHERE NOT success OR result IS DISTINCT FROM (SELECT extversion FROM pg_extension WHERE extname = 'earmark');
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'earmark is not the same version on every node: %', bad
@@ -1238,7 +1250,7 @@ BEGIN
                IS DISTINCT FROM 'postmaster'
         UNION ALL
         SELECT nodename || ':' || nodeport
-          FROM run_command_on_workers($c$SELECT context FROM pg_settings WHERE name = 'earmark.database'$c$)
+          FROM run_command_on_workers($c$SELECT context FROM pg_catalog.pg_settings WHERE name OPERATOR(pg_catalog.=) 'earmark.database'$c$)
          WHERE NOT success OR result IS DISTINCT FROM 'postmaster') s;
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'earmark is not in shared_preload_libraries on every node: %', bad
@@ -1262,10 +1274,10 @@ BEGIN
     SELECT string_agg(r.nodename || ':' || r.nodeport || ' ' || u.rel || ' (' || coalesce(r.result, '?') || ' rows)', ', ')
       INTO bad
       FROM unnest(coord_only[1:4]) AS u (rel),
-           LATERAL run_command_on_workers(format('SELECT count(*) FROM ONLY %s %s', u.rel,
+           LATERAL run_command_on_workers(format('SELECT pg_catalog.count(*) FROM ONLY %s %s', u.rel,
                CASE WHEN u.rel = 'earmark.inbox_handler'
-                    THEN $w$WHERE (event_type, handler, accepts_unverified) IS DISTINCT FROM
-                                  ('customer.plan_changed', 'earmark.apply_plan_change(earmark.inbox_event)'::regprocedure, false)$w$
+                    THEN $w$WHERE (event_type, handler::oid, accepts_unverified) IS DISTINCT FROM
+                                  ('customer.plan_changed'::text, 'earmark.apply_plan_change(earmark.inbox_event)'::regprocedure::oid, false)$w$
                     ELSE '' END)) r
      WHERE NOT r.success OR r.result <> '0';
     IF bad IS NOT NULL THEN
@@ -1280,7 +1292,7 @@ BEGIN
         SELECT string_agg(r.nodename || ':' || r.nodeport || ' ' || u.rel || ' (' || r.result || ' rows)', ', ')
           INTO bad
           FROM unnest(per_account || reference) AS u (rel),
-               LATERAL run_command_on_workers(format('SELECT count(*) FROM ONLY %s', u.rel)) r
+               LATERAL run_command_on_workers(format('SELECT pg_catalog.count(*) FROM ONLY %s', u.rel)) r
          WHERE NOT r.success OR r.result <> '0';
         IF bad IS NOT NULL THEN
             RAISE EXCEPTION 'earmark tables on worker nodes hold rows of their own: %', bad
@@ -1352,10 +1364,10 @@ BEGIN
         SELECT evidence_id >> 48, 'earmark.evidence_id_seq', max(evidence_id & 281474976710655)
           FROM earmark.evidence GROUP BY 1) s;
     IF ids IS NOT NULL THEN
-        ids := format($q$SELECT count(pg_catalog.setval(v.seq::regclass, v.m))
+        ids := format($q$SELECT pg_catalog.count(pg_catalog.setval(v.seq::regclass, v.m))
                            FROM (VALUES %s) v (g, seq, m)
-                          WHERE v.g = (SELECT groupid FROM pg_catalog.pg_dist_local_group)
-                            AND v.m > coalesce(pg_catalog.pg_sequence_last_value(v.seq::regclass), 0)$q$, ids);
+                          WHERE v.g OPERATOR(pg_catalog.=) (SELECT groupid FROM pg_catalog.pg_dist_local_group)
+                            AND v.m OPERATOR(pg_catalog.>) coalesce(pg_catalog.pg_sequence_last_value(v.seq::regclass), 0)$q$, ids);
         EXECUTE ids INTO n_rows;
         IF n_rows > 0 THEN
             object := 'the coordinator'; action := format('%s id sequences moved past its ids', n_rows);
@@ -1379,7 +1391,7 @@ BEGIN
     -- (a TRUNCATE there is not Citus's to propagate)
     SELECT sum(r.result::bigint) INTO n_rows
       FROM unnest(coord_only) AS u (rel),
-           LATERAL run_command_on_workers(format('SELECT count(*) FROM ONLY %s', u.rel)) r
+           LATERAL run_command_on_workers(format('SELECT pg_catalog.count(*) FROM ONLY %s', u.rel)) r
      WHERE r.success;
     IF n_rows > 0 THEN
         FOR w IN SELECT * FROM run_command_on_workers(format(
