@@ -28,39 +28,16 @@ export HUNT_SEED=$SEED
 # afterwards (another hunt may share the cluster)
 export HUNT_RUN=hunt$(( SEED % 1000000 ))x$$
 
-# the Debian package's psycopg2 lives in the system's python3
-PY=
-for p in ${HUNT_PYTHON:-} /usr/bin/python3 python3; do
-    if "$p" -c 'import psycopg2' 2>/dev/null; then PY=$p; break; fi
-done
-if [ -z "$PY" ]; then
-    ok 1 "python3 with psycopg2 (the python3-psycopg2 package) is installed"
-    done_testing
-    exit 1
-fi
+hunt_python
 
 WORK=$(mktemp -d /tmp/earmark-hunt.XXXXXX)
 # the hunt's accounts go afterwards (HUNT_KEEP=1 keeps them for a look), so
 # that the scripts after this one find the books as they left them
 clean() {
     [ -n "${HUNT_KEEP:-}" ] && { diag "kept the accounts ${HUNT_RUN}_* and schema hunt"; return; }
+    drop_run_accounts "$HUNT_RUN"
     q -d postgres -v run="$HUNT_RUN" >/dev/null 2>&1 <<'SQL'
-BEGIN;
-CREATE TEMP TABLE gone ON COMMIT DROP AS SELECT budget_id FROM earmark.budget WHERE account LIKE :'run' || '\_%';
-DELETE FROM earmark.ledger_entry WHERE budget_id IN (SELECT budget_id FROM gone);
-DELETE FROM earmark.usage_shard WHERE budget_id IN (SELECT budget_id FROM gone);
-DELETE FROM earmark.meter_mark WHERE budget_id IN (SELECT budget_id FROM gone);
-DELETE FROM earmark.meter_send WHERE budget_id IN (SELECT budget_id FROM gone);
-DELETE FROM earmark.meter_review WHERE budget_id IN (SELECT budget_id FROM gone);
-DELETE FROM earmark.budget_slot WHERE budget_id IN (SELECT budget_id FROM gone);
-DELETE FROM earmark.evidence WHERE account LIKE :'run' || '\_%';
-DELETE FROM earmark.local_meter WHERE account LIKE :'run' || '\_%';
-DELETE FROM earmark.job WHERE account LIKE :'run' || '\_%';
-DELETE FROM earmark.budget WHERE budget_id IN (SELECT budget_id FROM gone);
-DELETE FROM earmark.account_limit WHERE account LIKE :'run' || '\_%';
-DELETE FROM earmark.account WHERE account LIKE :'run' || '\_%';
 DELETE FROM hunt.tx_marker WHERE marker LIKE :'run' || '-%';
-COMMIT;
 DO $$ BEGIN
     IF NOT EXISTS (SELECT 1 FROM hunt.tx_marker) THEN DROP SCHEMA hunt CASCADE; END IF;
 END $$;
@@ -70,12 +47,5 @@ trap 'clean; rm -rf "$WORK"' EXIT
 q -d postgres -c "CREATE EXTENSION IF NOT EXISTS earmark" >/dev/null
 
 PGDATABASE=postgres "$PY" "$ROOT/test/hunt/hunt.py" --results "$WORK/results"
-rc=$?
-if [ ! -s "$WORK/results" ]; then
-    ok 1 "the hunt ran to its end (exit $rc)"
-else
-    while IFS='|' read -r bad text; do
-        ok "$bad" "$text"
-    done <"$WORK/results"
-fi
+hunt_results "$WORK/results" $?
 done_testing

@@ -22,6 +22,55 @@ wait_deadline() { echo $(( $(date +%s) + $1 * EM_WAIT_SCALE )); }
 
 q() { "$EM_PGBIN/psql" -X -A -t -q -v ON_ERROR_STOP=1 "$@"; }
 
+# hunt_python: PY set to a python3 with psycopg2 (the Debian package's lives
+# in the system's python3), or one failed test and exit
+hunt_python() {
+    local p
+    PY=
+    for p in ${HUNT_PYTHON:-} /usr/bin/python3 python3; do
+        if "$p" -c 'import psycopg2' 2>/dev/null; then PY=$p; return 0; fi
+    done
+    ok 1 "python3 with psycopg2 (the python3-psycopg2 package) is installed"
+    done_testing
+    exit 1
+}
+
+# hunt_results FILE RC: a hunt's results file ("0|text" held, "1|text"
+# failed) as TAP lines, or one failed line when it wrote none
+hunt_results() {
+    local bad text
+    if [ ! -s "$1" ]; then
+        ok 1 "the hunt ran to its end (exit $2)"
+        return
+    fi
+    while IFS='|' read -r bad text; do
+        ok "$bad" "$text"
+    done <"$1"
+}
+
+# drop_run_accounts RUN: delete, in database postgres, every row of the
+# accounts named RUN_... (a randomized run's), so that the scripts after
+# it find the books as they left them
+drop_run_accounts() {
+    q -d postgres -v run="$1" >/dev/null 2>&1 <<'SQL'
+BEGIN;
+CREATE TEMP TABLE gone ON COMMIT DROP AS SELECT budget_id FROM earmark.budget WHERE account LIKE :'run' || '\_%';
+DELETE FROM earmark.ledger_entry WHERE budget_id IN (SELECT budget_id FROM gone);
+DELETE FROM earmark.usage_shard WHERE budget_id IN (SELECT budget_id FROM gone);
+DELETE FROM earmark.meter_mark WHERE budget_id IN (SELECT budget_id FROM gone);
+DELETE FROM earmark.meter_send WHERE budget_id IN (SELECT budget_id FROM gone);
+DELETE FROM earmark.meter_review WHERE budget_id IN (SELECT budget_id FROM gone);
+DELETE FROM earmark.budget_slot WHERE budget_id IN (SELECT budget_id FROM gone);
+DELETE FROM earmark.evidence WHERE account LIKE :'run' || '\_%';
+DELETE FROM earmark.local_meter WHERE account LIKE :'run' || '\_%';
+DELETE FROM earmark.job WHERE account LIKE :'run' || '\_%';
+DELETE FROM earmark.budget WHERE budget_id IN (SELECT budget_id FROM gone);
+DELETE FROM earmark.account_limit WHERE account LIKE :'run' || '\_%';
+DELETE FROM earmark.account WHERE account LIKE :'run' || '\_%';
+COMMIT;
+SQL
+}
+
 # as_root CMD...: run CMD as root (sudo when the tests do not run as root)
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
