@@ -43,8 +43,9 @@ SELECT is((SELECT array_agg(p.proname::text ORDER BY p.proname)
               AND a.grantee = 0 AND a.privilege_type = 'EXECUTE'),
           NULL::text[], 'PUBLIC has no EXECUTE on any earmark_* function');
 
--- 1: the internal functions of schema earmark (the id default and the
--- worker's steps on a distributed install) are the superuser's alone:
+-- 1: the internal functions of schema earmark (the id default, the
+-- worker's steps on a distributed install, the distribution lock and the
+-- plan change's ignore) are the superuser's alone:
 -- each listed with the roles that may EXECUTE it (none)
 SELECT is((SELECT array_agg(p.proname || ':' || concat_ws(',',
                       CASE WHEN EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
@@ -54,9 +55,10 @@ SELECT is((SELECT array_agg(p.proname || ':' || concat_ws(',',
                       ORDER BY p.proname)
              FROM pg_proc p
             WHERE p.pronamespace = 'earmark'::regnamespace
-              AND p.proname IN ('next_id', 'sweep_account', 'report_cycle', 'store_limits', 'distribution_lock')),
-          ARRAY['distribution_lock:', 'next_id:', 'report_cycle:', 'store_limits:', 'sweep_account:'],
-          'no role but the superuser may EXECUTE earmark.next_id, report_cycle, store_limits, sweep_account or distribution_lock');
+              AND p.proname IN ('next_id', 'sweep_account', 'report_cycle', 'store_limits', 'distribution_lock',
+                                'inbox_ignore')),
+          ARRAY['distribution_lock:', 'inbox_ignore:', 'next_id:', 'report_cycle:', 'store_limits:', 'sweep_account:'],
+          'no role but the superuser may EXECUTE earmark.next_id, report_cycle, store_limits, sweep_account, distribution_lock or inbox_ignore');
 
 -- ---------------------------------------------------------------------
 -- set-up as the superuser: roles, an account with a limit, a running job
