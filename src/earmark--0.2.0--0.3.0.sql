@@ -1033,6 +1033,9 @@ DROP INDEX earmark.inbox_event_leased;
 DROP INDEX earmark.inbox_event_due;
 CREATE INDEX inbox_event_due ON earmark.inbox_event (occurred_at, event_id)
     WHERE NOT finished;
+-- the worker's claim walks the handled types' due events only (src/earmark.sql)
+CREATE INDEX inbox_event_typed_due ON earmark.inbox_event (event_type, occurred_at, event_id)
+    WHERE NOT finished;
 
 -- ---------------------------------------------------------------------------
 -- Inbox: no foreign key from a receipt to its event, and no index on the

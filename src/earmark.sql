@@ -449,6 +449,12 @@ CREATE TABLE earmark.inbox_event (
 -- same walk (docs/inbox.md#earmark_inbox_claim).
 CREATE INDEX inbox_event_due ON earmark.inbox_event (occurred_at, event_id)
     WHERE NOT finished;
+-- The worker's claim takes only events of types with a handler: it walks
+-- this index once per handled type, so that a backlog of applications'
+-- events is not read at each of its passes.  The same predicate: a claim
+-- leaves it HOT, a completion writes no entry here.
+CREATE INDEX inbox_event_typed_due ON earmark.inbox_event (event_type, occurred_at, event_id)
+    WHERE NOT finished;
 -- (no index on account: nothing in earmark looks events up by account,
 -- and every index costs each receive, claim and completion a write)
 

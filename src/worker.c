@@ -134,6 +134,14 @@ static const char *const pinned_settings[][2] = {
 	{"exit_on_error", "off"},
 	/* triggers fire as for every other session */
 	{"session_replication_role", "origin"},
+
+	/*
+	 * no JIT: the worker's statements are short, and a plan estimated above
+	 * jit_above_cost (the worker's claim is, while inbox_handler has never
+	 * been analyzed, as small tables are not) was compiled again at every
+	 * pass: a sixth of a CPU core with nothing to do
+	 */
+	{"jit", "off"},
 };
 
 static void
