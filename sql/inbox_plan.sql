@@ -23,10 +23,11 @@ ANALYZE earmark.inbox_event;
 SELECT * FROM earmark_inbox_claim_plan(10);
 -- the worker's claim (events of types with a handler), another batch size:
 -- per handled type, a walk of that type's part of inbox_event_typed_due
--- (its Index Cond on event_type), never of the others' events; with this
--- small a table the planner reads the type's due events by bitmap and sorts
--- them, with a large one it walks the index in order and stops after the
--- batch (test/integration/inbox_worker_walk.sh counts what the worker reads)
+-- (its Index Cond on event_type), never of the others' events, in order
+-- and cut by LIMIT: no Sort and no Bitmap under the LockRows, which would
+-- read all of a type's due events at each claim (the worker's claim is
+-- planned without bitmap scans, inbox.c claim_settings_begin;
+-- test/integration/review_worker_claim_sort.sh counts what the worker reads)
 SELECT * FROM earmark_inbox_claim_plan(25, true);
 
 -- the plan is what runs: a claim takes the oldest due events of its

@@ -807,6 +807,42 @@ static SPIPlanPtr claim_plans[2];
 static int	claim_plan_batch[2];
 
 /*
+ * The planner settings the worker's claim is planned under, at its first
+ * run and whenever an invalidation plans it again (and so its plan, as
+ * earmark_inbox_claim_plan shows it).  Each type's walk matches the type
+ * by a join clause (">= AND <=" on inbox_handler's column), whose generic
+ * estimate is a fixed sliver of the due events whatever the statistics:
+ * the planner then reads all of a type's due events by bitmap and sorts
+ * them at every claim, to take a batch (the worker's drain of a backlog
+ * of its own events was quadratic).  Without bitmap scans the cheaper way
+ * is the ordered walk of inbox_event_typed_due that LIMIT cuts (a plain
+ * index scan followed by a sort costs the same reads plus the sort).
+ * enable_seqscan stays on: off, it turns the UPDATE's join into a merge
+ * join over a full walk of the primary key.  Returns the GUC nest level to
+ * give claim_settings_end, or -1 for an application's claim (planned
+ * under the session's settings, as before).
+ */
+static int
+claim_settings_begin(bool with_handler)
+{
+	int			level;
+
+	if (!with_handler)
+		return -1;
+	level = NewGUCNestLevel();
+	(void) set_config_option("enable_bitmapscan", "off", PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
+	return level;
+}
+
+static void
+claim_settings_end(int level)
+{
+	if (level >= 0)
+		AtEOXact_GUC(true, level);
+}
+
+/*
  * The claim's plan for a batch size, prepared once per backend (again
  * when the batch size changes) and always generic: planning it at every
  * claim cost more than running it.  Generic is safe here because nothing
@@ -898,6 +934,7 @@ em_inbox_claim(int max_events, Interval *lease, bool with_handler)
 	uint64		n;
 	uint64		buried;
 	int			rc;
+	int			level;
 
 	args[0] = IntervalPGetDatum(lease);
 	args[1] = TimestampTzGetDatum(now);
@@ -905,6 +942,7 @@ em_inbox_claim(int max_events, Interval *lease, bool with_handler)
 	args[3] = Int32GetDatum(INBOX_MAX_ATTEMPTS);
 	args[4] = TimestampTzGetDatum(DT_NOBEGIN);
 	args[5] = Int64GetDatum(0);
+	level = claim_settings_begin(with_handler);
 	do
 	{
 		rc = SPI_execute_plan(claim_plan(max_events, with_handler), args, NULL, false, 0);
@@ -915,6 +953,7 @@ em_inbox_claim(int max_events, Interval *lease, bool with_handler)
 			walk_ended_at(&args[4], &args[5]);
 		n = keep_claimed(&buried);
 	} while (n == 0 && buried > 0);
+	claim_settings_end(level);
 	return n;
 }
 
@@ -983,6 +1022,7 @@ earmark_inbox_claim_plan(PG_FUNCTION_ARGS)
 	ListCell   *lc;
 	char	   *line;
 	char	   *next;
+	int			level;
 
 	em_require_schema();
 	em_require_coordinator("earmark_inbox_claim_plan");
@@ -1000,9 +1040,11 @@ earmark_inbox_claim_plan(PG_FUNCTION_ARGS)
 	es = NewExplainState();
 	es->costs = false;
 	SPI_connect();
+	level = claim_settings_begin(PG_GETARG_BOOL(1));
 	source = linitial(SPI_plan_get_plan_sources(claim_plan(PG_GETARG_INT32(0),
 															PG_GETARG_BOOL(1))));
 	cplan = GetCachedPlan(source, NULL, CurrentResourceOwner, NULL);
+	claim_settings_end(level);
 	ExplainBeginOutput(es);
 	foreach(lc, cplan->stmt_list)
 		ExplainOnePlan(lfirst_node(PlannedStmt, lc), NULL, es, source->query_string,

@@ -77,6 +77,11 @@ ok "$(( due1 - due0 < BACKLOG / 4 ? 0 : 1 ))" \
    "the worker's passes do not walk the applications' backlog ($(( due1 - due0 )) tuples of inbox_event_due read; one walk is $BACKLOG)"
 ok "$(( typed1 - typed0 < 1000 && seq1 - seq0 < BACKLOG / 4 ? 0 : 1 ))" \
    "... nor read it another way ($(( typed1 - typed0 )) tuples of inbox_event_typed_due, $(( seq1 - seq0 )) by sequential scans)"
+# (review: the counts above are only worth something if the worker's
+# passes reach the view at all: its claim of 'second' read at least that
+# event's entry of inbox_event_typed_due)
+ok "$(( typed1 - typed0 > 0 ? 0 : 1 ))" \
+   "... and the worker's reads are counted ($(( typed1 - typed0 )) tuples of inbox_event_typed_due over those passes)"
 is "$($P -c "SELECT count(*) FROM earmark.inbox_event WHERE event_type = 'ww.app' AND status = 'received' AND attempts = 0")" \
    "$BACKLOG" "the applications' events are left to them, untouched"
 
