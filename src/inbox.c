@@ -723,7 +723,8 @@ receive_body(PG_FUNCTION_ARGS)
  * event_id) of the events not finished) once per handled type, each walk
  * cut after the batch, and keeps the batch's oldest of those.  Walking
  * inbox_event_due instead would pass over every waiting application event
- * at every pass (with 200,000 waiting, most of a CPU core, all the time).
+ * at every pass (with 200,000 waiting, a tenth of a CPU core, all the time,
+ * test/bench/inbox_worker.sh).
  * It may lock up to a batch per handled type and claim only a batch: the
  * others stay locked until its short transaction commits, skipped by the
  * applications' claims meanwhile, which never take them anyway.

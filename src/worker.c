@@ -139,7 +139,7 @@ static const char *const pinned_settings[][2] = {
 	 * no JIT: the worker's statements are short, and a plan estimated above
 	 * jit_above_cost (the worker's claim is, while inbox_handler has never
 	 * been analyzed, as small tables are not) was compiled again at every
-	 * pass: a sixth of a CPU core with nothing to do
+	 * pass, with nothing to do (test/bench/inbox_worker.sh)
 	 */
 	{"jit", "off"},
 };

@@ -3,7 +3,7 @@
 # of applications' events (types without a handler) is not walked at each
 # of its passes (docs/inbox.md#earmark_inbox_claim).  Before, each pass
 # walked inbox_event_due past every waiting application event: with
-# 200,000 waiting, most of a CPU core, all the time.  Measured as the index
+# 200,000 waiting, a tenth of a CPU core, all the time.  Measured as the index
 # tuples the worker's passes read (pg_stat_user_indexes), with 20,000
 # application events waiting and nothing else running in the database.
 # The worker still takes its own events in event-time order across its
