@@ -68,7 +68,12 @@ sleep 3
 ID=$($P -c "SELECT event_id FROM earmark_inbox_receive('ww', 'second', 'ww.b', '{}')")
 is "$(wait_for 30 "SELECT status FROM earmark.inbox_event WHERE event_id = $ID" applied)" applied \
    "... and another, received after a few seconds of passes"
-sleep 1.5
+# the worker reports its statistics at most once a second, all it has
+# pending at once: wait until its claim of 'second' (at least that event's
+# entry of inbox_event_typed_due) has reached the view, and with it every
+# pass before
+deadline=$(wait_deadline 15)
+while [ "$(reads inbox_event_typed_due)" -le "$typed0" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.2; done
 due1=$(reads inbox_event_due)
 typed1=$(reads inbox_event_typed_due)
 seq1=$(seq_reads)
