@@ -65,11 +65,17 @@ ct_port() { echo $((CT_PORT + $1)); }
 # Citus or skip; the TAP helpers (test/integration/tap.sh); a cluster with
 # citus and earmark preloaded, earmark's worker on CT_DB reporting hourly
 # (a test reports when it means to), plus the lines given; earmark created
-# and distributed on the coordinator, which is the script's first TAP line.
+# and distributed on the coordinator, which is the script's first TAP line,
+# and the worker's first report pass run.
 ct_begin() {
     ct_begin_cluster "$@"
     ct_sql 0 -q -c "CREATE EXTENSION earmark" -c "SELECT * FROM earmark_distribute()" >/dev/null
     ok $? "CREATE EXTENSION earmark and earmark_distribute() on the coordinator"
+    # The worker's first report pass runs at its first round, hourly after
+    # that: wait for it, or it may send (and delete) the marks of the
+    # script's first steps, whose checks count them.
+    ct_wait 60 0 "SELECT last_report_at IS NOT NULL FROM earmark.worker_status" t >/dev/null ||
+        echo "# the earmark worker's first report pass did not run within 60 s"
 }
 # ct_begin_cluster [postgresql.conf lines]: ct_begin without CREATE
 # EXTENSION and earmark_distribute (a script that distributes itself);
