@@ -725,9 +725,11 @@ receive_body(PG_FUNCTION_ARGS)
  * inbox_event_due instead would pass over every waiting application event
  * at every pass (with 200,000 waiting, a tenth of a CPU core, all the time,
  * test/bench/inbox_worker.sh).
- * It may lock up to a batch per handled type and claim only a batch: the
- * others stay locked until its short transaction commits, skipped by the
- * applications' claims meanwhile, which never take them anyway.
+ *
+ * The worker's claim may lock up to a batch per handled type and claim only
+ * a batch: the others stay locked until its short transaction commits,
+ * skipped by the applications' claims meanwhile, which never take them
+ * anyway.
  *
  * Each walk also finds the events whose lease passed: one with attempts
  * left is claimed again; one whose lease passed on its last attempt is
