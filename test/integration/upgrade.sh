@@ -239,6 +239,11 @@ is "$(q -d "$OLD" -c "SELECT count(*) FROM earmark.inbox_receipt WHERE dedupe_ke
                                  OR source IS NOT NULL AND dedupe_key IS NULL")" 0 "... source and dedupe_key together or neither"
 is "$(colsets "$OLD" | grep '^inbox_receipt' | cut -f2)" "receipt_id, event_id, inserted, received_at, source, dedupe_key" \
    "inbox_receipt's columns after the update, in order"
+is "$(q -d "$OLD" -c "SELECT relreplident::text || ' ' || (SELECT count(*) FROM pg_index WHERE indrelid = 'earmark.inbox_receipt'::regclass AND indisprimary)
+                      FROM pg_class WHERE oid = 'earmark.inbox_receipt'::regclass")" "d 1" \
+   "... and its primary key, the replica identity a publication's update or delete of a receipt logs and a subscriber finds the row by"
+is "$(q -d "$OLD" -c "SELECT count(*) FROM pg_extension, unnest(extconfig) x WHERE extname = 'earmark' AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = x)")" 0 \
+   "... and the extension's configuration names no dropped relation"
 is "$(colsets "$OLD" | grep -E '^inbox_(event|receipt)')" "$(colsets "$FRESH" | grep -E '^inbox_(event|receipt)')" \
    "... the same as a fresh install's, and inbox_event's too"
 is "$(q -d "$OLD" -c "SELECT string_agg(indexname || ': ' || indexdef, '; ' ORDER BY indexname) FROM pg_indexes
