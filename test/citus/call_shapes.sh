@@ -90,6 +90,9 @@ ct_sql 0 -q -c "SELECT * FROM earmark_distribute()" >/dev/null
 ok $? "earmark_distribute() on the coordinator"
 # the coordinator's own background processes: new ones after a crash
 procs() { ct_val 0 "SELECT string_agg(pid::text, ',' ORDER BY pid) FROM pg_stat_activity WHERE backend_type IN ('earmark worker', 'checkpointer', 'walwriter')"; }
+# (the earmark worker is started by the launcher after CREATE EXTENSION:
+# waited for, or a worker that starts after this list would read as a restart)
+ct_worker_pid 0 >/dev/null
 before=$(procs)
 
 # --- distributed: statements whose planned form is a bare call --------------

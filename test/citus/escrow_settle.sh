@@ -49,9 +49,14 @@ is "$(ct_val 0 "SELECT sum(used) || ' ' || sum(held) FROM earmark.budget_slot WH
 
 # 2.
 J2=$(ct_val 0 "SELECT job_id FROM earmark_reserve('$A', 10, 'k2')")
-ct_sql 0 -A -t -q -c "BEGIN" -c "SELECT charged FROM earmark_charge('$A', $J2, 3)" -c "SELECT pg_sleep(2)" -c "COMMIT" >/tmp/review_slot_settle.$$ 2>&1 &
+PGAPPNAME=es_open ct_sql 0 -A -t -q -c "BEGIN" -c "SELECT charged FROM earmark_charge('$A', $J2, 3)" -c "SELECT pg_sleep(3)" -c "COMMIT" >/tmp/review_slot_settle.$$ 2>&1 &
 bg=$!
-sleep 0.7
+# the charge is done and its transaction open (waited for, not slept: a
+# session that starts late would let the settle go first)
+open_wait() {
+    ct_wait 60 0 "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'es_open' AND query = 'SELECT pg_sleep(3)'" 1 >/dev/null
+}
+open_wait
 t0=$(date +%s%N)
 got=$(ct_val 0 "SELECT charged || ' ' || released || ' ' || status FROM earmark_settle('$A', $J2)" 2>&1)
 t1=$(date +%s%N)
@@ -61,9 +66,9 @@ ok "$([ $(( (t1 - t0) / 1000000 )) -ge 800 ]; echo $?)" "  ... it waited for the
 
 # 3.
 J3=$(ct_val 0 "SELECT job_id FROM earmark_reserve('$A', 10, 'k3')")
-ct_sql 0 -A -t -q -c "BEGIN" -c "SELECT status FROM earmark_settle('$A', $J3, 5)" -c "SELECT pg_sleep(2)" -c "COMMIT" >/tmp/review_slot_settle.$$ 2>&1 &
+PGAPPNAME=es_open ct_sql 0 -A -t -q -c "BEGIN" -c "SELECT status FROM earmark_settle('$A', $J3, 5)" -c "SELECT pg_sleep(3)" -c "COMMIT" >/tmp/review_slot_settle.$$ 2>&1 &
 bg=$!
-sleep 0.7
+open_wait
 got=$(ct_val 0 "SELECT charged || ' ' || released || ' ' || status FROM earmark_settle('$A', $J3, 9, 'failed')" 2>&1)
 wait $bg
 is "$got" "0 0 completed" "3. a settle of k3 while another settle of it is open: it answers that settle's status, charges nothing"
