@@ -23,6 +23,10 @@
 # a call against 100 a call (a new key each event):
 #   usage        SELECT earmark_record_usage('cg', 1, $1)
 #   usage_many   SELECT count(*) FROM earmark_record_usage_many('cg', 100 ones, 100 keys)
+# with CG_ONLY="earmark_reserve earmark_settle earmark_jobs_many", a job
+# reserved and settled by the single calls against 100 jobs a statement:
+#   jobs_many    SELECT count(*) FROM earmark_settle_many('cg',
+#                    ARRAY(reserve_many('cg', 100 tens, 100 keys)'s ids), 100 fives)
 # and, with CG_ONLY="earmark_receive plain_send", a webhook delivery (a new
 # key each) against test/bench/inbox's plain queue's send:
 #   receive   SELECT * FROM earmark_inbox_receive('bench', $1, 'invoice.paid', <payload>)
@@ -113,6 +117,7 @@ declare -A PREP=(
     [earmark_receive]="PREPARE q(text) AS SELECT * FROM earmark_inbox_receive('bench', \$1, 'invoice.paid', jsonb_build_object('type', 'invoice.paid', 'data', jsonb_build_object('customer_id', 'customer_1', 'plan', jsonb_build_object('key', 'pro'))));"
     [earmark_usage]="PREPARE q(text) AS SELECT earmark_record_usage('cg', 1, \$1);"
     [earmark_usage_many]="PREPARE q(text) AS SELECT count(*) FROM earmark_record_usage_many('cg', array_fill(1::bigint, ARRAY[100]), ARRAY(SELECT \$1 || '-' || g FROM generate_series(1, 100) g));"
+    [earmark_jobs_many]="PREPARE q(text) AS SELECT count(*) FROM earmark_settle_many('cg', ARRAY(SELECT job_id FROM earmark_reserve_many('cg', array_fill(10::bigint, ARRAY[100]), ARRAY(SELECT \$1 || '-' || g FROM generate_series(1, 100) g)) ORDER BY ord), array_fill(5::bigint, ARRAY[100]));"
     [earmark_budget]="PREPARE q(text) AS SELECT * FROM earmark_budget('cg') WHERE \$1 <> '';"
     [earmark_refused]="PREPARE q(text) AS SELECT * FROM earmark_reserve('cg', 2000000000000000, \$1);"
     [plain_send]="PREPARE q(text) AS SELECT plain_send(jsonb_build_object('type', 'invoice.paid', 'key', \$1, 'data', jsonb_build_object('customer_id', 'customer_1', 'plan', jsonb_build_object('key', 'pro'))));"
@@ -127,7 +132,7 @@ PREP[earmark_receive_copy]=${PREP[earmark_receive]}
 arg() {
     local name=$1 n=$2 i=$3 first off
     case $name in
-        *_reserve | *_receive | *_receive_copy | *_send | *_usage | *_usage_many | *_budget | *_refused)
+        *_reserve | *_receive | *_receive_copy | *_send | *_usage | *_usage_many | *_jobs_many | *_budget | *_refused)
             echo "'$name-$n-$i'"; return ;;
         earmark_*) first=$EM_FIRST ;;
         *) first=$REF_FIRST ;;
@@ -190,7 +195,10 @@ echo "Instructions (callgrind Ir) per call, single-user backend, $(date -u '+%Y-
 echo "(Ir with $((CALLS + 1)) calls - Ir with 1 call) / $CALLS; each call an EXECUTE of a prepared"
 echo "statement in its own transaction."
 echo
-[ -n "${PER[earmark_reserve]:-}${PER[earmark_charge]:-}${PER[earmark_settle]:-}" ] && {
+# the header only when some call was measured on both sides (CG_ONLY may
+# name earmark's alone, for the batch's table below)
+both() { [ -n "${PER[earmark_$1]:-}" ] && [ -n "${PER[reference_$1]:-}" ]; }
+{ both reserve || both charge || both settle; } && {
     echo "| call | earmark: statement | earmark: inside the function | reference: statement | reference: inside the function | earmark / reference (statement) |"
     echo "| --- | ---: | ---: | ---: | ---: | ---: |"
 }
@@ -210,6 +218,15 @@ if [ -n "$e" ] && [ -n "$r" ]; then
     echo "| earmark_record_usage, one event | $(fmt "$e") | $(fmt "${FNPER[earmark_usage]}") | $(fmt "$e") |"
     echo "| earmark_record_usage_many, 100 events | $(fmt "$r") | $(fmt "${FNPER[earmark_usage_many]}") | $(fmt $((r / 100))) |"
     echo "| single / batch, an event | | | $(ratio "$e" $((r / 100))) |"
+fi
+e=${PER[earmark_reserve]:-}; s=${PER[earmark_settle]:-}; r=${PER[earmark_jobs_many]:-}
+if [ -n "$e" ] && [ -n "$s" ] && [ -n "$r" ]; then
+    echo
+    echo "| a job | statements | inside the functions | a job |"
+    echo "| --- | ---: | ---: | ---: |"
+    echo "| earmark_reserve, then earmark_settle | $(fmt $((e + s))) | $(fmt $((${FNPER[earmark_reserve]} + ${FNPER[earmark_settle]}))) | $(fmt $((e + s))) |"
+    echo "| earmark_reserve_many + earmark_settle_many, 100 jobs | $(fmt "$r") | $(fmt "${FNPER[earmark_jobs_many]}") | $(fmt $((r / 100))) |"
+    echo "| single / batch, a job | | | $(ratio $((e + s)) $((r / 100))) |"
 fi
 e=${PER[earmark_receive]:-}; r=${PER[plain_send]:-}
 if [ -n "$e" ] && [ -n "$r" ]; then
