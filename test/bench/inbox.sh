@@ -19,9 +19,14 @@
 #      passing moments weigh less):
 #        earmark: SELECT earmark_inbox_complete(event_id) FROM earmark_inbox_claim(10)
 #        plain:   SELECT plain_delete(msg_id) FROM plain_read(30, 10)
-#      Before each measurement the queue is topped up to exactly B events
-#      waiting (one INSERT ... SELECT, the same rows receive stores), then
-#      VACUUM ANALYZE and CHECKPOINT, untimed, the same for both queues.
+#      Before each run of pgbench the queue is topped up to exactly B
+#      events waiting (one INSERT ... SELECT, the same rows receive
+#      stores), then VACUUM ANALYZE and CHECKPOINT, untimed, the same for
+#      both queues.  A measurement is CLAIM_RUNS such runs, their events
+#      over their time (by default as many as handle 20,000 events: 5
+#      with 20,000 waiting, 1 with 200,000): with 8 clients one run of
+#      4,000 events lasts about a fifth of a second, and single runs
+#      of the same build ranged over 140 to 290 ms.
 # Every measurement runs ROUNDS times, the two queues interleaved (plain
 # first in odd rounds, earmark first in even ones), so that the machine's
 # slow moments fall on both; the tables show the median of the rounds.
@@ -36,8 +41,9 @@
 # Settings (environment): EM_BENCH_BACKLOGS (default "20000 200000"),
 # EM_BENCH_CLIENTS (default "1 8"), EM_BENCH_ROUNDS (default 3),
 # EM_BENCH_RECEIVE (events per receive measurement, default 3000),
-# EM_BENCH_CLAIMED (events per claim + complete measurement, default a
-# fifth of the backlog), EM_BENCH_PORT (default 55456).  About twelve minutes with the
+# EM_BENCH_CLAIMED (events per claim + complete run, default a fifth of
+# the backlog), EM_BENCH_CLAIM_RUNS (runs per claim + complete
+# measurement, default 20,000 events' worth), EM_BENCH_PORT (default 55456).  About twelve minutes with the
 # defaults on a busy 2-core machine.
 #
 # The queues differ in what they keep: earmark stores each event once per
@@ -54,6 +60,7 @@ CLIENTS=${EM_BENCH_CLIENTS:-"1 8"}
 ROUNDS=${EM_BENCH_ROUNDS:-3}
 RECEIVE=${EM_BENCH_RECEIVE:-3000}
 CLAIMED=${EM_BENCH_CLAIMED:-}
+CLAIM_RUNS=${EM_BENCH_CLAIM_RUNS:-}
 PORT=${EM_BENCH_PORT:-55456}
 RECEIVE_BACKLOG=20000
 TARGET=0.80
@@ -215,17 +222,23 @@ for b in $BACKLOGS; do
     for c in $CLIENTS; do
         claimed=${CLAIMED:-$(( b / 5 ))}
         claims=$(( (claimed + 10 * c - 1) / (10 * c) ))
+        runs=${CLAIM_RUNS:-$(( (20000 + claimed - 1) / claimed ))}
         for r in $(seq 1 "$ROUNDS"); do
             for sys in $(order "$r"); do
-                top_up "$sys" "$b"
-                settle >/dev/null
-                em_log "claim + complete: $sys, backlog $b, $c client(s), round $r"
-                before=$(waiting "$sys")
-                t0=$(now_ns)
-                pgbench_run "$sys-consume-$b-$c-$r" "${sys}_consume.sql" "$c" "$claims"
-                t1=$(now_ns)
-                done_n=$(( before - $(waiting "$sys") ))
-                R_CONS[$sys,$b,$c]="${R_CONS[$sys,$b,$c]:-} $(rate "$done_n" $(( t1 - t0 )))"
+                em_log "claim + complete: $sys, backlog $b, $c client(s), round $r: $runs run(s) of $claimed"
+                done_n=0
+                ns=0
+                for k in $(seq 1 "$runs"); do
+                    top_up "$sys" "$b"
+                    settle >/dev/null
+                    before=$(waiting "$sys")
+                    t0=$(now_ns)
+                    pgbench_run "$sys-consume-$b-$c-$r-$k" "${sys}_consume.sql" "$c" "$claims"
+                    t1=$(now_ns)
+                    done_n=$(( done_n + before - $(waiting "$sys") ))
+                    ns=$(( ns + t1 - t0 ))
+                done
+                R_CONS[$sys,$b,$c]="${R_CONS[$sys,$b,$c]:-} $(rate "$done_n" "$ns")"
             done
         done
         for sys in plain earmark; do
