@@ -25,8 +25,8 @@ SELECT * FROM earmark_inbox_claim_plan(10);
 -- per handled type, a walk of that type's part of inbox_event_typed_due
 -- (its Index Cond on event_type), never of the others' events, in order
 -- and cut by LIMIT: no Sort and no Bitmap under the LockRows, which would
--- read all of a type's due events at each claim (the worker's claim is
--- planned without bitmap scans, inbox.c claim_settings_begin;
+-- read all of a type's due events at each claim (both claims are planned
+-- to read by index only, inbox.c claim_settings_begin;
 -- test/integration/review_worker_claim_sort.sh counts what the worker reads)
 SELECT * FROM earmark_inbox_claim_plan(25, true);
 

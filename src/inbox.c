@@ -810,39 +810,49 @@ static SPIPlanPtr claim_plans[2];
 static int	claim_plan_batch[2];
 
 /*
- * The planner settings the worker's claim is planned under, at its first
- * run and whenever an invalidation plans it again (and so its plan, as
- * earmark_inbox_claim_plan shows it).  Each type's walk matches the type
- * by a join clause (">= AND <=" on inbox_handler's column), whose generic
- * estimate is a fixed sliver of the due events whatever the statistics:
- * the planner then reads all of a type's due events by bitmap and sorts
- * them at every claim, to take a batch (the worker's drain of a backlog
- * of its own events was quadratic).  Without bitmap scans the cheaper way
- * is the ordered walk of inbox_event_typed_due that LIMIT cuts (a plain
- * index scan followed by a sort costs the same reads plus the sort).
- * enable_seqscan stays on: off, it turns the UPDATE's join into a merge
- * join over a full walk of the primary key.  Returns the GUC nest level to
- * give claim_settings_end, or -1 for an application's claim (planned
- * under the session's settings, as before).
+ * The planner settings both claims are planned under, at their first run
+ * and whenever an invalidation plans them again (and so their plans, as
+ * earmark_inbox_claim_plan shows them): read by index only and join row
+ * by row.  The plan is kept for the session, so it must not depend on how
+ * big the table looked when it was made:
+ * - planned while earmark.inbox_event is empty (a new installation, or
+ *   right after TRUNCATE, until autovacuum analyzes it), the estimates are
+ *   those of a few pages, where a bitmap read of every due event and a
+ *   sort (the application's claim), or the UPDATE's hash join over a
+ *   sequential scan of the whole table (the worker's), look cheapest; kept
+ *   while the backlog grows, they read all of it at each claim
+ *   (sql/inbox_plan_empty.sql);
+ * - the worker's walk matches each type by a join clause (">= AND <=" on
+ *   inbox_handler's column), whose generic estimate is a fixed sliver of
+ *   the due events whatever the statistics: with bitmap scans the planner
+ *   reads all of a type's due events and sorts them at every claim (the
+ *   worker's drain of a backlog of its own events was quadratic).
+ * With these off, the only plan left is the one the claim is written for:
+ * the ordered walk of inbox_event_due (inbox_event_typed_due per type)
+ * that LIMIT cuts, and the update of each event it locked by its primary
+ * key.  (enable_seqscan off alone turns the UPDATE's join into a merge
+ * join over a full walk of the primary key: hence the joins too.)
+ * Returns the GUC nest level to give claim_settings_end.
  */
 static int
-claim_settings_begin(bool with_handler)
+claim_settings_begin(void)
 {
-	int			level;
+	static const char *const off[] = {
+		"enable_seqscan", "enable_bitmapscan", "enable_hashjoin", "enable_mergejoin"
+	};
+	int			level = NewGUCNestLevel();
+	int			i;
 
-	if (!with_handler)
-		return -1;
-	level = NewGUCNestLevel();
-	(void) set_config_option("enable_bitmapscan", "off", PGC_USERSET, PGC_S_SESSION,
-							 GUC_ACTION_SAVE, true, 0, false);
+	for (i = 0; i < lengthof(off); i++)
+		(void) set_config_option(off[i], "off", PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_SAVE, true, 0, false);
 	return level;
 }
 
 static void
 claim_settings_end(int level)
 {
-	if (level >= 0)
-		AtEOXact_GUC(true, level);
+	AtEOXact_GUC(true, level);
 }
 
 /*
@@ -945,7 +955,7 @@ em_inbox_claim(int max_events, Interval *lease, bool with_handler)
 	args[3] = Int32GetDatum(INBOX_MAX_ATTEMPTS);
 	args[4] = TimestampTzGetDatum(DT_NOBEGIN);
 	args[5] = Int64GetDatum(0);
-	level = claim_settings_begin(with_handler);
+	level = claim_settings_begin();
 	do
 	{
 		rc = SPI_execute_plan(claim_plan(max_events, with_handler), args, NULL, false, 0);
@@ -1043,7 +1053,7 @@ earmark_inbox_claim_plan(PG_FUNCTION_ARGS)
 	es = NewExplainState();
 	es->costs = false;
 	SPI_connect();
-	level = claim_settings_begin(PG_GETARG_BOOL(1));
+	level = claim_settings_begin();
 	source = linitial(SPI_plan_get_plan_sources(claim_plan(PG_GETARG_INT32(0),
 															PG_GETARG_BOOL(1))));
 	cplan = GetCachedPlan(source, NULL, CurrentResourceOwner, NULL);

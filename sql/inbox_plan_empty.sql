@@ -1,0 +1,47 @@
+-- A claim's plan is made once per session and kept (inbox.c claim_plan)
+-- until an invalidation plans it again: a TRUNCATE, an ANALYZE, an index
+-- change.  Planned while earmark.inbox_event is empty (a new installation,
+-- or right after TRUNCATE, until autovacuum analyzes the table), the
+-- planner's estimates are those of a table of a few pages, where reading
+-- all of it and sorting looks cheapest; that plan then stays while the
+-- backlog grows.  Both claims are planned to read by index only and to
+-- join row by row (inbox.c claim_settings_begin), so that the plan made on
+-- the empty table is the walk that LIMIT cuts, as on a full one.
+SET client_min_messages = warning;
+SET timezone = 'UTC';
+TRUNCATE earmark.inbox_receipt, earmark.inbox_event RESTART IDENTITY CASCADE;
+DELETE FROM earmark.inbox_handler WHERE event_type <> 'customer.plan_changed';
+
+-- both claims planned now, on the empty table (the plans this session keeps)
+SELECT count(*) FROM earmark_inbox_claim(10);
+SELECT * FROM earmark_inbox_claim_plan(10);
+SELECT * FROM earmark_inbox_claim_plan(10, true);
+
+-- 6,000 events arrive (3 types, one with a handler, out of arrival order);
+-- no analyze: nothing plans the claims again
+INSERT INTO earmark.inbox_event (source, dedupe_key, event_type, payload, occurred_at, verified_by)
+SELECT 'empty', 'k' || g,
+       (ARRAY['invoice.paid', 'customer.plan_changed', 'user.created'])[g % 3 + 1], '{}',
+       '2026-10-01 00:00+00'::timestamptz + ((g * 7919) % 6000) * interval '1 s', 'admin'
+  FROM generate_series(1, 6000) g;
+
+-- the kept plans: no Sort, Bitmap, Seq Scan or Hash of the events under
+-- the LockRows, nor in the UPDATE's join
+SELECT * FROM earmark_inbox_claim_plan(10);
+SELECT * FROM earmark_inbox_claim_plan(10, true);
+
+-- what a claim reads with 4,000 of its events waiting: the events it
+-- passes over on its walk (the worker's) and the ones it takes, not the
+-- backlog (this transaction's own counts of earmark.inbox_event)
+BEGIN;
+SELECT count(*) AS claimed FROM earmark_inbox_claim(10);
+SELECT seq_tup_read AS read_by_seq_scan, idx_tup_fetch < 100 AS walk_cut_by_limit
+  FROM pg_stat_xact_user_tables WHERE relid = 'earmark.inbox_event'::regclass;
+ROLLBACK;
+
+-- a new session's plan, on the full table, is the same walk
+\c
+SET client_min_messages = warning;
+SELECT * FROM earmark_inbox_claim_plan(10);
+
+TRUNCATE earmark.inbox_receipt, earmark.inbox_event RESTART IDENTITY CASCADE;
