@@ -54,13 +54,13 @@ PSQL
 EOF
 
 # A: refused once (the locked path sets the hint), waits for gdb to attach
-# (gdb_armed, run by A's psql; a fixed 3 s let a slow attach miss A's call,
+# (gdb_armed_psql, run by A's psql; a fixed 3 s let a slow attach miss A's call,
 # and the sweep then ran after A: check 5 failed) and for the short lease to
 # pass, then reserves 10 again
 rm -f "$WX/gdb.armed"
 backend a -c "SET earmark.rate_limit = 0" \
   -c "SELECT (SELECT admitted FROM earmark_reserve('fs', 10, 'fs-a1'))" \
-  -c "\\! for i in \$(seq $((1200 * EM_WAIT_SCALE))); do [ -f '$WX/gdb.armed' ] && break; sleep 0.05; done" \
+  -c "$(gdb_armed_psql)" \
   -c "SELECT pg_sleep(greatest(0, extract(epoch FROM (SELECT lease_until FROM earmark.job WHERE idempotency_key = 'fs-short')
                                                   - clock_timestamp())) + 0.2)" \
   -c "SELECT (SELECT count(*) FROM earmark.job WHERE idempotency_key = 'fs-short' AND status = 'running'

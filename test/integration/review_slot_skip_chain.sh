@@ -74,12 +74,13 @@ race() {
     sess b
     say b b0
     # R's statement waits until gdb_hold's gdb has attached and set its first
-    # breakpoint (tap.sh's gdb_armed, run by R's psql; 60 s, scaled): a
-    # fixed pause (1.5 s) let a slow attach miss R's call
+    # breakpoint (tap.sh's gdb_armed_psql, run by R's psql; 60 s, scaled): a
+    # fixed pause (1.5 s) let a slow attach miss R's call.  The pause's
+    # statement stays as pg_sleep(0): its output line keeps R's answer on
+    # the line the checks read (sed -n 3p).
     rm -f "$WX/gdb.armed"
     PGOPTIONS='-c earmark.rate_limit=0' backend r \
-        -c "\\! for i in \$(seq $((1200 * EM_WAIT_SCALE))); do [ -f '$WX/gdb.armed' ] && break; sleep 0.05; done" \
-        -c "SELECT pg_sleep(0)" -c "$rsql"
+        -c "$(gdb_armed_psql)" -c "SELECT pg_sleep(0)" -c "$rsql"
     gdb_hold "$BPID" "$WX/m.sh" "$brk" ConditionalXactLockTableWait bt
     if gdb_held "in ConditionalXactLockTableWait" && [ -f "$WX/m.done" ]; then
         diag "gdb held R in ConditionalXactLockTableWait ($what) while A committed and B took the row"

@@ -229,6 +229,12 @@ gdb_armed() {
         sleep 0.05
     done
 }
+# gdb_armed_psql: gdb_armed's wait as a psql meta-command (\!), for a
+# session that must wait inside itself, between two of its statements:
+#   backend r -c "$(gdb_armed_psql)" -c "SELECT ..."
+gdb_armed_psql() {
+    printf '%s' "\\! for i in \$(seq $((1200 * EM_WAIT_SCALE))); do [ -f '$WX/gdb.armed' ] && break; sleep 0.05; done"
+}
 # gdb_held REGEX: waits for gdb_hold's gdb; 0 if gdb.log matches REGEX (it held where wanted)
 gdb_held() { wait "$GPID"; GPID=; grep -q "$1" "$WX/gdb.log"; }
 
