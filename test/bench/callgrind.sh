@@ -31,6 +31,11 @@
 # key each) against test/bench/inbox's plain queue's send:
 #   receive   SELECT * FROM earmark_inbox_receive('bench', $1, 'invoice.paid', <payload>)
 #             | SELECT plain_send(<payload with the key>)
+# and, with CG_ONLY="earmark_claim plain_read", a claim of 10 events and
+# their completions against the plain queue's read and deletes, each from
+# a backlog of 20,000 waiting events (and 10 more a call):
+#   claim     SELECT count(earmark_inbox_complete(event_id)) FROM earmark_inbox_claim(10)
+#             | SELECT count(plain_delete(msg_id)) FROM plain_read(30, 10)
 # and, with CG_ONLY="earmark_receive earmark_receive_copy", a first delivery
 # against a copy (the same call with a key delivered before: the copy's
 # count on the event and a receipt without the key; the plain queue has no
@@ -66,6 +71,12 @@ CG_TMP=$(mktemp -d /tmp/earmark-callgrind.XXXXXX)
 chmod 777 "$CG_TMP"
 trap '[ -n "${CG_KEEP:-}" ] && em_log "kept $CG_TMP" || rm -rf "$CG_TMP"; em_stop_cluster' EXIT
 
+# the claims' backlog (none unless they are measured)
+case " ${CG_ONLY:-} " in
+    *" earmark_claim "* | *" plain_read "*) BACKLOG=$((20000 + 10 * (CALLS + 3))) ;;
+    *) BACKLOG=0 ;;
+esac
+
 em_psql -d postgres >/dev/null <<SQL
 CREATE EXTENSION earmark;
 \i $EM_ROOT/test/bench/reference.sql
@@ -81,7 +92,26 @@ SELECT count(*) FROM (
             SELECT 'earmark_receive_copy-$((CALLS + 1))-' || g FROM generate_series(1, $((CALLS + 1))) g) keys
      WHERE ' ${CG_ONLY:-} ' LIKE '% earmark_receive_copy %') s;
 -- their rows' hint bits set now, not by whichever call reads them first
-VACUUM earmark.inbox_event, earmark.inbox_receipt;
+-- the claims' backlog: the rows test/bench/inbox.sh fills its queues with
+WITH e AS (
+    INSERT INTO earmark.inbox_event (source, dedupe_key, event_type, payload, occurred_at, verified_by)
+    SELECT 'bench', 'fill-' || g, 'invoice.paid',
+           jsonb_build_object('type', 'invoice.paid',
+                              'data', jsonb_build_object('customer_id', 'customer_' || g % 8,
+                                                         'plan', jsonb_build_object('key', 'pro'))),
+           clock_timestamp(), 'admin'
+      FROM generate_series(1, $BACKLOG) g
+    RETURNING event_id, source, dedupe_key)
+INSERT INTO earmark.inbox_receipt (event_id, inserted, source, dedupe_key)
+SELECT event_id, true, source, dedupe_key FROM e;
+INSERT INTO plain_q (vt, message)
+SELECT clock_timestamp(),
+       jsonb_build_object('type', 'invoice.paid', 'key', 'fill-' || g,
+                          'data', jsonb_build_object('customer_id', 'customer_' || g % 8,
+                                                     'plan', jsonb_build_object('key', 'pro')))
+  FROM generate_series(1, $BACKLOG) g;
+VACUUM ANALYZE plain_q;
+VACUUM ANALYZE earmark.inbox_event, earmark.inbox_receipt;
 -- the cycle's budget row exists before any measurement
 SELECT * FROM earmark_settle('cg', (SELECT job_id FROM earmark_reserve('cg', 1, 'warm-up')), 0);
 -- pools of open jobs for charge and settle: 1 + 1 + CALLS + 1 a pool, ids
@@ -118,6 +148,8 @@ declare -A PREP=(
     [earmark_usage]="PREPARE q(text) AS SELECT earmark_record_usage('cg', 1, \$1);"
     [earmark_usage_many]="PREPARE q(text) AS SELECT count(*) FROM earmark_record_usage_many('cg', array_fill(1::bigint, ARRAY[100]), ARRAY(SELECT \$1 || '-' || g FROM generate_series(1, 100) g));"
     [earmark_jobs_many]="PREPARE q(text) AS SELECT count(*) FROM earmark_settle_many('cg', ARRAY(SELECT job_id FROM earmark_reserve_many('cg', array_fill(10::bigint, ARRAY[100]), ARRAY(SELECT \$1 || '-' || g FROM generate_series(1, 100) g)) ORDER BY ord), array_fill(5::bigint, ARRAY[100]));"
+    [earmark_claim]="PREPARE q(text) AS SELECT count(earmark_inbox_complete(event_id)) FROM earmark_inbox_claim(10) WHERE \$1 <> '';"
+    [plain_read]="PREPARE q(text) AS SELECT count(plain_delete(msg_id)) FROM plain_read(30, 10) WHERE \$1 <> '';"
     [earmark_budget]="PREPARE q(text) AS SELECT * FROM earmark_budget('cg') WHERE \$1 <> '';"
     [earmark_refused]="PREPARE q(text) AS SELECT * FROM earmark_reserve('cg', 2000000000000000, \$1);"
     [plain_send]="PREPARE q(text) AS SELECT plain_send(jsonb_build_object('type', 'invoice.paid', 'key', \$1, 'data', jsonb_build_object('customer_id', 'customer_1', 'plan', jsonb_build_object('key', 'pro'))));"
@@ -132,7 +164,7 @@ PREP[earmark_receive_copy]=${PREP[earmark_receive]}
 arg() {
     local name=$1 n=$2 i=$3 first off
     case $name in
-        *_reserve | *_receive | *_receive_copy | *_send | *_usage | *_usage_many | *_jobs_many | *_budget | *_refused)
+        *_reserve | *_receive | *_receive_copy | *_send | *_usage | *_usage_many | *_jobs_many | *_claim | *_read | *_budget | *_refused)
             echo "'$name-$n-$i'"; return ;;
         earmark_*) first=$EM_FIRST ;;
         *) first=$REF_FIRST ;;
@@ -169,7 +201,7 @@ measure() {
     local f=fmgr_security_definer
     case $name in
         reference_* | plain_*) f=plpgsql_call_handler ;;
-        earmark_receive*) f=em_call_pinned ;;
+        earmark_receive* | earmark_claim) f=em_call_pinned ;;
     esac
     fn=$(callgrind_annotate --inclusive=yes --threshold=100 "$out" 2>/dev/null \
         | awk -v f="$f" '!done && ($0 ~ (":" f " ") || $0 ~ (":" f "$")) { gsub(",", "", $1); print $1; done = 1 }')
@@ -227,6 +259,13 @@ if [ -n "$e" ] && [ -n "$s" ] && [ -n "$r" ]; then
     echo "| earmark_reserve, then earmark_settle | $(fmt $((e + s))) | $(fmt $((${FNPER[earmark_reserve]} + ${FNPER[earmark_settle]}))) | $(fmt $((e + s))) |"
     echo "| earmark_reserve_many + earmark_settle_many, 100 jobs | $(fmt "$r") | $(fmt "${FNPER[earmark_jobs_many]}") | $(fmt $((r / 100))) |"
     echo "| single / batch, a job | | | $(ratio $((e + s)) $((r / 100))) |"
+fi
+e=${PER[earmark_claim]:-}; r=${PER[plain_read]:-}
+if [ -n "$e" ] && [ -n "$r" ]; then
+    echo
+    echo "| call | earmark: statement | earmark: inside the functions | plain queue: statement | plain queue: inside the functions | earmark / plain (statement) |"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+    echo "| 10 events claimed and completed (claim + 10 completes / read + 10 deletes) | $(fmt "$e") | $(fmt "${FNPER[earmark_claim]}") | $(fmt "$r") | $(fmt "${FNPER[plain_read]}") | $(ratio "$e" "$r") |"
 fi
 e=${PER[earmark_receive]:-}; r=${PER[plain_send]:-}
 if [ -n "$e" ] && [ -n "$r" ]; then
