@@ -91,25 +91,12 @@ SELECT count(*) FROM (
             UNION ALL
             SELECT 'earmark_receive_copy-$((CALLS + 1))-' || g FROM generate_series(1, $((CALLS + 1))) g) keys
      WHERE ' ${CG_ONLY:-} ' LIKE '% earmark_receive_copy %') s;
--- their rows' hint bits set now, not by whichever call reads them first
 -- the claims' backlog: the rows test/bench/inbox.sh fills its queues with
-WITH e AS (
-    INSERT INTO earmark.inbox_event (source, dedupe_key, event_type, payload, occurred_at, verified_by)
-    SELECT 'bench', 'fill-' || g, 'invoice.paid',
-           jsonb_build_object('type', 'invoice.paid',
-                              'data', jsonb_build_object('customer_id', 'customer_' || g % 8,
-                                                         'plan', jsonb_build_object('key', 'pro'))),
-           clock_timestamp(), 'admin'
-      FROM generate_series(1, $BACKLOG) g
-    RETURNING event_id, source, dedupe_key)
-INSERT INTO earmark.inbox_receipt (event_id, inserted, source, dedupe_key)
-SELECT event_id, true, source, dedupe_key FROM e;
-INSERT INTO plain_q (vt, message)
-SELECT clock_timestamp(),
-       jsonb_build_object('type', 'invoice.paid', 'key', 'fill-' || g,
-                          'data', jsonb_build_object('customer_id', 'customer_' || g % 8,
-                                                     'plan', jsonb_build_object('key', 'pro')))
-  FROM generate_series(1, $BACKLOG) g;
+\set first 1
+\set last $BACKLOG
+\i $EM_ROOT/test/bench/inbox/fill_earmark.sql
+\i $EM_ROOT/test/bench/inbox/fill_plain.sql
+-- their rows' hint bits set now, not by whichever call reads them first
 VACUUM ANALYZE plain_q;
 VACUUM ANALYZE earmark.inbox_event, earmark.inbox_receipt;
 -- the cycle's budget row exists before any measurement
@@ -260,20 +247,18 @@ if [ -n "$e" ] && [ -n "$s" ] && [ -n "$r" ]; then
     echo "| earmark_reserve_many + earmark_settle_many, 100 jobs | $(fmt "$r") | $(fmt "${FNPER[earmark_jobs_many]}") | $(fmt $((r / 100))) |"
     echo "| single / batch, a job | | | $(ratio $((e + s)) $((r / 100))) |"
 fi
-e=${PER[earmark_claim]:-}; r=${PER[plain_read]:-}
-if [ -n "$e" ] && [ -n "$r" ]; then
+# vs_plain EARMARK PLAIN WHAT: earmark's call against the plain queue's, when both were measured
+vs_plain() {
+    local e=${PER[$1]:-} r=${PER[$2]:-}
+    [ -n "$e" ] && [ -n "$r" ] || return 0
     echo
-    echo "| call | earmark: statement | earmark: inside the functions | plain queue: statement | plain queue: inside the functions | earmark / plain (statement) |"
+    echo "| call | earmark: statement | earmark: inside the function(s) | plain queue: statement | plain queue: inside the function(s) | earmark / plain (statement) |"
     echo "| --- | ---: | ---: | ---: | ---: | ---: |"
-    echo "| 10 events claimed and completed (claim + 10 completes / read + 10 deletes) | $(fmt "$e") | $(fmt "${FNPER[earmark_claim]}") | $(fmt "$r") | $(fmt "${FNPER[plain_read]}") | $(ratio "$e" "$r") |"
-fi
-e=${PER[earmark_receive]:-}; r=${PER[plain_send]:-}
-if [ -n "$e" ] && [ -n "$r" ]; then
-    echo
-    echo "| call | earmark: statement | earmark: inside the function | plain queue: statement | plain queue: inside the function | earmark / plain (statement) |"
-    echo "| --- | ---: | ---: | ---: | ---: | ---: |"
-    echo "| a delivery (receive / send) | $(fmt "$e") | $(fmt "${FNPER[earmark_receive]}") | $(fmt "$r") | $(fmt "${FNPER[plain_send]}") | $(ratio "$e" "$r") |"
-fi
+    echo "| $3 | $(fmt "$e") | $(fmt "${FNPER[$1]}") | $(fmt "$r") | $(fmt "${FNPER[$2]}") | $(ratio "$e" "$r") |"
+}
+vs_plain earmark_claim plain_read "10 events claimed and completed (claim + 10 completes / read + 10 deletes)"
+vs_plain earmark_receive plain_send "a delivery (receive / send)"
+e=${PER[earmark_receive]:-}
 c=${PER[earmark_receive_copy]:-}
 if [ -n "$e" ] && [ -n "$c" ]; then
     echo

@@ -97,27 +97,7 @@ FILLED=0
 top_up() {
     local need=$(( $2 - $(waiting "$1") ))
     [ "$need" -gt 0 ] || return 0
-    case $1 in
-        earmark) em_psql -d "$DB" -c "
-            WITH e AS (
-                INSERT INTO earmark.inbox_event (source, dedupe_key, event_type, payload, occurred_at, verified_by)
-                SELECT 'bench', 'fill-' || g, 'invoice.paid',
-                       jsonb_build_object('type', 'invoice.paid',
-                                          'data', jsonb_build_object('customer_id', 'customer_' || g % 8,
-                                                                     'plan', jsonb_build_object('key', 'pro'))),
-                       clock_timestamp(), 'admin'
-                  FROM generate_series($FILLED + 1, $FILLED + $need) g
-                RETURNING event_id, source, dedupe_key)
-            INSERT INTO earmark.inbox_receipt (event_id, inserted, source, dedupe_key)
-            SELECT event_id, true, source, dedupe_key FROM e" ;;
-        plain) em_psql -d "$DB" -c "
-            INSERT INTO plain_q (vt, message)
-            SELECT clock_timestamp(),
-                   jsonb_build_object('type', 'invoice.paid', 'key', 'fill-' || g,
-                                      'data', jsonb_build_object('customer_id', 'customer_' || g % 8,
-                                                                 'plan', jsonb_build_object('key', 'pro')))
-              FROM generate_series($FILLED + 1, $FILLED + $need) g" ;;
-    esac
+    em_psql -d "$DB" -v first=$(( FILLED + 1 )) -v last=$(( FILLED + need )) -f "$BENCH_DIR/fill_$1.sql"
     FILLED=$(( FILLED + need ))
 }
 

@@ -36,23 +36,7 @@ fill() {   # fill B
     em_psql -d "$DB" \
         -c "TRUNCATE earmark.inbox_receipt, earmark.inbox_event RESTART IDENTITY CASCADE" \
         -c "TRUNCATE plain_q RESTART IDENTITY" \
-        -c "WITH e AS (
-                INSERT INTO earmark.inbox_event (source, dedupe_key, event_type, payload, occurred_at, verified_by)
-                SELECT 'bench', 'fill-' || g, 'invoice.paid',
-                       jsonb_build_object('type', 'invoice.paid',
-                                          'data', jsonb_build_object('customer_id', 'customer_' || g % 8,
-                                                                     'plan', jsonb_build_object('key', 'pro'))),
-                       clock_timestamp(), 'admin'
-                  FROM generate_series(1, $1) g
-                RETURNING event_id, source, dedupe_key)
-            INSERT INTO earmark.inbox_receipt (event_id, inserted, source, dedupe_key)
-            SELECT event_id, true, source, dedupe_key FROM e" \
-        -c "INSERT INTO plain_q (vt, message)
-            SELECT clock_timestamp(),
-                   jsonb_build_object('type', 'invoice.paid', 'key', 'fill-' || g,
-                                      'data', jsonb_build_object('customer_id', 'customer_' || g % 8,
-                                                                 'plan', jsonb_build_object('key', 'pro')))
-              FROM generate_series(1, $1) g"
+        -v first=1 -v last="$1" -f "$BENCH_DIR/fill_earmark.sql" -f "$BENCH_DIR/fill_plain.sql"
     for t in earmark.inbox_event earmark.inbox_receipt plain_q; do
         em_psql -d "$DB" -c "VACUUM ANALYZE $t"
     done
