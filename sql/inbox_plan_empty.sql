@@ -7,15 +7,24 @@
 -- backlog grows.  Both claims are planned to read by index only and to
 -- join row by row (inbox.c claim_settings_begin), so that the plan made on
 -- the empty table is the walk that LIMIT cuts, as on a full one.
+-- The plans are shown by their nodes (the detail lines, with a colon, and
+-- the handler check's subplan, hashed or not by the statistics, left out).
+-- Autovacuum is kept off the events table for the test: its analyze would
+-- plan the claims again, on the full table.
 SET client_min_messages = warning;
 SET timezone = 'UTC';
+ALTER TABLE earmark.inbox_event SET (autovacuum_enabled = false);
 TRUNCATE earmark.inbox_receipt, earmark.inbox_event RESTART IDENTITY CASCADE;
 DELETE FROM earmark.inbox_handler WHERE event_type <> 'customer.plan_changed';
+CREATE FUNCTION pg_temp.nodes(with_handler boolean) RETURNS SETOF text
+LANGUAGE sql AS $$
+    SELECT p FROM earmark_inbox_claim_plan(10, with_handler) AS p WHERE p !~ ':|SubPlan'
+$$;
 
 -- both claims planned now, on the empty table (the plans this session keeps)
 SELECT count(*) FROM earmark_inbox_claim(10);
-SELECT * FROM earmark_inbox_claim_plan(10);
-SELECT * FROM earmark_inbox_claim_plan(10, true);
+SELECT * FROM pg_temp.nodes(false);
+SELECT * FROM pg_temp.nodes(true);
 
 -- 6,000 events arrive (3 types, one with a handler, out of arrival order);
 -- no analyze: nothing plans the claims again
@@ -27,8 +36,8 @@ SELECT 'empty', 'k' || g,
 
 -- the kept plans: no Sort, Bitmap, Seq Scan or Hash of the events under
 -- the LockRows, nor in the UPDATE's join
-SELECT * FROM earmark_inbox_claim_plan(10);
-SELECT * FROM earmark_inbox_claim_plan(10, true);
+SELECT * FROM pg_temp.nodes(false);
+SELECT * FROM pg_temp.nodes(true);
 
 -- what a claim reads with 4,000 of its events waiting: the events it
 -- passes over on its walk (the worker's) and the ones it takes, not the
@@ -42,6 +51,7 @@ ROLLBACK;
 -- a new session's plan, on the full table, is the same walk
 \c
 SET client_min_messages = warning;
-SELECT * FROM earmark_inbox_claim_plan(10);
+SELECT p FROM earmark_inbox_claim_plan(10) AS p WHERE p !~ ':|SubPlan';
 
 TRUNCATE earmark.inbox_receipt, earmark.inbox_event RESTART IDENTITY CASCADE;
+ALTER TABLE earmark.inbox_event RESET (autovacuum_enabled);
