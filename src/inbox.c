@@ -832,19 +832,33 @@ static int	claim_plan_batch[2];
  * that LIMIT cuts, and the update of each event it locked by its primary
  * key.  (enable_seqscan off alone turns the UPDATE's join into a merge
  * join over a full walk of the primary key: hence the joins too.)
+ * They are in force while the claim is planned, not while it runs
+ * (em_inbox_claim): SQL of the caller's that runs inside the claim, an
+ * operator's trigger on inbox_event, is planned under the caller's own
+ * settings (with enable_seqscan off, a trigger's update of a table it can
+ * only scan was JIT-compiled at each row, and kept so by PL/pgSQL's plan
+ * cache for the rest of the session).
  * Returns the GUC nest level to give claim_settings_end.
  */
 static int
 claim_settings_begin(void)
 {
-	static const char *const off[] = {
-		"enable_seqscan", "enable_bitmapscan", "enable_hashjoin", "enable_mergejoin"
+	/*
+	 * The two left on are the ones the plan is then made of: a session of
+	 * the caller's with either off would leave the planner nothing but
+	 * disabled paths (a claim 20 times slower than before these settings,
+	 * with a JIT compilation of it at every claim).
+	 */
+	static const char *const settings[][2] = {
+		{"enable_seqscan", "off"}, {"enable_bitmapscan", "off"},
+		{"enable_hashjoin", "off"}, {"enable_mergejoin", "off"},
+		{"enable_indexscan", "on"}, {"enable_nestloop", "on"}
 	};
 	int			level = NewGUCNestLevel();
 	int			i;
 
-	for (i = 0; i < lengthof(off); i++)
-		(void) set_config_option(off[i], "off", PGC_USERSET, PGC_S_SESSION,
+	for (i = 0; i < lengthof(settings); i++)
+		(void) set_config_option(settings[i][0], settings[i][1], PGC_USERSET, PGC_S_SESSION,
 								 GUC_ACTION_SAVE, true, 0, false);
 	return level;
 }
@@ -937,6 +951,38 @@ walk_ended_at(Datum *occurred_at, Datum *event_id)
 							  SPI_fnumber(t->tupdesc, "event_id"), &isnull);
 }
 
+/*
+ * Run the claim's plan with args, planned (or found valid) under the
+ * claim's settings, which are for its planning only: SQL of the caller's
+ * that runs inside the claim (an operator's trigger on inbox_event) is
+ * planned, and its plans are kept, under the caller's own settings.  The
+ * kept generic plan is made or checked here, which also takes the claim's
+ * locks and so reads the invalidations that could make SPI_execute_plan
+ * plan it again; SPI_execute_plan then runs that plan.  A session that
+ * forces custom plans plans the claim in SPI_execute_plan, at each claim:
+ * the settings then stay on for its run.  Returns SPI_execute_plan's code.
+ */
+static int
+run_claim(SPIPlanPtr plan, Datum *args)
+{
+	bool		custom = plan_cache_mode == PLAN_CACHE_MODE_FORCE_CUSTOM_PLAN;
+	CachedPlan *cplan = NULL;
+	int			level = claim_settings_begin();
+	int			rc;
+
+	if (!custom)
+	{
+		cplan = SPI_plan_get_cached_plan(plan);
+		claim_settings_end(level);
+	}
+	rc = SPI_execute_plan(plan, args, NULL, false, 0);
+	if (custom)
+		claim_settings_end(level);
+	if (cplan != NULL)
+		ReleaseCachedPlan(cplan, CurrentResourceOwner);
+	return rc;
+}
+
 /* claim into the caller's SPI connection; returns the number claimed */
 uint64
 em_inbox_claim(int max_events, Interval *lease, bool with_handler)
@@ -947,7 +993,6 @@ em_inbox_claim(int max_events, Interval *lease, bool with_handler)
 	uint64		n;
 	uint64		buried;
 	int			rc;
-	int			level;
 
 	args[0] = IntervalPGetDatum(lease);
 	args[1] = TimestampTzGetDatum(now);
@@ -955,10 +1000,9 @@ em_inbox_claim(int max_events, Interval *lease, bool with_handler)
 	args[3] = Int32GetDatum(INBOX_MAX_ATTEMPTS);
 	args[4] = TimestampTzGetDatum(DT_NOBEGIN);
 	args[5] = Int64GetDatum(0);
-	level = claim_settings_begin();
 	do
 	{
-		rc = SPI_execute_plan(claim_plan(max_events, with_handler), args, NULL, false, 0);
+		rc = run_claim(claim_plan(max_events, with_handler), args);
 		MemoryContextSwitchTo(cxt);
 		if (rc < 0)
 			elog(ERROR, "earmark: inbox claim failed: %s", SPI_result_code_string(rc));
@@ -966,7 +1010,6 @@ em_inbox_claim(int max_events, Interval *lease, bool with_handler)
 			walk_ended_at(&args[4], &args[5]);
 		n = keep_claimed(&buried);
 	} while (n == 0 && buried > 0);
-	claim_settings_end(level);
 	return n;
 }
 
