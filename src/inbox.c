@@ -833,7 +833,7 @@ static int	claim_plan_batch[2];
  * key.  (enable_seqscan off alone turns the UPDATE's join into a merge
  * join over a full walk of the primary key: hence the joins too.)
  * They are in force while the claim is planned, not while it runs
- * (em_inbox_claim): SQL of the caller's that runs inside the claim, an
+ * (run_claim): SQL of the caller's that runs inside the claim, an
  * operator's trigger on inbox_event, is planned under the caller's own
  * settings (with enable_seqscan off, a trigger's update of a table it can
  * only scan was JIT-compiled at each row, and kept so by PL/pgSQL's plan
