@@ -1,6 +1,7 @@
 -- The planner settings a claim is planned under (inbox.c
 -- claim_settings_begin: enable_seqscan, enable_bitmapscan,
--- enable_hashjoin, enable_mergejoin off) are the claim's own: the caller's
+-- enable_hashjoin, enable_mergejoin off, enable_indexscan and
+-- enable_nestloop on) are the claim's own: the caller's
 -- settings are the same after a claim, after an error in it that a
 -- savepoint or an EXCEPTION block catches, in the rest of the caller's
 -- statement, and for SQL of the caller's that runs while the claim runs

@@ -43,7 +43,7 @@
 # EM_BENCH_RECEIVE (events per receive measurement, default 3000),
 # EM_BENCH_CLAIMED (events per claim + complete run, default a fifth of
 # the backlog), EM_BENCH_CLAIM_RUNS (runs per claim + complete
-# measurement, default 20,000 events' worth), EM_BENCH_PORT (default 55456).  About twelve minutes with the
+# measurement, default 20,000 events' worth), EM_BENCH_PORT (default 55456).  About three to four minutes with the
 # defaults on a busy 2-core machine.
 #
 # The queues differ in what they keep: earmark stores each event once per
