@@ -372,7 +372,11 @@ static EmStatement empty_account_slots = {
  * Runs after the budget rows are locked, in a snapshot that sees their
  * commits.  A budget's numbers are sums over its row and its slots (a
  * hold taken from a slot may be settled into the budget row: one row's
- * held above zero, another's below), so they are compared as sums.
+ * held above zero, another's below), so they are compared as sums.  The
+ * ledger is probed cycle by cycle (its rows are found by cycle: the
+ * primary key is led by budget_id, earmark.sql), each probe a subplan by
+ * index (OFFSET 0 keeps it one, as in reconcile.c) rather than a join the
+ * planner could make a scan of the whole ledger.
  */
 static EmStatement account_in_use = {
 	"SELECT EXISTS (SELECT 1 FROM earmark.budget b "
@@ -383,7 +387,9 @@ static EmStatement account_in_use = {
 	"               WHERE b.account = $1 "
 	"                 AND (b.used + coalesce(s.used, 0) <> 0 OR b.held + coalesce(s.held, 0) <> 0)) "
 	"    OR EXISTS (SELECT 1 FROM earmark.job j WHERE j.account = $1 AND j.status IN ('running', 'capped')) "
-	"    OR EXISTS (SELECT 1 FROM earmark.ledger l WHERE l.account = $1)",
+	"    OR EXISTS (SELECT 1 FROM earmark.budget b WHERE b.account = $1 "
+	"                  AND EXISTS (SELECT 1 FROM earmark.ledger l "
+	"                               WHERE l.account = $1 AND l.budget_id = b.budget_id OFFSET 0))",
 	1, {TEXTOID}
 };
 

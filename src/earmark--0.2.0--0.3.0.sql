@@ -998,12 +998,13 @@ REVOKE ALL ON FUNCTION earmark_inbox_claim_plan(int, boolean) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION earmark_inbox_claim_plan(int, boolean) TO earmark_admin;
 
 -- ---------------------------------------------------------------------
--- The ledger's primary key is led by (account, budget_id), which the cycle
--- totals read, so ledger_budget (the same prefix) goes: one index write
--- fewer per ledger row.
+-- The ledger's primary key is led by budget_id, which the cycle totals
+-- read, so ledger_budget goes: one index write fewer per ledger row.  Its
+-- bigints lead, the account last (earmark.sql): an insert's descent
+-- compares integers, not two equal accounts.
 -- ---------------------------------------------------------------------
 ALTER TABLE earmark.ledger DROP CONSTRAINT ledger_pkey;
-ALTER TABLE earmark.ledger ADD PRIMARY KEY (account, budget_id, entry_id);
+ALTER TABLE earmark.ledger ADD PRIMARY KEY (budget_id, entry_id, account);
 DROP INDEX earmark.ledger_budget;
 -- The key's index is led by the key (earmark.sql): a key's look-up and
 -- uniqueness check compare the key first, the account only on a tie.
