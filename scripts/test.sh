@@ -291,8 +291,10 @@ if layer citus; then
     # review_distribute_report_straddle.sh (a distribution between a
     # report's claim and its finish) and review_distribute_worker_path.sh
     # (what it sends to the workers runs no operator a role planted in
-    # public there), each on a cluster of its own
-    for ct in earmark escrow_settle mark_shard_move mark_one review_batch_repeat review_key_order call_shapes refresh_lock worker_isolation store_limits_fallback report_isolation distribute_pass review_distribute_callers review_distribute_worker_node review_worker_added_late review_distribute_report_straddle review_distribute_worker_path; do
+    # public there) and review_in_use_router.sh (the ledger's key with the
+    # account last, and the in-use check before an anchor change, one
+    # task), each on a cluster of its own
+    for ct in earmark escrow_settle mark_shard_move mark_one review_batch_repeat review_key_order call_shapes refresh_lock worker_isolation store_limits_fallback report_isolation distribute_pass review_distribute_callers review_distribute_worker_node review_worker_added_late review_distribute_report_straddle review_distribute_worker_path review_in_use_router; do
         em_log "citus: test/citus/$ct.sh"
         CT_PORT=${EM_CITUS_PORT:-$(( ${EM_TEST_PORT:-55432} + 300 ))} timeout 1800 \
             bash test/citus/$ct.sh >"$OUT/citus-$ct.log" 2>&1

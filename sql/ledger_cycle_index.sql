@@ -2,7 +2,7 @@
 -- cycle's ledger total (earmark_reconcile's cycle_numbers and
 -- page_of_cycles, earmark_check per cycle, the account's in-use check)
 -- must reach the cycle's settled jobs through an index on the cycle
--- (job_entry), as the ledger's primary key (account, budget_id, entry_id)
+-- (job_entry), as the ledger's primary key (budget_id, entry_id, account)
 -- serves its own rows: not by reading every job of the account, of every
 -- cycle and feature, through job's primary key (account, job_id).
 SET client_min_messages = warning;

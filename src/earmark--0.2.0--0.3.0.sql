@@ -123,14 +123,18 @@ ALTER TABLE earmark.ledger ALTER COLUMN account SET NOT NULL;
 ALTER TABLE earmark.ledger ALTER COLUMN entry_id DROP IDENTITY;
 ALTER TABLE earmark.ledger ALTER COLUMN entry_id SET DEFAULT earmark.next_id('earmark.entry_id_seq');
 ALTER SEQUENCE earmark.entry_id_seq OWNED BY earmark.ledger.entry_id;
+-- The primary key is led by budget_id, which the cycle totals read, so
+-- 0.2.0's ledger_budget goes: one index write fewer per ledger row.  Its
+-- bigints lead, the account last (earmark.sql): an insert's descent
+-- compares integers, not two equal accounts.  Built once, here: the
+-- table is locked while its indexes are built.
 ALTER TABLE earmark.ledger DROP CONSTRAINT ledger_pkey;
-ALTER TABLE earmark.ledger ADD PRIMARY KEY (account, entry_id);
+ALTER TABLE earmark.ledger ADD PRIMARY KEY (budget_id, entry_id, account);
 ALTER TABLE earmark.ledger DROP CONSTRAINT ledger_job_id_key;
 -- partial: 0.3.0 writes no row with a job_id (earmark.sql)
 CREATE UNIQUE INDEX ledger_account_job_id_key ON earmark.ledger (account, job_id)
     WHERE job_id IS NOT NULL;
 DROP INDEX earmark.ledger_budget;
-CREATE INDEX ledger_budget ON earmark.ledger (account, budget_id);
 
 -- usage_shard
 ALTER TABLE earmark.usage_shard ADD COLUMN account text;
@@ -998,14 +1002,6 @@ REVOKE ALL ON FUNCTION earmark_inbox_claim_plan(int, boolean) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION earmark_inbox_claim_plan(int, boolean) TO earmark_admin;
 
 -- ---------------------------------------------------------------------
--- The ledger's primary key is led by budget_id, which the cycle totals
--- read, so ledger_budget goes: one index write fewer per ledger row.  Its
--- bigints lead, the account last (earmark.sql): an insert's descent
--- compares integers, not two equal accounts.
--- ---------------------------------------------------------------------
-ALTER TABLE earmark.ledger DROP CONSTRAINT ledger_pkey;
-ALTER TABLE earmark.ledger ADD PRIMARY KEY (budget_id, entry_id, account);
-DROP INDEX earmark.ledger_budget;
 -- The key's index is led by the key (earmark.sql): a key's look-up and
 -- uniqueness check compare the key first, the account only on a tie.
 DROP INDEX earmark.ledger_entry_key;

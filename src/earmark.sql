@@ -78,7 +78,7 @@ CREATE TABLE earmark.account_limit (
     PRIMARY KEY (account, feature)
 );
 
--- Ids.  Every per-account table is keyed by the account first (so that
+-- Ids.  Every per-account table holds the account in every key (so that
 -- Citus can distribute earmark by account: earmark_distribute()); an id is
 -- unique within its account, and unique in the whole cluster by
 -- construction: earmark.next_id puts the node's Citus group id (0 without

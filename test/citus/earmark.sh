@@ -449,8 +449,9 @@ L1B=$(ct_val 0 "SELECT budget_id FROM earmark.budget WHERE account = '$L1' ORDER
 tasks() { ct_val 0 "EXPLAIN (COSTS OFF) $1" | grep -Eo 'Task Count: [0-9]+' | paste -sd,; }
 is "$(tasks "SELECT coalesce(sum(units), 0) FROM earmark.ledger WHERE account = '$L1' AND budget_id = $L1B")" \
    "Task Count: 1" "  ... a cycle's ledger total (the view) is one task on the account's shard"
-is "$(tasks "SELECT EXISTS (SELECT 1 FROM earmark.ledger l WHERE l.account = '$L1')")" \
-   "Task Count: 1" "  ... the account's ledger EXISTS (the view) is one task on the account's shard"
+is "$(tasks "SELECT EXISTS (SELECT 1 FROM earmark.budget b WHERE b.account = '$L1'
+                 AND EXISTS (SELECT 1 FROM earmark.ledger l WHERE l.account = '$L1' AND l.budget_id = b.budget_id OFFSET 0))")" \
+   "Task Count: 1" "  ... the in-use check's ledger probe, cycle by cycle (the view), is one task on the account's shard"
 
 ACCS=$(for i in $(seq -w 1 20); do echo "many$i"; done | paste -sd,)
 ct_sql 0 -q -c "$(for a in ${ACCS//,/ }; do echo "SELECT earmark_set_limit('$a', 100000);"; done)" >/dev/null
